@@ -1,0 +1,50 @@
+"""Affine expressions and predicates of Penguin IR: building them and evaluating them at a point.
+
+Shared by the producer of Penguin (hlo2penguin) and its consumers (hlo_opt), so that both read
+the IR the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ncc.schemas import penguin_pb2
+
+
+def expr(terms: Mapping[str, int] | None = None, constant: int = 0) -> penguin_pb2.AffineExpr:
+    """sum(coeff * var for var, coeff in terms) + constant, dropping zero coefficients."""
+    result = penguin_pb2.AffineExpr(constant=constant)
+    for var, coeff in (terms or {}).items():
+        if coeff:
+            result.terms.add(var=var, coeff=coeff)
+    return result
+
+
+def evaluate(affine: penguin_pb2.AffineExpr, point: Mapping[str, int]) -> int:
+    return affine.constant + sum(term.coeff * point[term.var] for term in affine.terms)
+
+
+def equals(var: str, value: int) -> penguin_pb2.Predicate:
+    """The predicate var == value."""
+    return penguin_pb2.Predicate(expr=expr({var: 1}, -value), relation=penguin_pb2.EQ)
+
+
+def at_least(var: str, value: int) -> penguin_pb2.Predicate:
+    """The predicate var >= value."""
+    return penguin_pb2.Predicate(expr=expr({var: 1}, -value), relation=penguin_pb2.GE)
+
+
+def holds(predicate: penguin_pb2.Predicate, point: Mapping[str, int]) -> bool:
+    value = evaluate(predicate.expr, point)
+    if predicate.relation == penguin_pb2.EQ:
+        return value == 0
+    if predicate.relation == penguin_pb2.GE:
+        return value >= 0
+    raise ValueError(f"unknown predicate relation {predicate.relation}")
+
+
+def to_text(affine: penguin_pb2.AffineExpr) -> str:
+    parts = [f"{term.coeff}*{term.var}" if term.coeff != 1 else term.var for term in affine.terms]
+    if affine.constant or not parts:
+        parts.append(str(affine.constant))
+    return " + ".join(parts)

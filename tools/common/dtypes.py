@@ -1,0 +1,121 @@
+"""Element types: ncc DType <-> numpy, bf16 conversion and Tensor proto <-> numpy arrays.
+
+numpy has no bfloat16, so bf16 data is kept as raw uint16 words on the wire and in device
+memory, and widened to float32 for arithmetic (round-to-nearest-even when narrowing).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ncc.schemas import common_pb2
+
+DType = common_pb2.DType
+
+# Storage dtype of each DType (bf16 is stored as its raw 16-bit pattern).
+_STORAGE = {
+    common_pb2.F32: np.dtype("<f4"),
+    common_pb2.BF16: np.dtype("<u2"),
+    common_pb2.F16: np.dtype("<f2"),
+    common_pb2.S32: np.dtype("<i4"),
+    common_pb2.U32: np.dtype("<u4"),
+    common_pb2.U8: np.dtype("u1"),
+    common_pb2.S8: np.dtype("i1"),
+    common_pb2.PRED: np.dtype("u1"),
+}
+
+_NAMES = {
+    common_pb2.F32: "f32",
+    common_pb2.BF16: "bf16",
+    common_pb2.F16: "f16",
+    common_pb2.S32: "s32",
+    common_pb2.U32: "u32",
+    common_pb2.U8: "u8",
+    common_pb2.S8: "s8",
+    common_pb2.PRED: "pred",
+}
+_BY_NAME = {name: dtype for dtype, name in _NAMES.items()}
+
+
+def itemsize(dtype: int) -> int:
+    return _STORAGE[dtype].itemsize
+
+
+def storage_dtype(dtype: int) -> np.dtype:
+    return _STORAGE[dtype]
+
+
+def name(dtype: int) -> str:
+    return _NAMES.get(dtype, f"dtype{dtype}")
+
+
+def from_name(text: str) -> int:
+    return _BY_NAME[text]
+
+
+def is_float(dtype: int) -> bool:
+    return dtype in (common_pb2.F32, common_pb2.BF16, common_pb2.F16)
+
+
+def bf16_to_f32(words: np.ndarray) -> np.ndarray:
+    return (words.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16(values: np.ndarray) -> np.ndarray:
+    """Round float32 to bf16 (nearest even), returned as uint16 words."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+    words = (rounded >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(values)
+    if np.any(nan):
+        words = np.where(nan, np.uint16(0x7FC0), words)
+    return words
+
+
+def to_compute(storage: np.ndarray, dtype: int) -> np.ndarray:
+    """Widen stored values to the type arithmetic runs in (float32 for floats, int64 for ints)."""
+    if dtype == common_pb2.BF16:
+        return bf16_to_f32(storage)
+    if is_float(dtype):
+        return storage.astype(np.float32)
+    return storage.astype(np.int64)
+
+
+def from_compute(values: np.ndarray, dtype: int) -> np.ndarray:
+    """Narrow computed values to the storage type of `dtype`."""
+    if dtype == common_pb2.BF16:
+        return f32_to_bf16(np.asarray(values, dtype=np.float32))
+    if dtype == common_pb2.PRED:
+        return (np.asarray(values) != 0).astype(np.uint8)
+    if is_float(dtype):
+        return np.asarray(values).astype(_STORAGE[dtype])
+    return np.asarray(values).astype(np.int64).astype(_STORAGE[dtype])
+
+
+def tensor_to_numpy(tensor: common_pb2.Tensor) -> np.ndarray:
+    """Decode a Tensor proto into its storage array (bf16 stays as uint16 words)."""
+    storage = _STORAGE[tensor.dtype]
+    count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
+    if len(tensor.data) != count * storage.itemsize:
+        raise ValueError(f"tensor {tensor.name!r} holds {len(tensor.data)} bytes, expected {count * storage.itemsize}")
+    return np.frombuffer(tensor.data, dtype=storage).reshape(tuple(tensor.shape)).copy()
+
+
+def numpy_to_tensor(name_: str, array: np.ndarray, dtype: int) -> common_pb2.Tensor:
+    """Encode a storage array (already of `dtype`'s storage type) as a Tensor proto."""
+    storage = np.ascontiguousarray(array, dtype=_STORAGE[dtype])
+    return common_pb2.Tensor(name=name_, dtype=dtype, shape=list(storage.shape), data=storage.tobytes())
+
+
+def user_array_to_storage(array: np.ndarray, dtype: int) -> np.ndarray:
+    """Convert an array a user gave (e.g. float32 from an .npz, bf16 widened) to `dtype`'s storage."""
+    return from_compute(np.asarray(array), dtype) if dtype != common_pb2.PRED else (np.asarray(array) != 0).astype(np.uint8)
+
+
+def storage_to_user_array(storage: np.ndarray, dtype: int) -> np.ndarray:
+    """The array a user sees: bf16 widened to float32, PRED as bool, others as stored."""
+    if dtype == common_pb2.BF16:
+        return bf16_to_f32(storage)
+    if dtype == common_pb2.PRED:
+        return storage.astype(bool)
+    return storage

@@ -1,0 +1,75 @@
+"""The entry point every stage tool shares: argument parsing, diagnostics and fault injection.
+
+Exit codes (the contract with the orchestrator, docs/diagnostics.md):
+  0  success; outputs written atomically.
+  1  a CompileError: a Diagnostic proto was written to --diagnostics.
+  2  bad command line (argparse).
+  3  an unexpected exception (a bug): traceback on stderr, no diagnostic. The driver reports F134.
+
+Fault injection (test-only): NCC_FAULT_INJECT="TOOL:KIND[,TOOL:KIND]" makes the named tool
+misbehave as it starts, for real: abort (SIGABRT), segv (a real null-pointer read), kill (SIGKILL
+to itself), oom (allocates memory until something kills it), hang (sleeps forever), exit (exit 3).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+from ncc.schemas import diagnostic_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.common.protoio import write_proto
+
+FAULT_ENV = "NCC_FAULT_INJECT"
+EXIT_OK, EXIT_COMPILE_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def inject_fault(tool: str) -> None:
+    """Misbehave as NCC_FAULT_INJECT asks for this tool, if it names it."""
+    for item in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        name, _, kind = item.partition(":")
+        if name != tool:
+            continue
+        if kind == "abort":
+            os.abort()
+        elif kind == "segv":
+            ctypes.string_at(0)  # a real SIGSEGV: read address 0
+        elif kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif kind == "oom":
+            hog = []
+            while True:
+                hog.append(bytearray(64 << 20))  # touch 64 MiB at a time until killed
+                time.sleep(0.01)
+        elif kind == "hang":
+            while True:
+                time.sleep(3600)
+        elif kind == "exit":
+            sys.exit(EXIT_INTERNAL)
+
+
+def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], None]) -> int:
+    """Parse arguments, run `body`, and turn its CompileError into a diagnostic file and exit 1."""
+    parser.add_argument("--diagnostics", help="where to write a Diagnostic proto on a compile error")
+    args = parser.parse_args()
+    inject_fault(tool)
+    try:
+        body(args)
+    except CompileError as err:
+        diagnostic = diagnostic_pb2.Diagnostic(
+            code=err.code, severity=diagnostic_pb2.ERROR, message=err.message, location=err.location, tool=tool
+        )
+        if args.diagnostics:
+            write_proto(args.diagnostics, diagnostic)
+        print(f"{tool}: error: {err.one_line()}", file=sys.stderr)
+        return EXIT_COMPILE_ERROR
+    except Exception:
+        traceback.print_exc()
+        return EXIT_INTERNAL
+    return EXIT_OK

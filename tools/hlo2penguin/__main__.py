@@ -1,0 +1,39 @@
+"""ncc-hlo2penguin (job HLOToTensorizer): read an HLO module, verify it, lower it to Penguin IR.
+
+Writes the verified module as a serialized HloModuleProto (--module-output, what the golden
+evaluator reads, whatever the input format was) and the Penguin program (--output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ncc.tools.common.protoio import write_proto
+from ncc.tools.common.toolmain import run_tool
+
+
+def _body(args: argparse.Namespace) -> None:
+    from ncc.tools.hlo2penguin.hlo_reader import load_module
+    from ncc.tools.hlo2penguin.hlo_verify import verify_module
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    module = load_module(args.input)
+    verify_module(module)
+    program = lower_module(module)
+    if args.module_output:
+        write_proto(args.module_output, module)
+    write_proto(args.output, program)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="ncc-hlo2penguin", description=__doc__.splitlines()[0])
+    parser.add_argument("--input", required=True, help="HloModuleProto (.hlo.pb) or HLO text (.hlo)")
+    parser.add_argument("--output", required=True, help="Penguin program to write")
+    parser.add_argument("--module-output", help="verified HloModuleProto to write")
+    parser.add_argument("--optlevel", type=int, default=2, choices=range(4))
+    sys.exit(run_tool("hlo2penguin", parser, _body))
+
+
+if __name__ == "__main__":
+    main()

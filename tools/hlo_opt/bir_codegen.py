@@ -1,0 +1,151 @@
+"""BirCodeGenLoop: unroll Penguin loop nests into a flat BIR instruction list.
+
+Every iteration point of a nest runs the statements whose predicates hold; each becomes one BIR
+instruction whose operands are concrete access patterns:
+  * HBM boxes resolve through their view to the base tensor: offset + per-dim [stride, count];
+  * on-chip boxes name the buffer of the block they fall in (one virtual buffer per tensor block,
+    so tiles of different iterations are independent and the allocator decides what shares space);
+  * extents are clipped at the tensor's logical shape (partial tiles).
+The list is in program order, which is a valid order; the backend reorders, allocates and syncs.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
+from ncc.tools.common import affine
+from ncc.tools.common.dtypes import itemsize
+from ncc.tools.common.errors import CompileError
+
+_ROLE = {
+    penguin_pb2.INPUT: bir_pb2.INPUT,
+    penguin_pb2.OUTPUT: bir_pb2.OUTPUT,
+    penguin_pb2.CONSTANT: bir_pb2.CONSTANT,
+    penguin_pb2.INTERNAL: bir_pb2.INTERNAL,
+}
+
+
+def _row_major(shape: list[int]) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return list(reversed(strides))
+
+
+class BirCodeGenLoop:
+    def __init__(self, program: penguin_pb2.Program, target: str = "trn1") -> None:
+        self.penguin = program
+        self.tensors = {t.name: t for t in program.tensors}
+        self.bir = bir_pb2.Program(name=program.name, target=target)
+        self.buffers: dict[str, bir_pb2.Buffer] = {}
+
+    def run(self) -> bir_pb2.Program:
+        for tensor in self.penguin.tensors:
+            if tensor.memory == common_pb2.HBM and not tensor.view_of:
+                self.bir.hbm.add(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape, role=_ROLE[tensor.role],
+                                 index=tensor.index, data=tensor.data)
+        for nest in self.penguin.nests:
+            self._nest(nest)
+        return self.bir
+
+    def _nest(self, nest: penguin_pb2.LoopNest) -> None:
+        names = [axis.name for axis in nest.axes]
+        for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
+            env = dict(zip(names, point, strict=True))
+            label = ",".join(f"{n}{v}" for n, v in env.items() if len(names) > 0)
+            for statement in nest.statements:
+                if all(affine.holds(p, env) for p in statement.predicates):
+                    self._statement(nest, statement, env, label)
+
+    def _statement(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, env: dict[str, int], label: str) -> None:
+        outputs = [self._resolve(a, env, st) for a in st.outputs]
+        inputs = [self._resolve(a, env, st) for a in st.inputs]
+        if any(ap is None for ap in outputs + inputs):
+            return  # an empty box: the clipped tile has no elements
+        instr = self.bir.instructions.add(
+            id=len(self.bir.instructions),
+            name=f"{nest.name}/{st.name}[{label}]",
+            op=st.op,
+            engine=st.engine,
+            func=st.func,
+            source=st.source,
+        )
+        instr.outputs.extend(ap for ap, _ in outputs)
+        instr.inputs.extend(ap for ap, _ in inputs)
+        instr.scalars.extend(st.scalars)
+        for key, value in st.attributes.items():
+            if key not in ("accumulate_axis", "iota_dimension"):
+                instr.attributes[key] = value
+        if st.op == "matmul":
+            axis = st.attributes.get("accumulate_axis", "")
+            instr.accumulate = bool(axis) and env[axis] != 0
+        if st.op == "iota":
+            self._iota_scalars(instr, st, outputs[0][1])
+
+    def _iota_scalars(self, instr: bir_pb2.Instruction, st: penguin_pb2.Statement, starts: list[int]) -> None:
+        """Iota over the logical tensor: value = index along `iota_dimension`, offset by the tile start."""
+        base = st.scalars[0] if st.scalars else 0.0
+        if "iota_dimension" not in st.attributes:
+            del instr.scalars[:]
+            instr.scalars.extend([base, 0.0, 0.0])
+            return
+        dim, rank = int(st.attributes["iota_dimension"]), len(starts)
+        scalars = [base + starts[dim], 0.0, 0.0]
+        if dim == rank - 2:
+            scalars[1] = 1.0
+        elif dim == rank - 1:
+            scalars[2] = 1.0
+        del instr.scalars[:]
+        instr.scalars.extend(scalars)
+
+    def _resolve(self, access: penguin_pb2.Access, env: dict[str, int], st: penguin_pb2.Statement):
+        tensor = self.tensors.get(access.tensor)
+        if tensor is None:
+            raise CompileError("E301", f"statement uses undeclared tensor '{access.tensor}'", st.name)
+        shape = list(tensor.shape)
+        if len(access.starts) != len(shape) or len(access.extents) != len(shape):
+            raise CompileError("E301", f"access rank does not match tensor '{tensor.name}'", st.name)
+        starts = [affine.evaluate(s, env) for s in access.starts]
+        extents = [min(e, size - s) for s, e, size in zip(starts, access.extents, shape, strict=True)]
+        if any(e <= 0 for e in extents):
+            return None
+        if tensor.memory == common_pb2.HBM:
+            return self._hbm(tensor, starts, extents), starts
+        return self._onchip(tensor, starts, extents), starts
+
+    def _hbm(self, tensor: penguin_pb2.TensorDecl, starts: list[int], extents: list[int]) -> bir_pb2.AccessPattern:
+        if tensor.view_of:
+            base, offset, strides = tensor.view_of, tensor.view_offset, list(tensor.view_strides)
+        else:
+            base, offset, strides = tensor.name, 0, _row_major(list(tensor.shape))
+        offset += sum(s * st for s, st in zip(starts, strides, strict=True))
+        rank = len(extents)
+        dims = [bir_pb2.Dim(stride=strides[d], count=extents[d]) for d in range(rank) if d >= rank - 2 or extents[d] != 1]
+        return bir_pb2.AccessPattern(memory=common_pb2.HBM, tensor=base, dtype=tensor.dtype, offset=offset, dims=dims)
+
+    def _onchip(self, tensor: penguin_pb2.TensorDecl, starts: list[int], extents: list[int]) -> bir_pb2.AccessPattern:
+        block = list(tensor.block_shape)
+        if len(block) != len(starts) or any(e > b for e, b in zip(extents[:-2], block[:-2], strict=True)):
+            raise CompileError("E301", f"access does not fit the block of on-chip tensor '{tensor.name}'", tensor.name)
+        key = ",".join(str(s // b) for s, b in zip(starts, block, strict=True))
+        name = f"{tensor.name}[{key}]"
+        size = itemsize(tensor.dtype)
+        if name not in self.buffers:
+            self.buffers[name] = self.bir.buffers.add(
+                name=name, memory=tensor.memory, partitions=block[-2], bytes_per_partition=block[-1] * size, address=-1
+            )
+        return bir_pb2.AccessPattern(
+            memory=tensor.memory,
+            tensor=name,
+            dtype=tensor.dtype,
+            offset=(starts[-1] % block[-1]) * size,
+            partition_start=starts[-2] % block[-2],
+            partition_count=extents[-2],
+            dims=[bir_pb2.Dim(stride=1, count=extents[-1])],
+        )
+
+
+def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1") -> bir_pb2.Program:
+    return BirCodeGenLoop(program, target).run()

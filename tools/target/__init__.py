@@ -1,0 +1,84 @@
+"""The machine description: engines, memories, sizes and the cost model (one JSON file per target).
+
+Passes and the simulator ask this module for numbers instead of hard-coding them. A target is
+`trn1` (bundled) or a path to a JSON file of the same form.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from ncc.schemas import common_pb2
+
+ENGINES = {
+    "PE": common_pb2.PE,
+    "ACT": common_pb2.ACT,
+    "POOL": common_pb2.POOL,
+    "DVE": common_pb2.DVE,
+    "SP": common_pb2.SP,
+}
+ENGINE_NAMES = {value: key for key, value in ENGINES.items()}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    partitions: int
+    sbuf_bytes_per_partition: int
+    sbuf_reserved_bytes_per_partition: int
+    psum_bytes_per_partition: int
+    psum_banks: int
+    psum_bank_bytes: int
+    hbm_bandwidth_gbps: float
+    dma_queues: int
+    dma_queue_bandwidth_gbps: float
+    dma_fixed_latency_ns: float
+    dma_issue_cycles: int
+    num_semaphores: int
+    max_waits_per_instruction: int
+    max_updates_per_instruction: int
+    matmul_max_stationary_free: int
+    matmul_max_moving_free: int
+    clock_ghz: dict[int, float]
+    costs: dict[str, float]
+
+    @property
+    def sbuf_usable_bytes(self) -> int:
+        return self.sbuf_bytes_per_partition - self.sbuf_reserved_bytes_per_partition
+
+    def cycles_to_ns(self, engine: int, cycles: float) -> float:
+        return cycles / self.clock_ghz[engine]
+
+    def dma_ns(self, nbytes: int) -> float:
+        """Time one DMA queue needs to move `nbytes` (fixed latency + bytes / queue bandwidth)."""
+        return self.dma_fixed_latency_ns + nbytes / self.dma_queue_bandwidth_gbps
+
+
+@lru_cache(maxsize=8)
+def load_target(name: str = "trn1") -> Target:
+    path = Path(name) if name.endswith(".json") else Path(__file__).with_name(f"{name}.json")
+    raw = json.loads(path.read_text())
+    return Target(
+        name=raw["name"],
+        partitions=raw["partitions"],
+        sbuf_bytes_per_partition=raw["sbuf_bytes_per_partition"],
+        sbuf_reserved_bytes_per_partition=raw["sbuf_reserved_bytes_per_partition"],
+        psum_bytes_per_partition=raw["psum_bytes_per_partition"],
+        psum_banks=raw["psum_banks"],
+        psum_bank_bytes=raw["psum_bank_bytes"],
+        hbm_bandwidth_gbps=raw["hbm_bandwidth_gbps"],
+        dma_queues=raw["dma_queues"],
+        dma_queue_bandwidth_gbps=raw["dma_queue_bandwidth_gbps"],
+        dma_fixed_latency_ns=raw["dma_fixed_latency_ns"],
+        dma_issue_cycles=raw["dma_issue_cycles"],
+        num_semaphores=raw["num_semaphores"],
+        max_waits_per_instruction=raw["max_waits_per_instruction"],
+        max_updates_per_instruction=raw["max_updates_per_instruction"],
+        matmul_max_stationary_free=raw["matmul_max_stationary_free"],
+        matmul_max_moving_free=raw["matmul_max_moving_free"],
+        clock_ghz={ENGINES[key]: value["clock_ghz"] for key, value in raw["engines"].items()},
+        costs=dict(raw["costs"]),
+    )
