@@ -1,0 +1,34 @@
+# ncc — the two commands that matter on a fresh machine are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint bench schemas clean
+
+$(BIN)/ncc: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(BIN)/ncc
+
+setup: $(BIN)/ncc
+
+# Compile every bundled JAX model to a NEFF, run it in the simulator, compare with JAX's output.
+demo: setup
+	$(BIN)/python scripts/demo.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check .
+
+bench: setup
+	$(BIN)/python bench/run_bench.py
+
+# Regenerate the committed protobuf modules after editing schemas/*.proto.
+schemas: setup
+	$(BIN)/python schemas/generate.py
+
+clean:
+	rm -rf $(VENV) out .pytest_cache
