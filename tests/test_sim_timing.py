@@ -1,0 +1,138 @@
+"""Simulator timing: the cost model, engine overlap, queue FIFO and shared ports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from ncc.schemas import bir_pb2
+from ncc.tools.sim import simulate_program
+from ncc.tools.target import load_target
+from sim_builders import ACT, DVE, F32, PE, POOL, PSUM, SP, ProgramBuilder, hbm_2d, onchip, update, wait
+from test_sim import elementwise_inputs, elementwise_program
+
+TARGET = load_target("trn1")
+
+
+def test_simulated_time_is_positive_and_covers_busy_time() -> None:
+    result = simulate_program(elementwise_program(), elementwise_inputs())
+    assert result.simulated_ns > 0
+    assert all(busy <= result.simulated_ns + 1e-9 for busy in result.engine_busy_ns.values())
+    assert set(result.engine_busy_ns) >= {"PE", "ACT", "POOL", "DVE", "SP", "q0", "q1", "q2", "q3"}
+
+
+def independent_work(engines: tuple[int, int]) -> bir_pb2.Program:
+    b = ProgramBuilder()
+    b.buffer("a", 2048)
+    b.buffer("b", 2048)
+    for i, (engine, buffer) in enumerate(zip(engines, ("a", "b"), strict=True)):
+        op, func = ("activation", "exp") if engine == ACT else ("tensor_scalar", "add")
+        scalars = [1.0, 0.0] if engine == ACT else [1.0]
+        for j in range(4):
+            b.add(
+                op,
+                engine,
+                [onchip(buffer, 128, 512)],
+                [onchip(buffer, 128, 512)],
+                name=f"e{i}_{j}",
+                func=func,
+                scalars=scalars,
+            )
+    return b.build()
+
+
+def test_independent_engines_overlap() -> None:
+    result = simulate_program(independent_work((ACT, DVE)), {})
+    busy = result.engine_busy_ns
+    assert busy["ACT"] > 0 and busy["DVE"] > 0
+    assert result.simulated_ns == pytest.approx(max(busy["ACT"], busy["DVE"]))
+    assert result.simulated_ns < busy["ACT"] + busy["DVE"]
+
+
+def test_dve_and_pool_share_the_sbuf_port() -> None:
+    result = simulate_program(independent_work((POOL, DVE)), {})
+    busy = result.engine_busy_ns
+    assert result.simulated_ns == pytest.approx(busy["POOL"] + busy["DVE"])
+
+
+def test_cost_model_numbers() -> None:
+    """DVE: 2N cycles for two inputs + access; matmul fp32: max(N, 64)·4 + access at 2.8 GHz."""
+    b = ProgramBuilder()
+    b.buffer("x", 2048)
+    b.buffer("y", 2048)
+    b.buffer("ps", 2048, memory=PSUM)
+    b.add(
+        "tensor_tensor",
+        DVE,
+        [onchip("x", 128, 512)],
+        [onchip("x", 128, 512), onchip("y", 128, 512)],
+        name="add",
+        func="add",
+    )
+    b.add(
+        "matmul",
+        PE,
+        [onchip("ps", 128, 32, memory=PSUM)],
+        [onchip("x", 128, 128), onchip("y", 128, 32)],
+        name="mm",
+    )
+    result = simulate_program(b.build(), {})
+    access = TARGET.costs["onchip_access_cycles"]
+    dve_clock = TARGET.clock_ghz[DVE]
+    assert result.engine_busy_ns["DVE"] == pytest.approx((2 * 512 + access) / dve_clock)
+    pe_cycles = max(32, TARGET.costs["matmul_min_cycles"]) * TARGET.costs["fp32_matmul_factor"] + access
+    assert result.engine_busy_ns["PE"] == pytest.approx(pe_cycles / TARGET.clock_ghz[PE])
+
+
+def dma_program(queues: tuple[int, int]) -> bir_pb2.Program:
+    b = ProgramBuilder()
+    b.hbm("x", [256, 512], index=0)
+    b.buffer("a", 2048)
+    b.buffer("b", 2048)
+    for i, (queue, buffer) in enumerate(zip(queues, ("a", "b"), strict=True)):
+        b.add(
+            "dma",
+            SP,
+            [onchip(buffer, 128, 512)],
+            [hbm_2d("x", 128, 512, row0=128 * i)],
+            name=f"d{i}",
+            queue=queue,
+        )
+    return b.build()
+
+
+def test_one_queue_is_fifo_and_two_queues_overlap() -> None:
+    inputs = {"arg0": np.zeros((256, 512), np.float32)}
+    transfer = TARGET.dma_ns(128 * 512 * 4)
+    issue = TARGET.cycles_to_ns(SP, TARGET.dma_issue_cycles)
+    same = simulate_program(dma_program((0, 0)), inputs)
+    assert same.simulated_ns == pytest.approx(issue + 2 * transfer)
+    assert same.engine_busy_ns["q0"] == pytest.approx(2 * transfer)
+    apart = simulate_program(dma_program((0, 1)), inputs)
+    assert apart.simulated_ns == pytest.approx(2 * issue + transfer)
+
+
+def test_waits_delay_the_consumer_until_the_producer_completes() -> None:
+    b = ProgramBuilder()
+    b.buffer("a", 2048)
+    b.add(
+        "activation",
+        ACT,
+        [onchip("a", 128, 512)],
+        [onchip("a", 128, 512)],
+        name="produce",
+        func="exp",
+        updates=[update(0)],
+    )
+    b.add(
+        "tensor_scalar",
+        DVE,
+        [onchip("a", 128, 512, F32)],
+        [onchip("a", 128, 512)],
+        name="consume",
+        func="add",
+        scalars=[1.0],
+        waits=[wait(0, 1)],
+    )
+    result = simulate_program(b.build(), {})
+    assert result.simulated_ns == pytest.approx(result.engine_busy_ns["ACT"] + result.engine_busy_ns["DVE"])
+    assert result.races == []

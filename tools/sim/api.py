@@ -1,0 +1,147 @@
+"""The simulator's public API: run a NEFF or a BIR program on user inputs, get outputs and findings.
+
+Inputs are keyed "arg<N>" for the HbmTensor with role INPUT and index N; outputs come back as
+"out<N>" for role OUTPUT, index N, as user arrays (bf16 widened to float32, PRED as bool).
+CONSTANT tensors start from their data, INTERNAL and OUTPUT tensors and all on-chip memory from
+zeros. A missing or misshapen input is CompileError E602; static problems in the program are
+E601 (out of bounds) / E603 (malformed), raised before anything runs. Races and deadlocks are
+not errors here: they are findings in the SimResult (the CLI turns them into E611/E612).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+from ncc.schemas import bir_pb2
+from ncc.tools.common import dtypes
+from ncc.tools.common.errors import CompileError
+from ncc.tools.sim.hb import Race
+from ncc.tools.sim.memory import DeviceMemory, shape_text
+from ncc.tools.sim.program import load_streams, streams_of_program
+from ncc.tools.sim.simulator import Simulator
+from ncc.tools.target import Target, load_target
+
+__all__ = ["Race", "SimResult", "simulate_neff", "simulate_program"]
+
+
+@dataclass
+class SimResult:
+    """Everything one simulated execution produced."""
+
+    outputs: dict[str, np.ndarray]
+    simulated_ns: float
+    races: list[Race]
+    deadlock: str | None
+    engine_busy_ns: dict[str, float]
+    instruction_count: int
+    race_count: int = 0  # distinct racing pairs found (`races` holds at most the first 10000)
+
+    def report(self) -> dict:
+        """A JSON-able summary."""
+        return {
+            "simulated_ns": self.simulated_ns,
+            "races": [race.describe() for race in self.races],
+            "race_count": max(self.race_count, len(self.races)),
+            "deadlock": self.deadlock,
+            "outputs": [
+                {"name": name, "shape": list(array.shape), "dtype": str(array.dtype)}
+                for name, array in self.outputs.items()
+            ],
+            "engine_busy_ns": dict(self.engine_busy_ns),
+            "instruction_count": self.instruction_count,
+        }
+
+
+def simulate_neff(
+    neff: bir_pb2.Neff,
+    inputs: Mapping[str, np.ndarray],
+    check_races: bool = True,
+    target: Target | None = None,
+) -> SimResult:
+    """Execute a NEFF's streams on `inputs` ("arg0".."argN")."""
+    return _simulate(
+        neff.target, neff.hbm, neff.buffers, neff.streams, neff.num_semaphores, inputs, check_races, target
+    )
+
+
+def simulate_program(
+    program: bir_pb2.Program,
+    inputs: Mapping[str, np.ndarray],
+    check_races: bool = True,
+    target: Target | None = None,
+) -> SimResult:
+    """Execute a BIR program: its streams if codegen filled them, else its instructions grouped
+    by engine in order. Buffers not yet allocated (address -1) get private storage each."""
+    return _simulate(
+        program.target,
+        program.hbm,
+        program.buffers,
+        streams_of_program(program),
+        program.num_semaphores,
+        inputs,
+        check_races,
+        target,
+    )
+
+
+def _load_target(name: str) -> Target:
+    try:
+        return load_target(name or "trn1")
+    except (OSError, KeyError, ValueError) as err:
+        raise CompileError("E603", f"cannot load target {name!r}: {err}", name) from None
+
+
+def _simulate(
+    target_name: str,
+    hbm: Iterable[bir_pb2.HbmTensor],
+    buffers: Iterable[bir_pb2.Buffer],
+    streams: Iterable[bir_pb2.Stream],
+    num_semaphores: int,
+    inputs: Mapping[str, np.ndarray],
+    check_races: bool,
+    target: Target | None,
+) -> SimResult:
+    target = target or _load_target(target_name)
+    memory = DeviceMemory(target, hbm, buffers)
+    _bind_inputs(memory, inputs)
+    ops = load_streams(streams, memory, target, num_semaphores)
+    outcome = Simulator(ops, target, num_semaphores, check_races).run()
+    return SimResult(
+        outputs=_collect_outputs(memory),
+        simulated_ns=outcome.simulated_ns,
+        races=outcome.races,
+        deadlock=outcome.deadlock,
+        engine_busy_ns=outcome.engine_busy_ns,
+        instruction_count=outcome.instruction_count,
+        race_count=outcome.race_count,
+    )
+
+
+def _bind_inputs(memory: DeviceMemory, inputs: Mapping[str, np.ndarray]) -> None:
+    for tensor in memory.tensors.values():
+        if tensor.role != bir_pb2.INPUT:
+            continue
+        key = f"arg{tensor.index}"
+        described = f"input {key} (tensor {tensor.name!r}, {shape_text(tensor.dtype, tensor.shape)})"
+        if key not in inputs:
+            raise CompileError("E602", f"{described} was not given", key)
+        array = np.asarray(inputs[key])
+        if tuple(array.shape) != tuple(tensor.shape):
+            raise CompileError("E602", f"{described} was given with shape {list(array.shape)}", key)
+        try:
+            storage = dtypes.user_array_to_storage(array, tensor.dtype)
+        except (TypeError, ValueError) as err:
+            raise CompileError("E602", f"{described} cannot be converted: {err}", key) from None
+        memory.store_tensor(tensor.name, storage)
+
+
+def _collect_outputs(memory: DeviceMemory) -> dict[str, np.ndarray]:
+    found = sorted(
+        (tensor for tensor in memory.tensors.values() if tensor.role == bir_pb2.OUTPUT), key=lambda t: t.index
+    )
+    return {
+        f"out{tensor.index}": dtypes.storage_to_user_array(memory.load_tensor(tensor.name), tensor.dtype)
+        for tensor in found
+    }

@@ -1,0 +1,349 @@
+"""What each BIR instruction computes (docs/ir.md), checked and executed with numpy.
+
+`validate` is the static half: operand counts, engine rules, element counts, matmul shapes and
+function names, raising CompileError E603 naming the instruction. `execute` is the functional
+half: it reads the operands, computes in float32 (any float operand) or int64 (all integer),
+and narrows the result to the output dtype (bf16 rounds to nearest even). Everything is
+vectorised over the whole operand; nothing here knows about time or ordering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from ncc.schemas import common_pb2
+from ncc.tools.common import dtypes
+from ncc.tools.common.errors import CompileError
+from ncc.tools.sim.instruction import Op, engine_name
+from ncc.tools.sim.memory import Access
+from ncc.tools.target import Target
+
+ALL_ENGINES = frozenset({common_pb2.PE, common_pb2.ACT, common_pb2.POOL, common_pb2.DVE, common_pb2.SP})
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    engines: frozenset[int]
+    inputs: int
+    outputs: int
+
+
+SPECS: dict[str, OpSpec] = {
+    "dma": OpSpec(ALL_ENGINES, 1, 1),
+    "matmul": OpSpec(frozenset({common_pb2.PE}), 2, 1),
+    "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1),
+    "tensor_tensor": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 2, 1),
+    "tensor_scalar": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 1, 1),
+    "tensor_reduce": OpSpec(frozenset({common_pb2.DVE}), 1, 1),
+    "tensor_copy": OpSpec(frozenset({common_pb2.DVE, common_pb2.ACT, common_pb2.POOL}), 1, 1),
+    "iota": OpSpec(frozenset({common_pb2.POOL}), 0, 1),
+    "select": OpSpec(frozenset({common_pb2.POOL, common_pb2.DVE}), 3, 1),
+    "nop": OpSpec(ALL_ENGINES, 0, 0),
+}
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "identity": lambda x: x,
+    "exp": np.exp,
+    "tanh": np.tanh,
+    "logistic": lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
+    "log": np.log,
+    "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
+    "sqrt": np.sqrt,
+    "relu": lambda x: np.maximum(x, np.float32(0)),
+    "square": lambda x: x * x,
+    "abs": np.abs,
+}
+
+BINARY_FUNCS = frozenset(
+    {
+        "add",
+        "subtract",
+        "multiply",
+        "divide",
+        "maximum",
+        "minimum",
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "and",
+        "or",
+        "power",
+    }
+)
+REDUCE_FUNCS = frozenset({"add", "maximum", "minimum", "multiply"})
+
+
+def _fail(op: Op, message: str) -> CompileError:
+    return CompileError("E603", f"instruction {op.label}: {message}", op.name)
+
+
+def _float_domain(*accesses: Access) -> bool:
+    return any(dtypes.is_float(a.dtype) for a in accesses)
+
+
+# ---- static checks ---------------------------------------------------------------------------
+
+
+def validate(op: Op, target: Target) -> None:
+    """Check `op` against the rules of docs/ir.md; raise E603 naming it if it breaks one."""
+    spec = SPECS.get(op.op)
+    if spec is None:
+        raise _fail(op, f"unknown op {op.op!r}")
+    if op.engine not in spec.engines:
+        allowed = ", ".join(sorted(engine_name(e) for e in spec.engines))
+        raise _fail(op, f"{op.op} cannot run on {engine_name(op.engine)} (allowed: {allowed})")
+    if len(op.inputs) != spec.inputs or len(op.outputs) != spec.outputs:
+        raise _fail(
+            op,
+            f"{op.op} takes {spec.inputs} inputs and {spec.outputs} outputs, "
+            f"got {len(op.inputs)} and {len(op.outputs)}",
+        )
+    operands = [*op.inputs, *op.outputs]
+    if op.is_dma:
+        if not 0 <= op.queue < target.dma_queues:
+            raise _fail(op, f"dma queue {op.queue} does not exist (the target has {target.dma_queues})")
+        src, dst = op.inputs[0], op.outputs[0]
+        if src.dtype != dst.dtype:
+            raise _fail(op, f"dma cannot convert {dtypes.name(src.dtype)} to {dtypes.name(dst.dtype)}")
+        if src.size != dst.size:
+            raise _fail(op, f"dma moves {src.size} elements into {dst.size}")
+        return
+    for access in operands:
+        if access.memory == common_pb2.HBM:
+            raise _fail(op, f"{op.op} cannot access HBM (only dma can)")
+        if access.memory == common_pb2.PSUM and op.engine == common_pb2.POOL:
+            raise _fail(op, "POOL cannot access PSUM")
+    checker = _CHECKS.get(op.op)
+    if checker is not None:
+        checker(op, target)
+
+
+def _check_elementwise(op: Op, _target: Target) -> None:
+    out = op.outputs[0]
+    for index, access in enumerate(op.inputs):
+        if access.size != out.size:
+            raise _fail(op, f"input {index} has {access.size} elements but the output has {out.size}")
+
+
+def _check_matmul(op: Op, target: Target) -> None:
+    stationary, moving = op.inputs
+    out = op.outputs[0]
+    if out.memory != common_pb2.PSUM:
+        raise _fail(op, "matmul must write PSUM")
+    if out.dtype != common_pb2.F32:
+        raise _fail(op, f"matmul writes fp32 PSUM, not {dtypes.name(out.dtype)}")
+    k = stationary.partitions
+    if moving.partitions != k:
+        raise _fail(op, f"stationary has K={k} partitions but moving has {moving.partitions}")
+    if k > target.partitions:
+        raise _fail(op, f"K={k} exceeds {target.partitions} partitions")
+    m = stationary.size // max(k, 1)
+    n = moving.size // max(k, 1)
+    if m > target.matmul_max_stationary_free:
+        raise _fail(op, f"stationary free size M={m} exceeds {target.matmul_max_stationary_free}")
+    if n > target.matmul_max_moving_free:
+        raise _fail(op, f"moving free size N={n} exceeds {target.matmul_max_moving_free}")
+    if out.partitions != m or out.size != m * n:
+        raise _fail(op, f"output is {list(out.shape)} but [K={k},M={m}]ᵀ·[K={k},N={n}] is [{m},{n}]")
+
+
+def _check_activation(op: Op, _target: Target) -> None:
+    if op.func not in ACTIVATIONS:
+        raise _fail(op, f"unknown activation function {op.func!r}")
+    _check_elementwise(op, _target)
+
+
+def _check_binary(op: Op, _target: Target) -> None:
+    if op.func not in BINARY_FUNCS:
+        raise _fail(op, f"unknown {op.op} function {op.func!r}")
+    if op.op == "tensor_scalar" and not op.scalars:
+        raise _fail(op, "tensor_scalar needs scalars[0]")
+    _check_elementwise(op, _target)
+
+
+def _check_reduce(op: Op, _target: Target) -> None:
+    if op.func not in REDUCE_FUNCS:
+        raise _fail(op, f"unknown reduce function {op.func!r}")
+    src, out = op.inputs[0], op.outputs[0]
+    if out.size != src.partitions:
+        raise _fail(op, f"output has {out.size} elements but the input has {src.partitions} partitions")
+    if src.partitions and src.size // src.partitions == 0:
+        raise _fail(op, "reduces over zero free elements")
+
+
+_CHECKS: dict[str, Callable[[Op, Target], None]] = {
+    "matmul": _check_matmul,
+    "activation": _check_activation,
+    "tensor_tensor": _check_binary,
+    "tensor_scalar": _check_binary,
+    "tensor_reduce": _check_reduce,
+    "tensor_copy": _check_elementwise,
+    "select": _check_elementwise,
+}
+
+
+# ---- execution -------------------------------------------------------------------------------
+
+
+def execute(op: Op) -> None:
+    """Apply `op`'s effect on device memory."""
+    with np.errstate(all="ignore"):
+        _EXECUTE[op.op](op)
+
+
+def _nop(_op: Op) -> None:
+    return None
+
+
+def _dma(op: Op) -> None:
+    op.outputs[0].write_storage(op.inputs[0].read())
+
+
+def _matmul(op: Op) -> None:
+    stationary, moving = op.inputs
+    out = op.outputs[0]
+    k = stationary.partitions
+    a = stationary.read_compute().astype(np.float32, copy=False).reshape(k, -1)
+    b = moving.read_compute().astype(np.float32, copy=False).reshape(k, -1)
+    product = a.T @ b
+    if op.accumulate:
+        product = out.read_compute().astype(np.float32, copy=False).reshape(product.shape) + product
+    out.write_compute(product)
+
+
+def _activation(op: Op) -> None:
+    scale = np.float32(op.scalars[0]) if len(op.scalars) > 0 else np.float32(1)
+    bias = np.float32(op.scalars[1]) if len(op.scalars) > 1 else np.float32(0)
+    x = op.inputs[0].read_compute().astype(np.float32, copy=False) * scale + bias
+    op.outputs[0].write_compute(ACTIVATIONS[op.func](x).astype(np.float32, copy=False))
+
+
+def _operand(access: Access, floating: bool, shape: tuple[int, ...]) -> np.ndarray:
+    values = access.read_compute().reshape(shape)
+    return values.astype(np.float32 if floating else np.int64, copy=False)
+
+
+def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Integer division truncating toward zero; x / 0 is -1 (as XLA defines it)."""
+    safe = np.where(b == 0, 1, b)
+    quotient = (np.abs(a) // np.abs(safe)) * (np.sign(a) * np.sign(safe))
+    return np.where(b == 0, -1, quotient)
+
+
+def _binary(func: str, a: np.ndarray, b: np.ndarray, floating: bool) -> np.ndarray:
+    kind = np.float32 if floating else np.int64
+    if func == "add":
+        return a + b
+    if func == "subtract":
+        return a - b
+    if func == "multiply":
+        return a * b
+    if func == "divide":
+        return a / b if floating else _int_divide(a, b)
+    if func == "maximum":
+        return np.maximum(a, b)
+    if func == "minimum":
+        return np.minimum(a, b)
+    if func == "power":
+        if floating:
+            return np.power(a, b)
+        return np.rint(np.power(a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
+    if func in ("and", "or"):
+        if floating:
+            lhs, rhs = a != 0, b != 0
+            return (lhs & rhs if func == "and" else lhs | rhs).astype(kind)
+        return a & b if func == "and" else a | b
+    compare = {
+        "eq": np.equal,
+        "ne": np.not_equal,
+        "lt": np.less,
+        "le": np.less_equal,
+        "gt": np.greater,
+        "ge": np.greater_equal,
+    }[func]
+    return compare(a, b).astype(kind)
+
+
+def _tensor_tensor(op: Op) -> None:
+    out = op.outputs[0]
+    floating = _float_domain(*op.inputs, out)
+    a = _operand(op.inputs[0], floating, out.shape)
+    b = _operand(op.inputs[1], floating, out.shape)
+    out.write_compute(_binary(op.func, a, b, floating))
+
+
+def _tensor_scalar(op: Op) -> None:
+    out = op.outputs[0]
+    floating = _float_domain(op.inputs[0], out)
+    a = _operand(op.inputs[0], floating, out.shape)
+    scalar = (
+        np.full(out.shape, op.scalars[0], dtype=np.float32)
+        if floating
+        else np.full(out.shape, int(round(op.scalars[0])), dtype=np.int64)
+    )
+    if op.attributes.get("reverse") == "1":
+        a, scalar = scalar, a
+    out.write_compute(_binary(op.func, a, scalar, floating))
+
+
+def _tensor_reduce(op: Op) -> None:
+    src, out = op.inputs[0], op.outputs[0]
+    floating = _float_domain(src, out)
+    values = _operand(src, floating, src.shape).reshape(src.partitions, -1)
+    kind = np.float32 if floating else np.int64
+    if op.func == "add":
+        result = values.sum(axis=1, dtype=kind)
+    elif op.func == "multiply":
+        result = values.prod(axis=1, dtype=kind)
+    elif op.func == "maximum":
+        result = values.max(axis=1)
+    else:
+        result = values.min(axis=1)
+    out.write_compute(result.reshape(out.shape))
+
+
+def _tensor_copy(op: Op) -> None:
+    out = op.outputs[0]
+    out.write_compute(op.inputs[0].read_compute().reshape(out.shape))
+
+
+def _iota(op: Op) -> None:
+    out = op.outputs[0]
+    floating = dtypes.is_float(out.dtype)
+    kind = np.float32 if floating else np.int64
+    scalars = [float(s) if floating else int(round(s)) for s in op.scalars]
+    scalars += [0] * (len(out.shape) + 1 - len(scalars))
+    result = np.full(out.shape, scalars[0], dtype=kind)
+    for axis, extent in enumerate(out.shape):
+        index_shape = [1] * len(out.shape)
+        index_shape[axis] = extent
+        result = result + np.arange(extent, dtype=kind).reshape(index_shape) * kind(scalars[1 + axis])
+    out.write_compute(result)
+
+
+def _select(op: Op) -> None:
+    out = op.outputs[0]
+    floating = _float_domain(op.inputs[1], op.inputs[2], out)
+    condition = op.inputs[0].read_compute().reshape(out.shape) != 0
+    on_true = _operand(op.inputs[1], floating, out.shape)
+    on_false = _operand(op.inputs[2], floating, out.shape)
+    out.write_compute(np.where(condition, on_true, on_false))
+
+
+_EXECUTE: dict[str, Callable[[Op], None]] = {
+    "nop": _nop,
+    "dma": _dma,
+    "matmul": _matmul,
+    "activation": _activation,
+    "tensor_tensor": _tensor_tensor,
+    "tensor_scalar": _tensor_scalar,
+    "tensor_reduce": _tensor_reduce,
+    "tensor_copy": _tensor_copy,
+    "iota": _iota,
+    "select": _select,
+}

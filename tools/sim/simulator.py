@@ -1,0 +1,199 @@
+"""The discrete-event engine loop: who runs what, when, and in which order effects land.
+
+Each engine runs its stream in order. The head instruction starts when the engine is free, every
+wait (semaphore >= value) holds and the shared ports it needs are free; it completes `cost_ns`
+later, and only then are its functional effect applied and its updates added. A dma's waits are
+checked by its trigger engine, which is busy for the issue time; when the trigger is done the
+transfer joins its queue (FIFO), moves for `transfer_ns`, and its copy and updates land when it
+completes. Events at one timestamp are all processed (in the order they were created) before
+anything new starts. When no event is pending and streams are unfinished the run is deadlocked
+and deadlock.py explains why. The loop always ends: each instruction starts once and each event
+is processed once.
+
+Happens-before is tracked alongside (hb.py) when race checking is on: one thread per engine and
+per queue, clocks ticked as instructions start and transfers are queued.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+from ncc.tools.sim import semantics
+from ncc.tools.sim.deadlock import BlockedWait, PendingUpdate, describe_deadlock
+from ncc.tools.sim.hb import Race, RaceDetector, SemaphoreLog, VectorClocks
+from ncc.tools.sim.instruction import Op, engine_name, queue_name
+from ncc.tools.target import ENGINES, Target
+
+_COMPLETE, _TRIGGERED, _TRANSFERRED = "complete", "triggered", "transferred"
+
+
+@dataclass
+class _Engine:
+    engine: int
+    thread: int
+    ops: list[Op]
+    pc: int = 0
+    running: Op | None = None
+    busy_ns: float = 0.0
+
+    @property
+    def live(self) -> bool:
+        return self.running is not None or self.pc < len(self.ops)
+
+
+@dataclass
+class Outcome:
+    """What one run produced besides memory contents."""
+
+    simulated_ns: float
+    deadlock: str | None
+    races: list[Race]
+    race_count: int
+    engine_busy_ns: dict[str, float]
+    instruction_count: int
+
+
+class Simulator:
+    """Runs decoded per-engine streams to completion (or deadlock)."""
+
+    def __init__(
+        self, streams: dict[int, list[Op]], target: Target, num_semaphores: int, check_races: bool
+    ) -> None:
+        self.target = target
+        engine_ids = list(ENGINES.values())
+        self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
+        self.queue_thread = {q: len(engine_ids) + q for q in range(target.dma_queues)}
+        self.queue_free_ns = [0.0] * target.dma_queues
+        self.queue_busy_ns = [0.0] * target.dma_queues
+        self.queue_used = [False] * target.dma_queues
+        self.counts = [0] * num_semaphores
+        self.port_free_ns: dict[str, float] = {}
+        self.events: list[tuple[float, int, str, object]] = []
+        self.sequence = itertools.count()
+        self.now = 0.0
+        self.started = 0
+        threads = len(engine_ids) + target.dma_queues
+        self.clocks = VectorClocks(threads) if check_races else None
+        self.sem_log = SemaphoreLog(num_semaphores) if check_races else None
+        self.races = RaceDetector(self._frontier) if check_races else None
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        while True:
+            self._start_ready()
+            if not self.events:
+                break
+            time = self.events[0][0]
+            self.now = time
+            while self.events and self.events[0][0] == time:
+                _, _, kind, payload = heapq.heappop(self.events)
+                self._handle(kind, payload)
+        deadlock = self._deadlock() if any(e.live for e in self.engines) else None
+        busy = {engine_name(e.engine): e.busy_ns for e in self.engines}
+        for queue, used in enumerate(self.queue_used):
+            if used:
+                busy[queue_name(queue)] = self.queue_busy_ns[queue]
+        return Outcome(
+            simulated_ns=self.now,
+            deadlock=deadlock,
+            races=list(self.races.races) if self.races else [],
+            race_count=self.races.race_count if self.races else 0,
+            engine_busy_ns=busy,
+            instruction_count=self.started,
+        )
+
+    def _push(self, time: float, kind: str, payload: object) -> None:
+        heapq.heappush(self.events, (time, next(self.sequence), kind, payload))
+
+    def _start_ready(self) -> None:
+        for engine in self.engines:
+            if engine.running is not None or engine.pc >= len(engine.ops):
+                continue
+            op = engine.ops[engine.pc]
+            if any(self.counts[s] < v for s, v in op.waits):
+                continue
+            if any(self.port_free_ns.get(p, 0.0) > self.now for p in op.ports):
+                continue
+            self._start(engine, op)
+
+    def _start(self, engine: _Engine, op: Op) -> None:
+        engine.pc += 1
+        engine.running = op
+        engine.busy_ns += op.cost_ns
+        self.started += 1
+        end = self.now + op.cost_ns
+        for port in op.ports:
+            self.port_free_ns[port] = end
+        clock = None
+        if self.clocks is not None:
+            joins = [c for c in (self.sem_log.cause(s, v) for s, v in op.waits) if c is not None]
+            clock = self.clocks.tick(engine.thread, joins)
+            if not op.is_dma:
+                self._record(engine.thread, clock, op, op.label)
+        self._push(end, _TRIGGERED if op.is_dma else _COMPLETE, (engine, op, clock))
+
+    def _handle(self, kind: str, payload: object) -> None:
+        if kind == _COMPLETE:
+            engine, op, clock = payload
+            semantics.execute(op)
+            self._update(op, clock)
+            engine.running = None
+        elif kind == _TRIGGERED:
+            engine, op, clock = payload
+            transfer_clock = None
+            if self.clocks is not None:
+                thread = self.queue_thread[op.queue]
+                transfer_clock = self.clocks.tick(thread, [clock])
+                self._record(thread, transfer_clock, op, op.transfer_label)
+            engine.running = None
+            start = max(self.now, self.queue_free_ns[op.queue])
+            end = start + op.transfer_ns
+            self.queue_free_ns[op.queue] = end
+            self.queue_busy_ns[op.queue] += op.transfer_ns
+            self.queue_used[op.queue] = True
+            self._push(end, _TRANSFERRED, (op, transfer_clock))
+        else:
+            op, clock = payload
+            semantics.execute(op)
+            self._update(op, clock)
+
+    def _update(self, op: Op, clock: np.ndarray | None) -> None:
+        for semaphore, increment in op.updates:
+            self.counts[semaphore] += increment
+            if self.sem_log is not None:
+                self.sem_log.record(semaphore, self.counts[semaphore], clock)
+
+    # ---- happens-before ----------------------------------------------------------------------
+
+    def _record(self, thread: int, clock: np.ndarray, op: Op, label: str) -> None:
+        for access in op.inputs:
+            self.races.access(thread, clock, access, False, op.uid, label)
+        for access in op.outputs:
+            self.races.access(thread, clock, access, True, op.uid, label)
+
+    def _frontier(self) -> np.ndarray | None:
+        """Minimum clock of every event still to come (engines with work left; queued transfers
+        were recorded when queued and every later one is ordered after a live engine's trigger)."""
+        return self.clocks.frontier([e.thread for e in self.engines if e.live])
+
+    # ---- deadlock ----------------------------------------------------------------------------
+
+    def _deadlock(self) -> str:
+        blocked: list[BlockedWait] = []
+        pending: list[PendingUpdate] = []
+        for engine in self.engines:
+            if engine.pc >= len(engine.ops):
+                continue
+            head = engine.ops[engine.pc]
+            name = engine_name(engine.engine)
+            for semaphore, value in head.waits:
+                if self.counts[semaphore] < value:
+                    blocked.append(BlockedWait(name, head.name, semaphore, value, self.counts[semaphore]))
+            for op in engine.ops[engine.pc :]:
+                for semaphore, increment in op.updates:
+                    pending.append(PendingUpdate(name, op.name, semaphore, increment))
+        return describe_deadlock(blocked, pending)
