@@ -1,0 +1,539 @@
+"""HLO module verification: refuse, naming the instruction, anything ncc cannot compile or evaluate.
+
+A module that passes may be trusted by the evaluator and the lowering without re-checking: ids
+resolve, operands precede their users, the call graph is acyclic and shallow, every shape is
+static and of a supported element type, and each supported opcode obeys XLA's shape rules.
+Protos mutated into garbage that still parse end here. One pass, O(instructions).
+
+Codes: E201 unsupported opcode, E202 wrong operand count, E203 shape or attribute inconsistency,
+E204 dangling or duplicate id / missing entry / bad call graph, E205 dynamic shape,
+E206 unsupported element type.
+"""
+
+from __future__ import annotations
+
+from ncc.schemas import hlo_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo2penguin.hlo_types import (
+    FLOAT_TYPES,
+    SUPPORTED_ELEMENT_TYPES,
+    T,
+    dims,
+    element_count,
+    entry_computation,
+    is_tuple,
+    same_shape,
+    shape_str,
+    type_name,
+)
+
+SUPPORTED_OPCODES = frozenset({
+    "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "add", "subtract",
+    "multiply", "divide", "maximum", "minimum", "negate", "exponential", "log", "tanh", "logistic", "rsqrt",
+    "sqrt", "compare", "select", "iota", "call", "convert", "slice", "concatenate", "tuple",
+    "get-tuple-element",
+})
+COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
+ELEMENTWISE_BINARY = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
+ARITHMETIC = frozenset({"add", "subtract", "multiply", "divide", "negate"})
+FLOAT_UNARY = frozenset({"exponential", "log", "tanh", "logistic", "rsqrt", "sqrt"})
+
+MAX_RANK = 32
+MAX_ARRAY_BYTES = 16 << 30  # one core's HBM: no single array can be larger
+MAX_CALL_DEPTH = 64
+MAX_TUPLE_NESTING = 32
+_INT64_MIN = -(1 << 63)
+_BYTES = {T.PRED: 1, T.S8: 1, T.U8: 1, T.F16: 2, T.BF16: 2, T.S32: 4, T.U32: 4, T.F32: 4, T.S64: 8}
+# LiteralProto field holding each supported type, and its bytes per element when it is a bytes field.
+_LITERAL_FIELDS = {T.PRED: ("preds", 0), T.S8: ("s8s", 1), T.U8: ("u8s", 1), T.S32: ("s32s", 0),
+                   T.S64: ("s64s", 0), T.U32: ("u32s", 0), T.F16: ("f16s", 2), T.BF16: ("bf16s", 2),
+                   T.F32: ("f32s", 0)}
+
+Instr = hlo_pb2.HloInstructionProto
+
+
+def _label(instr: Instr) -> str:
+    name = instr.name or f"#{instr.id}"
+    return name if len(name) <= 80 else name[:77] + "..."
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 40 and text.isprintable() else repr(text[:37]) + "..."
+
+
+def verify_module(module: hlo_pb2.HloModuleProto) -> None:
+    """Raise a CompileError (location: the instruction's name) for the first problem found."""
+    _Verifier(module).run()
+
+
+class _Verifier:
+    def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
+        self.module = module
+        self.comps: dict[int, hlo_pb2.HloComputationProto] = {}
+        self.instrs: dict[int, Instr] = {}
+        self.place: dict[int, tuple[int, int]] = {}  # instruction id → (computation id, position)
+        self.roots: dict[int, Instr] = {}
+        self.params: dict[int, list[Instr]] = {}
+        self.scalar_only: dict[int, bool] = {}
+
+    def run(self) -> None:
+        if not self.module.computations:
+            raise CompileError("E204", "the module has no computations", self.module.name)
+        self._index()
+        if entry_computation(self.module) is None:
+            name, number = _shown(self.module.entry_computation_name), self.module.entry_computation_id
+            raise CompileError("E204", f"the entry computation '{name}' (id {number}) is not in the module",
+                               self.module.name)
+        self._call_graph()
+        for comp in self.module.computations:
+            for position, instr in enumerate(comp.instructions):
+                self._instruction(comp, position, instr)
+
+    # ---- structure: ids, roots, parameters, the call graph ------------------------------------
+    def _index(self) -> None:
+        names: set[str] = set()
+        for comp in self.module.computations:
+            if comp.id in self.comps:
+                raise CompileError("E204", f"two computations have id {comp.id}", comp.name)
+            if comp.name in names:
+                raise CompileError("E204", f"two computations are named '{_shown(comp.name)}'", comp.name)
+            names.add(comp.name)
+            self.comps[comp.id] = comp
+            if not comp.instructions:
+                raise CompileError("E204", f"computation '{_shown(comp.name)}' has no instructions",
+                                   comp.name)
+            for position, instr in enumerate(comp.instructions):
+                if instr.id in self.instrs:
+                    other = _label(self.instrs[instr.id])
+                    raise CompileError("E204", f"instruction '{_label(instr)}' has id {instr.id}, which "
+                                               f"'{other}' already has", _label(instr))
+                self.instrs[instr.id] = instr
+                self.place[instr.id] = (comp.id, position)
+            root = self.instrs.get(comp.root_id)
+            if root is None or self.place[comp.root_id][0] != comp.id:
+                raise CompileError("E204", f"the root id {comp.root_id} of computation "
+                                           f"'{_shown(comp.name)}' is not one of its instructions", comp.name)
+            self.roots[comp.id] = root
+            params = sorted((i for i in comp.instructions if i.opcode == "parameter"),
+                            key=lambda i: i.parameter_number)
+            for number, param in enumerate(params):
+                if param.parameter_number != number:
+                    raise CompileError("E203", f"parameter '{_label(param)}' has number "
+                                               f"{param.parameter_number}; the parameters of computation "
+                                               f"'{_shown(comp.name)}' must be numbered 0..{len(params) - 1} "
+                                               "once each", _label(param))
+            self.params[comp.id] = params
+
+    def _call_graph(self) -> None:
+        """Called ids exist; no recursion; depth bounded; which computations compute only on scalars."""
+        callees: dict[int, list[int]] = {}
+        for comp in self.module.computations:
+            edges = callees.setdefault(comp.id, [])
+            for instr in comp.instructions:
+                for callee in instr.called_computation_ids:
+                    if callee not in self.comps:
+                        raise CompileError("E204", f"instruction '{_label(instr)}' calls computation id "
+                                                   f"{callee}, which is not in the module", _label(instr))
+                    edges.append(callee)
+        state: dict[int, int] = {}  # 1 on the stack, 2 done
+        depth: dict[int, int] = {}
+        for start in callees:
+            if start in state:
+                continue
+            stack = [(start, 0)]
+            state[start] = 1
+            while stack:
+                node, child = stack[-1]
+                if child < len(callees[node]):
+                    stack[-1] = (node, child + 1)
+                    callee = callees[node][child]
+                    if state.get(callee) == 1:
+                        name = self.comps[callee].name
+                        raise CompileError("E204", f"computation '{_shown(name)}' calls itself (recursion is "
+                                                   "not supported)", name)
+                    if callee not in state:
+                        state[callee] = 1
+                        stack.append((callee, 0))
+                    continue
+                stack.pop()
+                state[node] = 2
+                depth[node] = 1 + max((depth[c] for c in callees[node]), default=0)
+                if depth[node] > MAX_CALL_DEPTH:
+                    raise CompileError("E204", f"calls nest deeper than {MAX_CALL_DEPTH} computations",
+                                       self.comps[node].name)
+                comp = self.comps[node]
+                self.scalar_only[node] = all(_scalar_shape(i.shape) for i in comp.instructions) and all(
+                    self.scalar_only[c] for c in callees[node])
+
+    # ---- instructions ---------------------------------------------------------------------------
+    def _instruction(self, comp: hlo_pb2.HloComputationProto, position: int, instr: Instr) -> None:
+        opcode = instr.opcode
+        if opcode not in SUPPORTED_OPCODES:
+            raise CompileError("E201", f"unsupported opcode '{_shown(opcode)}' in instruction "
+                                       f"'{_label(instr)}'", _label(instr))
+        self._shape(instr.shape, instr, 0)
+        operands: list[Instr] = []
+        for operand_id in instr.operand_ids:
+            where = self.place.get(operand_id)
+            if where is None or where[0] != comp.id or where[1] >= position:
+                if where is None:
+                    problem = "is not an instruction of the module"
+                elif where[0] != comp.id:
+                    problem = "belongs to another computation"
+                else:
+                    problem = "is not defined before its use"
+                raise CompileError("E204", f"operand id {operand_id} of instruction '{_label(instr)}' "
+                                           f"{problem}", _label(instr))
+            operands.append(self.instrs[operand_id])
+        _CHECKS[opcode](self, instr, operands)
+
+    def _shape(self, shape: hlo_pb2.ShapeProto, instr: Instr, nesting: int) -> None:
+        if is_tuple(shape):
+            if nesting > MAX_TUPLE_NESTING:
+                raise _bad(instr, f"tuple shapes nest deeper than {MAX_TUPLE_NESTING}")
+            if shape.dimensions:
+                raise _bad(instr, "a tuple shape has dimensions")
+            for sub in shape.tuple_shapes:
+                self._shape(sub, instr, nesting + 1)
+            return
+        if shape.element_type not in SUPPORTED_ELEMENT_TYPES:
+            raise CompileError("E206", f"unsupported element type {type_name(shape.element_type)} in "
+                                       f"instruction '{_label(instr)}'", _label(instr))
+        if any(shape.is_dynamic_dimension) or _INT64_MIN in shape.dimensions:
+            raise CompileError("E205", f"instruction '{_label(instr)}' has a dynamic shape; only static "
+                                       "shapes are supported", _label(instr))
+        if len(shape.dimensions) > MAX_RANK:
+            raise _bad(instr, f"rank {len(shape.dimensions)} exceeds the maximum of {MAX_RANK}")
+        size = _BYTES[shape.element_type]
+        for extent in shape.dimensions:
+            if extent < 0:
+                raise _bad(instr, f"negative dimension {extent}")
+            size *= extent
+        if size > MAX_ARRAY_BYTES:
+            raise _bad(instr, f"shape {shape_str(shape)} needs {size} bytes, more than the {MAX_ARRAY_BYTES} "
+                              "one array may have")
+        order = list(shape.layout.minor_to_major)
+        if order and sorted(order) != list(range(len(shape.dimensions))):
+            raise _bad(instr, f"layout {{{_ints(order)}}} is not a permutation of the dimensions")
+
+    # ---- opcode rules (XLA's shape inference, restricted to what ncc takes) -------------------
+    def _binary(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 2)
+        a, b = _arrays(instr, ops)
+        _same_dims(instr, [a, b], instr.shape)
+        _same_types(instr, [a, b, instr.shape])
+        if instr.opcode in ARITHMETIC and instr.shape.element_type == T.PRED:
+            raise _bad(instr, f"{instr.opcode} is not defined on pred")
+
+    def _unary(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_dims(instr, [a], instr.shape)
+        _same_types(instr, [a, instr.shape])
+        kind = instr.shape.element_type
+        if instr.opcode in FLOAT_UNARY and kind not in FLOAT_TYPES:
+            raise _bad(instr, f"{instr.opcode} needs a floating-point operand, not {type_name(kind)}")
+        if instr.opcode in ARITHMETIC and kind == T.PRED:
+            raise _bad(instr, f"{instr.opcode} is not defined on pred")
+
+    def _compare(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 2)
+        a, b = _arrays(instr, ops)
+        _same_dims(instr, [a, b], instr.shape)
+        _same_types(instr, [a, b])
+        if instr.shape.element_type != T.PRED:
+            raise _bad(instr, f"compare must produce pred, not {type_name(instr.shape.element_type)}")
+        if instr.comparison_direction not in COMPARISON_DIRECTIONS:
+            raise _bad(instr, f"comparison direction '{_shown(instr.comparison_direction)}' is not one of "
+                              f"{', '.join(sorted(COMPARISON_DIRECTIONS))}")
+
+    def _select(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 3)
+        pred, on_true, on_false = _arrays(instr, ops)
+        if pred.element_type != T.PRED:
+            raise _bad(instr, f"the selector must be pred, not {type_name(pred.element_type)}")
+        if pred.dimensions and dims(pred) != dims(instr.shape):
+            raise _bad(instr, f"selector {shape_str(pred)} does not match the result "
+                              f"{shape_str(instr.shape)}")
+        _same_dims(instr, [on_true, on_false], instr.shape)
+        _same_types(instr, [on_true, on_false, instr.shape])
+
+    def _convert(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_dims(instr, [a], instr.shape)
+
+    def _broadcast(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_types(instr, [a, instr.shape])
+        mapping, out = list(instr.dimensions), dims(instr.shape)
+        if len(mapping) != len(a.dimensions):
+            raise _bad(instr, f"dimensions={{{_ints(mapping)}}} must name one result dimension for each "
+                              f"of the {len(a.dimensions)} operand dimensions")
+        _distinct_in_range(instr, mapping, len(out), "dimensions")
+        for operand_dim, out_dim in enumerate(mapping):
+            if a.dimensions[operand_dim] != out[out_dim]:
+                raise _bad(instr, f"operand dimension {operand_dim} (size {a.dimensions[operand_dim]}) "
+                                  f"cannot be broadcast to result dimension {out_dim} (size {out[out_dim]})")
+
+    def _reshape(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_types(instr, [a, instr.shape])
+        if element_count(a) != element_count(instr.shape):
+            raise _bad(instr, f"cannot reshape {shape_str(a)} ({element_count(a)} elements) to "
+                              f"{shape_str(instr.shape)} ({element_count(instr.shape)} elements)")
+
+    def _transpose(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_types(instr, [a, instr.shape])
+        perm = list(instr.dimensions)
+        if sorted(perm) != list(range(len(a.dimensions))):
+            raise _bad(instr, f"dimensions={{{_ints(perm)}}} is not a permutation of {len(a.dimensions)} "
+                              "dimensions")
+        expected = [a.dimensions[p] for p in perm]
+        if expected != list(instr.shape.dimensions):
+            raise _bad(instr, f"transposing {shape_str(a)} by {{{_ints(perm)}}} gives [{_ints(expected)}], "
+                              f"not {shape_str(instr.shape)}")
+
+    def _dot(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 2)
+        lhs, rhs = _arrays(instr, ops)
+        for shape in (lhs, rhs, instr.shape):
+            if shape.element_type == T.PRED:
+                raise _bad(instr, "dot is not defined on pred")
+        dn = instr.dot_dimension_numbers
+        lb, lc = list(dn.lhs_batch_dimensions), list(dn.lhs_contracting_dimensions)
+        rb, rc = list(dn.rhs_batch_dimensions), list(dn.rhs_contracting_dimensions)
+        if len(lb) != len(rb) or len(lc) != len(rc):
+            raise _bad(instr, "lhs and rhs must have as many batch and as many contracting dimensions")
+        _distinct_in_range(instr, lb + lc, len(lhs.dimensions), "lhs batch and contracting dimensions")
+        _distinct_in_range(instr, rb + rc, len(rhs.dimensions), "rhs batch and contracting dimensions")
+        for kind, left, right in (("batch", lb, rb), ("contracting", lc, rc)):
+            for ld, rd in zip(left, right, strict=True):
+                if lhs.dimensions[ld] != rhs.dimensions[rd]:
+                    raise _bad(instr, f"{kind} dimension sizes differ: lhs dimension {ld} is "
+                                      f"{lhs.dimensions[ld]}, rhs dimension {rd} is {rhs.dimensions[rd]}")
+        lhs_free = [d for d in range(len(lhs.dimensions)) if d not in lb and d not in lc]
+        rhs_free = [d for d in range(len(rhs.dimensions)) if d not in rb and d not in rc]
+        expected = ([lhs.dimensions[d] for d in lb] + [lhs.dimensions[d] for d in lhs_free]
+                    + [rhs.dimensions[d] for d in rhs_free])
+        if expected != list(instr.shape.dimensions):
+            raise _bad(instr, f"dot of {shape_str(lhs)} and {shape_str(rhs)} gives [{_ints(expected)}], not "
+                              f"{shape_str(instr.shape)}")
+
+    def _reduce(self, instr: Instr, ops: list[Instr]) -> None:
+        if len(ops) < 2 or len(ops) % 2:
+            raise CompileError("E202", f"reduce '{_label(instr)}' takes inputs and as many init values (an "
+                                       f"even number of operands), has {len(ops)}", _label(instr))
+        shapes = _arrays(instr, ops, result_too=False)
+        k = len(ops) // 2
+        inputs, inits = shapes[:k], shapes[k:]
+        for shape in inputs[1:]:
+            if dims(shape) != dims(inputs[0]):
+                raise _bad(instr, f"reduce inputs {shape_str(inputs[0])} and {shape_str(shape)} differ")
+        for data, init in zip(inputs, inits, strict=True):
+            if init.dimensions:
+                raise _bad(instr, f"init value {shape_str(init)} must be a scalar")
+            if init.element_type != data.element_type:
+                raise _bad(instr, f"init value {shape_str(init)} does not match input {shape_str(data)}")
+        reduced = list(instr.dimensions)
+        _distinct_in_range(instr, reduced, len(inputs[0].dimensions), "dimensions")
+        kept = [size for d, size in enumerate(inputs[0].dimensions) if d not in reduced]
+        results = list(instr.shape.tuple_shapes) if k > 1 else [instr.shape]
+        if (k > 1 and not is_tuple(instr.shape)) or len(results) != k:
+            raise _bad(instr, f"a reduce of {k} input(s) gives {k} result(s), not {shape_str(instr.shape)}")
+        for result, init in zip(results, inits, strict=True):
+            kind = init.element_type
+            if is_tuple(result) or list(result.dimensions) != kept or result.element_type != kind:
+                raise _bad(instr, f"reducing dimensions {{{_ints(reduced)}}} of {shape_str(inputs[0])} gives "
+                                  f"{type_name(init.element_type)}[{_ints(kept)}], not {shape_str(result)}")
+        reducer = self._callee(instr)
+        params = self.params[reducer.id]
+        if len(params) != 2 * k:
+            raise _bad(instr, f"reducer '{_shown(reducer.name)}' must take {2 * k} parameters, takes "
+                              f"{len(params)}")
+        for index, param in enumerate(params):
+            init = inits[index % k]
+            shape = param.shape
+            if is_tuple(shape) or shape.dimensions or shape.element_type != init.element_type:
+                raise _bad(instr, f"reducer parameter '{_label(param)}' is {shape_str(param.shape)}, "
+                                  f"expected {type_name(init.element_type)}[]")
+        root = self.roots[reducer.id].shape
+        outs = list(root.tuple_shapes) if k > 1 and is_tuple(root) else [root]
+        if len(outs) != k or any(is_tuple(o) or o.dimensions or o.element_type != i.element_type
+                                 for o, i in zip(outs, inits, strict=True)):
+            raise _bad(instr, f"reducer '{_shown(reducer.name)}' returns {shape_str(root)}, which does not "
+                              "match its init values")
+        if not self.scalar_only[reducer.id]:
+            raise _bad(instr, f"reducer '{_shown(reducer.name)}' must compute on scalars only")
+
+    def _iota(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 0)
+        shape = instr.shape
+        if is_tuple(shape) or not shape.dimensions or shape.element_type == T.PRED:
+            raise _bad(instr, f"iota must produce a numeric array of rank ≥ 1, not {shape_str(shape)}")
+        if len(instr.dimensions) != 1:
+            raise _bad(instr, "iota needs exactly one iota_dimension")
+        _distinct_in_range(instr, list(instr.dimensions), len(shape.dimensions), "iota_dimension")
+
+    def _slice(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_types(instr, [a, instr.shape])
+        bounds = instr.slice_dimensions
+        if len(bounds) != len(a.dimensions):
+            raise _bad(instr, f"slice gives {len(bounds)} bounds for {len(a.dimensions)} dimensions")
+        expected = []
+        for d, (bound, size) in enumerate(zip(bounds, a.dimensions, strict=True)):
+            if not (0 <= bound.start <= bound.limit <= size and bound.stride >= 1):
+                raise _bad(instr, f"slice bound [{bound.start}:{bound.limit}:{bound.stride}] is invalid for "
+                                  f"dimension {d} of size {size}")
+            expected.append((bound.limit - bound.start + bound.stride - 1) // bound.stride)
+        if expected != list(instr.shape.dimensions):
+            raise _bad(instr, f"slice of {shape_str(a)} gives [{_ints(expected)}], not "
+                              f"{shape_str(instr.shape)}")
+
+    def _concatenate(self, instr: Instr, ops: list[Instr]) -> None:
+        if not ops:
+            raise CompileError("E202", f"concatenate '{_label(instr)}' needs at least one operand",
+                               _label(instr))
+        shapes = _arrays(instr, ops)
+        _same_types(instr, [*shapes, instr.shape])
+        if len(instr.dimensions) != 1:
+            raise _bad(instr, "concatenate needs exactly one dimension")
+        axis = instr.dimensions[0]
+        out = list(instr.shape.dimensions)
+        _distinct_in_range(instr, [axis], len(out), "dimensions")
+        total = 0
+        for shape in shapes:
+            if len(shape.dimensions) != len(out) or any(
+                    shape.dimensions[d] != out[d] for d in range(len(out)) if d != axis):
+                raise _bad(instr, f"operand {shape_str(shape)} does not fit result {shape_str(instr.shape)} "
+                                  f"along dimension {axis}")
+            total += shape.dimensions[axis]
+        if total != out[axis]:
+            raise _bad(instr, f"operands add up to {total} along dimension {axis}, the result has "
+                              f"{out[axis]}")
+
+    def _tuple(self, instr: Instr, ops: list[Instr]) -> None:
+        subs = instr.shape.tuple_shapes
+        if not is_tuple(instr.shape) or len(subs) != len(ops) or not all(
+                same_shape(sub, op.shape) for sub, op in zip(subs, ops, strict=True)):
+            raise _bad(instr, f"tuple of {len(ops)} operands cannot have shape {shape_str(instr.shape)}")
+
+    def _get_tuple_element(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        source = ops[0].shape
+        if not is_tuple(source) or not 0 <= instr.tuple_index < len(source.tuple_shapes):
+            raise _bad(instr, f"index {instr.tuple_index} does not select an element of {shape_str(source)}")
+        if not same_shape(source.tuple_shapes[instr.tuple_index], instr.shape):
+            raise _bad(instr, f"element {instr.tuple_index} of {shape_str(source)} is not "
+                              f"{shape_str(instr.shape)}")
+
+    def _call(self, instr: Instr, ops: list[Instr]) -> None:
+        callee = self._callee(instr)
+        params = self.params[callee.id]
+        if len(params) != len(ops):
+            raise CompileError("E202", f"call '{_label(instr)}' passes {len(ops)} operands to "
+                                       f"'{_shown(callee.name)}', which takes {len(params)}", _label(instr))
+        for param, op in zip(params, ops, strict=True):
+            if not same_shape(param.shape, op.shape):
+                raise _bad(instr, f"operand {shape_str(op.shape)} does not match parameter '{_label(param)}' "
+                                  f"{shape_str(param.shape)}")
+        root = self.roots[callee.id].shape
+        if not same_shape(root, instr.shape):
+            raise _bad(instr, f"'{_shown(callee.name)}' returns {shape_str(root)}, not "
+                              f"{shape_str(instr.shape)}")
+
+    def _parameter(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 0)
+
+    def _constant(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 0)
+        _check_literal(instr, instr.literal, instr.shape)
+
+    def _callee(self, instr: Instr) -> hlo_pb2.HloComputationProto:
+        if len(instr.called_computation_ids) != 1:
+            count = len(instr.called_computation_ids)
+            raise CompileError("E204", f"{instr.opcode} '{_label(instr)}' must name exactly one computation "
+                                       f"(to_apply), names {count}", _label(instr))
+        return self.comps[instr.called_computation_ids[0]]
+
+
+def _scalar_shape(shape: hlo_pb2.ShapeProto) -> bool:
+    if is_tuple(shape):
+        return all(not is_tuple(sub) and not sub.dimensions for sub in shape.tuple_shapes)
+    return not shape.dimensions
+
+
+def _bad(instr: Instr, detail: str) -> CompileError:
+    return CompileError("E203", f"{_shown(instr.opcode)} '{_label(instr)}': {detail}", _label(instr))
+
+
+def _ints(values: list[int]) -> str:
+    return ",".join(str(v) for v in values)
+
+
+def _count(instr: Instr, ops: list[Instr], expected: int) -> None:
+    if len(ops) != expected:
+        raise CompileError("E202", f"{instr.opcode} '{_label(instr)}' takes {expected} operand"
+                                   f"{'' if expected == 1 else 's'}, has {len(ops)}", _label(instr))
+
+
+def _arrays(instr: Instr, ops: list[Instr], result_too: bool = True) -> list[hlo_pb2.ShapeProto]:
+    """The operands' shapes, which must be arrays; so must the result unless `result_too` is False."""
+    for shape in ([instr.shape] if result_too else []) + [op.shape for op in ops]:
+        if is_tuple(shape):
+            raise _bad(instr, f"expects arrays, got the tuple {shape_str(shape)}")
+    return [op.shape for op in ops]
+
+
+def _same_dims(instr: Instr, shapes: list[hlo_pb2.ShapeProto], result: hlo_pb2.ShapeProto) -> None:
+    for shape in shapes:
+        if dims(shape) != dims(result):
+            shown = " and ".join(shape_str(s) for s in shapes)
+            raise _bad(instr, f"operand shapes {shown} do not match the result {shape_str(result)}")
+
+
+def _same_types(instr: Instr, shapes: list[hlo_pb2.ShapeProto]) -> None:
+    kinds = {shape.element_type for shape in shapes}
+    if len(kinds) > 1:
+        raise _bad(instr, f"element types differ: {', '.join(shape_str(s) for s in shapes)}")
+
+
+def _distinct_in_range(instr: Instr, values: list[int], rank: int, what: str) -> None:
+    if len(set(values)) != len(values) or any(not 0 <= v < rank for v in values):
+        raise _bad(instr, f"{what} {{{_ints(values)}}} must be distinct dimensions in [0, {rank})")
+
+
+def _check_literal(instr: Instr, literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> None:
+    if is_tuple(shape):
+        if len(literal.tuple_literals) != len(shape.tuple_shapes):
+            raise _bad(instr, f"constant holds {len(literal.tuple_literals)} tuple elements, its shape "
+                              f"{shape_str(shape)} needs {len(shape.tuple_shapes)}")
+        for sub_literal, sub_shape in zip(literal.tuple_literals, shape.tuple_shapes, strict=True):
+            _check_literal(instr, sub_literal, sub_shape)
+        return
+    field, width = _LITERAL_FIELDS[shape.element_type]
+    stored = len(getattr(literal, field))
+    if width and stored % width:
+        raise _bad(instr, f"constant's {field} holds {stored} bytes, not a multiple of {width}")
+    have, need = (stored // width if width else stored), element_count(shape)
+    if have != need:
+        raise _bad(instr, f"constant holds {have} values, its shape {shape_str(shape)} needs {need}")
+
+
+_CHECKS = {
+    **{op: _Verifier._binary for op in ELEMENTWISE_BINARY},
+    **{op: _Verifier._unary for op in FLOAT_UNARY | {"negate"}},
+    "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
+    "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,
+    "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,
+    "concatenate": _Verifier._concatenate, "tuple": _Verifier._tuple,
+    "get-tuple-element": _Verifier._get_tuple_element, "call": _Verifier._call,
+    "parameter": _Verifier._parameter, "constant": _Verifier._constant,
+}
+assert set(_CHECKS) == SUPPORTED_OPCODES

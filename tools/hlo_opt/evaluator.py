@@ -1,0 +1,339 @@
+"""The golden HLO interpreter: runs a (verified) HloModuleProto on numpy arrays with XLA semantics.
+
+It is the reference every compiled program is compared against, so it favours being plainly right
+over being clever: one numpy operation per HLO instruction. Values are held as numpy arrays —
+floats as float32 (bf16 and f16 values rounded to their type after every op that produces them),
+integers in their own width (so arithmetic wraps as XLA's does), pred as bool. Dot and reductions
+accumulate in fp32 and round once. Reducers the evaluator recognises (add, multiply, maximum,
+minimum) run as one numpy reduction; any other reducer is folded element by element along the
+reduced dimensions, vectorised over the kept ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ncc.schemas import hlo_pb2
+from ncc.tools.common.dtypes import bf16_to_f32, f32_to_bf16
+from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo2penguin.hlo_types import (
+    FLOAT_TYPES,
+    SIGNED_TYPES,
+    UNSIGNED_TYPES,
+    T,
+    compute_dtype,
+    dims,
+    entry_computation,
+    is_tuple,
+    parameters,
+    shape_str,
+)
+from ncc.tools.hlo2penguin.hlo_verify import verify_module
+
+Instr = hlo_pb2.HloInstructionProto
+
+_FAST_REDUCERS: dict[str, np.ufunc] = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
+                                       "minimum": np.minimum}
+_COMPARE: dict[str, Callable] = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+                                 "GT": np.greater, "GE": np.greater_equal}
+_UNARY: dict[str, Callable] = {
+    "negate": np.negative, "exponential": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
+    "rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
+    "logistic": lambda x: np.reciprocal(np.float32(1) + np.exp(-x)),
+}
+_BINARY: dict[str, Callable] = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
+                                "maximum": np.maximum, "minimum": np.minimum}
+_SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice"})  # identities on scalars
+
+
+def round_to(values: np.ndarray, kind: int) -> np.ndarray:
+    """Values in the evaluator's representation of element type `kind` (bf16/f16 rounded, ints wrapped)."""
+    if kind == T.F32:
+        return np.asarray(values, dtype=np.float32)
+    if kind == T.BF16:
+        return bf16_to_f32(f32_to_bf16(np.asarray(values, dtype=np.float32)))
+    if kind == T.F16:
+        return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
+    if kind == T.PRED:
+        return np.asarray(values).astype(bool)
+    return np.asarray(values).astype(compute_dtype(kind))
+
+
+def evaluate(module: hlo_pb2.HloModuleProto, args: Sequence[np.ndarray], *, verify: bool = True
+             ) -> list[np.ndarray]:
+    """Run the entry computation on `args` (one per entry parameter, in parameter order).
+
+    Returns one array per result leaf (a tuple root gives several, depth first). bf16 results are
+    float32 arrays holding bf16 values; pred results are bool arrays.
+    """
+    if verify:
+        verify_module(module)
+    entry = entry_computation(module)
+    params = parameters(entry)
+    if len(args) != len(params):
+        raise CompileError("E104", f"the module takes {len(params)} inputs, {len(args)} were given",
+                           entry.name)
+    values = [_coerce(arg, param.shape, param.name) for arg, param in zip(args, params, strict=True)]
+    with np.errstate(all="ignore"):
+        result = _Evaluator(module).run(entry, values)
+    return [np.ascontiguousarray(leaf) for leaf in _leaves(result)]
+
+
+def make_inputs(module: hlo_pb2.HloModuleProto, seed: int) -> list:
+    """Seeded inputs for the entry parameters: floats ~ N(0, 1), small integers, random preds."""
+    rng = np.random.default_rng(seed)
+    entry = entry_computation(module)
+    if entry is None:
+        raise CompileError("E204", "the module has no entry computation", module.name)
+    return [_random(rng, param.shape) for param in parameters(entry)]
+
+
+def _random(rng: np.random.Generator, shape: hlo_pb2.ShapeProto):
+    if is_tuple(shape):
+        return tuple(_random(rng, sub) for sub in shape.tuple_shapes)
+    kind, size = shape.element_type, dims(shape)
+    if kind in FLOAT_TYPES:
+        return round_to(rng.standard_normal(size, dtype=np.float32), kind)
+    if kind in SIGNED_TYPES:
+        return rng.integers(-8, 9, size).astype(compute_dtype(kind))
+    if kind in UNSIGNED_TYPES:
+        return rng.integers(0, 16, size).astype(compute_dtype(kind))
+    return rng.random(size) < 0.5
+
+
+def _coerce(arg, shape: hlo_pb2.ShapeProto, name: str):
+    """An input as the evaluator holds values of `shape`; a shape mismatch is E104."""
+    if is_tuple(shape):
+        if not isinstance(arg, (tuple, list)) or len(arg) != len(shape.tuple_shapes):
+            count = len(shape.tuple_shapes)
+            raise CompileError("E104", f"input for parameter '{name}' must be a tuple of {count}", name)
+        return tuple(_coerce(a, sub, name) for a, sub in zip(arg, shape.tuple_shapes, strict=True))
+    array = np.asarray(arg)
+    if array.shape != dims(shape):
+        raise CompileError("E104", f"input for parameter '{name}' has shape {list(array.shape)}, the module "
+                                   f"expects {shape_str(shape)}", name)
+    if shape.element_type in FLOAT_TYPES:
+        return round_to(array.astype(np.float32), shape.element_type)
+    if shape.element_type == T.PRED:
+        return array != 0
+    return array.astype(compute_dtype(shape.element_type))
+
+
+def _leaves(value) -> list[np.ndarray]:
+    if isinstance(value, tuple):
+        return [leaf for item in value for leaf in _leaves(item)]
+    return [value]
+
+
+class _Evaluator:
+    def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
+        self.comps = {comp.id: comp for comp in module.computations}
+        self.reducer_kinds: dict[int, str | None] = {}
+
+    def run(self, comp: hlo_pb2.HloComputationProto, args: list, scalar_region: bool = False):
+        """Evaluate `comp` on `args`. In a scalar region (a reducer folded over arrays) values carry
+        extra leading dimensions, so ops that only reshape scalars are identities."""
+        values: dict[int, object] = {}
+        for instr in comp.instructions:
+            operands = [values[i] for i in instr.operand_ids]
+            opcode = instr.opcode
+            if opcode == "parameter":
+                values[instr.id] = args[instr.parameter_number]
+            elif opcode == "call":
+                callee = self.comps[instr.called_computation_ids[0]]
+                values[instr.id] = self.run(callee, operands, scalar_region)
+            elif scalar_region and opcode in _SHAPE_ONLY:
+                values[instr.id] = operands[0]
+            elif scalar_region and opcode == "dot":  # a dot of two scalars is their product
+                kind = instr.shape.element_type
+                work = np.float32 if kind in FLOAT_TYPES else None
+                values[instr.id] = round_to(np.multiply(operands[0], operands[1], dtype=work), kind)
+            elif scalar_region and opcode == "reduce":  # reducing a scalar applies the reducer once
+                k = len(operands) // 2
+                reducer = self.comps[instr.called_computation_ids[0]]
+                values[instr.id] = self.run(reducer, operands[k:] + operands[:k], True)
+            else:
+                values[instr.id] = _OPS[opcode](self, instr, operands)
+        return values[comp.root_id]
+
+    # ---- data movement ---------------------------------------------------------------------------
+    def _constant(self, instr: Instr, _: list) -> object:
+        return _literal(instr.literal, instr.shape)
+
+    def _broadcast(self, instr: Instr, ops: list) -> np.ndarray:
+        operand, mapping, out = ops[0], list(instr.dimensions), dims(instr.shape)
+        order = sorted(range(len(mapping)), key=lambda i: mapping[i])
+        operand = np.transpose(operand, order)
+        expanded = [1] * len(out)
+        for i in order:
+            expanded[mapping[i]] = out[mapping[i]]
+        return np.broadcast_to(np.reshape(operand, expanded), out)
+
+    def _reshape(self, instr: Instr, ops: list) -> np.ndarray:
+        return np.reshape(ops[0], dims(instr.shape))
+
+    def _transpose(self, instr: Instr, ops: list) -> np.ndarray:
+        return np.transpose(ops[0], list(instr.dimensions))
+
+    def _slice(self, instr: Instr, ops: list) -> np.ndarray:
+        return ops[0][tuple(slice(b.start, b.limit, b.stride) for b in instr.slice_dimensions)]
+
+    def _concatenate(self, instr: Instr, ops: list) -> np.ndarray:
+        return np.concatenate(ops, axis=instr.dimensions[0])
+
+    def _iota(self, instr: Instr, _: list) -> np.ndarray:
+        out, axis = dims(instr.shape), instr.dimensions[0]
+        line = np.arange(out[axis], dtype=np.int64)
+        expanded = [1] * len(out)
+        expanded[axis] = out[axis]
+        kind = instr.shape.element_type
+        values = line.astype(np.float32) if kind in FLOAT_TYPES else line
+        return np.broadcast_to(round_to(values, kind).reshape(expanded), out)
+
+    def _tuple(self, instr: Instr, ops: list) -> tuple:
+        return tuple(ops)
+
+    def _get_tuple_element(self, instr: Instr, ops: list) -> object:
+        return ops[0][instr.tuple_index]
+
+    # ---- arithmetic ------------------------------------------------------------------------------
+    def _unary(self, instr: Instr, ops: list) -> np.ndarray:
+        return round_to(_UNARY[instr.opcode](ops[0]), instr.shape.element_type)
+
+    def _binary(self, instr: Instr, ops: list) -> np.ndarray:
+        return round_to(_BINARY[instr.opcode](ops[0], ops[1]), instr.shape.element_type)
+
+    def _divide(self, instr: Instr, ops: list) -> np.ndarray:
+        kind = instr.shape.element_type
+        a, b = ops
+        if kind in FLOAT_TYPES:
+            return round_to(np.divide(a, b), kind)
+        return _integer_divide(np.asarray(a), np.asarray(b), kind)
+
+    def _compare(self, instr: Instr, ops: list) -> np.ndarray:
+        return np.asarray(_COMPARE[instr.comparison_direction](ops[0], ops[1]))
+
+    def _select(self, instr: Instr, ops: list) -> np.ndarray:
+        return np.where(ops[0], ops[1], ops[2])
+
+    def _convert(self, instr: Instr, ops: list) -> np.ndarray:
+        return _convert(np.asarray(ops[0]), instr.shape.element_type)
+
+    def _dot(self, instr: Instr, ops: list) -> np.ndarray:
+        lhs, rhs = np.asarray(ops[0]), np.asarray(ops[1])
+        dn = instr.dot_dimension_numbers
+        lb, lc = list(dn.lhs_batch_dimensions), list(dn.lhs_contracting_dimensions)
+        rb, rc = list(dn.rhs_batch_dimensions), list(dn.rhs_contracting_dimensions)
+        lf = [d for d in range(lhs.ndim) if d not in lb and d not in lc]
+        rf = [d for d in range(rhs.ndim) if d not in rb and d not in rc]
+        batch = [lhs.shape[d] for d in lb]
+        m = int(np.prod([lhs.shape[d] for d in lf], dtype=np.int64))
+        n = int(np.prod([rhs.shape[d] for d in rf], dtype=np.int64))
+        k = int(np.prod([lhs.shape[d] for d in lc], dtype=np.int64))
+        b = int(np.prod(batch, dtype=np.int64))
+        kind = instr.shape.element_type
+        work = np.float32 if kind in FLOAT_TYPES else np.int64
+        left = np.transpose(lhs, lb + lf + lc).astype(work, copy=False).reshape(b, m, k)
+        right = np.transpose(rhs, rb + rc + rf).astype(work, copy=False).reshape(b, k, n)
+        return round_to(np.matmul(left, right).reshape(dims(instr.shape)), kind)
+
+    def _reduce(self, instr: Instr, ops: list) -> object:
+        k = len(ops) // 2
+        inputs, inits = [np.asarray(x) for x in ops[:k]], ops[k:]
+        axes = tuple(instr.dimensions)
+        reducer = self.comps[instr.called_computation_ids[0]]
+        kinds = [s.element_type for s in (instr.shape.tuple_shapes if k > 1 else [instr.shape])]
+        fast = self._reducer_kind(reducer) if k == 1 else None
+        if fast is not None and kinds[0] != T.PRED:
+            ufunc, data = _FAST_REDUCERS[fast], inputs[0]
+            if any(data.shape[a] == 0 for a in axes):
+                kept = [s for d, s in enumerate(data.shape) if d not in axes]
+                return round_to(np.broadcast_to(inits[0], kept), kinds[0])
+            return round_to(ufunc(inits[0], ufunc.reduce(data, axis=axes)), kinds[0])
+        return self._fold(reducer, inputs, inits, axes, kinds)
+
+    def _fold(self, reducer: hlo_pb2.HloComputationProto, inputs: list[np.ndarray], inits: list,
+              axes: tuple[int, ...], kinds: list[int]) -> object:
+        """Any reducer: fold it over the reduced elements in order, vectorised over the kept ones."""
+        rank = inputs[0].ndim
+        kept = [d for d in range(rank) if d not in axes]
+        out_shape = [inputs[0].shape[d] for d in kept]
+        count = int(np.prod([inputs[0].shape[d] for d in axes], dtype=np.int64))
+        flat = [np.transpose(x, kept + list(axes)).reshape(*out_shape, count) for x in inputs]
+        accs = [np.broadcast_to(init, out_shape) for init in inits]
+        for r in range(count):
+            result = self.run(reducer, accs + [x[..., r] for x in flat], True)
+            accs = list(result) if len(inputs) > 1 else [result]
+        results = [round_to(np.broadcast_to(acc, out_shape), kind)
+                   for acc, kind in zip(accs, kinds, strict=True)]
+        return tuple(results) if len(inputs) > 1 else results[0]
+
+    def _reducer_kind(self, reducer: hlo_pb2.HloComputationProto) -> str | None:
+        """'add'/'multiply'/'maximum'/'minimum' when the reducer is just that op on its two parameters."""
+        if reducer.id not in self.reducer_kinds:
+            params = {i.id: i.parameter_number for i in reducer.instructions if i.opcode == "parameter"}
+            root = next(i for i in reducer.instructions if i.id == reducer.root_id)
+            plain = (root.opcode in _FAST_REDUCERS and len(params) == 2
+                     and sorted(params.get(i, -1) for i in root.operand_ids) == [0, 1])
+            self.reducer_kinds[reducer.id] = root.opcode if plain else None
+        return self.reducer_kinds[reducer.id]
+
+
+def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object:
+    if is_tuple(shape):
+        pairs = zip(literal.tuple_literals, shape.tuple_shapes, strict=True)
+        return tuple(_literal(sub_literal, sub_shape) for sub_literal, sub_shape in pairs)
+    kind = shape.element_type
+    if kind == T.BF16:
+        values = bf16_to_f32(np.frombuffer(literal.bf16s, dtype="<u2"))
+    elif kind == T.F16:
+        values = np.frombuffer(literal.f16s, dtype="<f2").astype(np.float32)
+    elif kind == T.S8:
+        values = np.frombuffer(literal.s8s, dtype=np.int8)
+    elif kind == T.U8:
+        values = np.frombuffer(literal.u8s, dtype=np.uint8)
+    else:
+        field = {T.F32: literal.f32s, T.S32: literal.s32s, T.S64: literal.s64s, T.U32: literal.u32s,
+                 T.PRED: literal.preds}[kind]
+        values = np.asarray(field, dtype=compute_dtype(kind))
+    return values.astype(compute_dtype(kind)).reshape(dims(shape))
+
+
+def _integer_divide(a: np.ndarray, b: np.ndarray, kind: int) -> np.ndarray:
+    """XLA integer division: truncates toward zero; x/0 is -1 (all ones when unsigned); MIN/-1 is MIN."""
+    dtype = compute_dtype(kind)
+    a, b = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
+    safe = np.where(b == 0, 1, b)
+    quotient = np.abs(a) // np.abs(safe)
+    quotient = np.where((a < 0) != (safe < 0), -quotient, quotient)
+    return np.where(b == 0, np.int64(-1), quotient).astype(dtype)
+
+
+def _convert(values: np.ndarray, kind: int) -> np.ndarray:
+    """XLA convert: float → int truncates toward zero and saturates (NaN → 0); int → int wraps."""
+    if kind == T.PRED:
+        return values != 0
+    if kind in FLOAT_TYPES:
+        return round_to(values.astype(np.float32), kind)
+    dtype = compute_dtype(kind)
+    if values.dtype.kind != "f":
+        return values.astype(np.int64).astype(dtype) if values.dtype != bool else values.astype(dtype)
+    info = np.iinfo(dtype)
+    truncated = np.nan_to_num(np.trunc(values.astype(np.float64)), nan=0.0)
+    clipped = np.clip(truncated, float(info.min), np.nextafter(float(info.max) + 1, 0.0))
+    result = clipped.astype(dtype)
+    return np.where(truncated >= float(info.max), info.max, result).astype(dtype)
+
+
+_OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
+    "constant": _Evaluator._constant, "broadcast": _Evaluator._broadcast, "reshape": _Evaluator._reshape,
+    "transpose": _Evaluator._transpose, "slice": _Evaluator._slice, "concatenate": _Evaluator._concatenate,
+    "iota": _Evaluator._iota, "tuple": _Evaluator._tuple, "get-tuple-element": _Evaluator._get_tuple_element,
+    "divide": _Evaluator._divide, "compare": _Evaluator._compare,
+    "select": _Evaluator._select, "convert": _Evaluator._convert, "dot": _Evaluator._dot,
+    "reduce": _Evaluator._reduce,
+    **{op: _Evaluator._unary for op in _UNARY},
+    **{op: _Evaluator._binary for op in _BINARY},
+}

@@ -1,0 +1,66 @@
+"""The GoldenEvaluator job's body: reference outputs of an HLO module on seeded (or given) inputs.
+
+Reads a serialized HloModuleProto, verifies it, evaluates it with the numpy interpreter and writes
+one TensorSet holding the inputs it used (`arg0..argN`) and the outputs (`out0..outM`), so a
+compiled program can later be run on exactly these inputs and compared with exactly these outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ncc.schemas import common_pb2, hlo_pb2
+from ncc.tools.common.dtypes import from_compute, numpy_to_tensor, storage_to_user_array, tensor_to_numpy
+from ncc.tools.common.errors import CompileError
+from ncc.tools.common.protoio import read_proto, write_proto
+from ncc.tools.hlo2penguin.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
+from ncc.tools.hlo2penguin.hlo_verify import verify_module
+from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
+
+
+def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str | None) -> None:
+    """Evaluate the module at `module_path` and write inputs and outputs to `output_path`."""
+    module = read_proto(module_path, hlo_pb2.HloModuleProto, "HLO module")
+    verify_module(module)
+    entry = entry_computation(module)
+    params = parameters(entry)
+    for param in params:
+        if is_tuple(param.shape):
+            raise CompileError("E201", f"entry parameter '{param.name}' has a tuple shape, which ncc does "
+                                       "not support", param.name)
+    args = read_inputs(inputs_path, len(params)) if inputs_path else make_inputs(module, seed)
+    outputs = evaluate(module, args, verify=False)
+    root = next(instr for instr in entry.instructions if instr.id == entry.root_id)
+    tensors = common_pb2.TensorSet()
+    for index, param in enumerate(params):
+        tensors.tensors.append(_tensor(f"arg{index}", np.asarray(args[index]), param.shape.element_type))
+    for index, (value, shape) in enumerate(zip(outputs, leaf_shapes(root.shape), strict=True)):
+        tensors.tensors.append(_tensor(f"out{index}", value, shape.element_type))
+    write_proto(output_path, tensors)
+
+
+def read_inputs(path: str, count: int) -> list[np.ndarray]:
+    """Inputs from a TensorSet: tensors named arg0..arg{count-1} (or, without such names, in order)."""
+    tensor_set = read_proto(path, common_pb2.TensorSet, "input tensors")
+    by_name = {tensor.name: tensor for tensor in tensor_set.tensors}
+    if all(f"arg{i}" in by_name for i in range(count)):
+        chosen = [by_name[f"arg{i}"] for i in range(count)]
+    elif len(tensor_set.tensors) == count:
+        chosen = list(tensor_set.tensors)
+    else:
+        held = len(tensor_set.tensors)
+        raise CompileError("E104", f"{path} holds {held} tensors, the module takes {count} inputs (name them "
+                                   "arg0..argN)", path)
+    arrays = []
+    for tensor in chosen:
+        try:
+            arrays.append(storage_to_user_array(tensor_to_numpy(tensor), tensor.dtype))
+        except (KeyError, ValueError) as err:
+            raise CompileError("E104", f"input tensor '{tensor.name}' in {path} is malformed: {err}",
+                               path) from None
+    return arrays
+
+
+def _tensor(name: str, values: np.ndarray, xla_type: int) -> common_pb2.Tensor:
+    dtype = ncc_dtype(xla_type)
+    return numpy_to_tensor(name, from_compute(values, dtype), dtype)
