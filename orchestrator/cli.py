@@ -1,0 +1,129 @@
+"""The `ncc` command line: a registry of subcommands, each in its own module, loaded lazily.
+
+`ncc --help` imports nothing but this module and the diagnostics table, so it is instant; a
+subcommand's module (and Luigi, numpy, the simulator) is imported only when that subcommand
+runs. A mistyped command gets a "did you mean". This is the one wrapper that turns every
+exception into a one-line diagnostic and an exit code (ncc.orchestrator.diagnostics): a bug ends
+as [F134] with the path of the file holding its traceback, never as a traceback.
+
+A subcommand module provides `add_arguments(parser)` and `run(args) -> int`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import os
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+
+
+@dataclass(frozen=True)
+class CommandInfo:
+    module: str
+    summary: str
+
+
+COMMANDS: dict[str, CommandInfo] = {
+    "compile": CommandInfo(
+        "ncc.orchestrator.cmd_compile", "Compile an HLO module (.hlo.pb or .hlo) into a NEFF"
+    ),
+    "run": CommandInfo(
+        "ncc.orchestrator.cmd_run", "Execute a NEFF on the simulator: outputs, time, race check"
+    ),
+    "inspect": CommandInfo(
+        "ncc.orchestrator.cmd_inspect", "Show a NEFF's engine streams, tensors and metadata"
+    ),
+}
+
+
+class NccArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is a one-line [U002] diagnostic instead of usage + exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise NccError.of("U002", f"{self.prog}: {message} (see '{self.prog} --help')")
+
+
+def top_level_help() -> str:
+    width = max(len(name) for name in COMMANDS)
+    lines = [
+        "usage: ncc <command> [options]",
+        "",
+        "A compiler driver for XLA HLO modules targeting a NeuronCore-style accelerator.",
+        "",
+        "commands:",
+        *(f"  {name:<{width}}  {info.summary}" for name, info in COMMANDS.items()),
+        "",
+        "'ncc <command> --help' describes a command. Exit codes: 0 ok, 1 compile error in the input,",
+        "2 usage, 3 environment, 4 internal failure, 5 run check failed (docs/diagnostics.md).",
+    ]
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    from ncc.orchestrator.versions import ncc_version
+
+    return f"ncc {ncc_version()}"
+
+
+def _unknown_command(name: str) -> NccError:
+    close = difflib.get_close_matches(name, COMMANDS, n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else f"; commands: {', '.join(COMMANDS)}"
+    return NccError.of("U002", f"unknown command '{name}'{hint}")
+
+
+def dispatch(argv: list[str]) -> int:
+    if not argv:
+        raise NccError.of("U002", f"no command given; commands: {', '.join(COMMANDS)} (see 'ncc --help')")
+    name, rest = argv[0], argv[1:]
+    if name in ("-h", "--help", "help"):
+        print(top_level_help())
+        return int(ExitCode.OK)
+    if name == "--version":
+        print(_version())
+        return int(ExitCode.OK)
+    info = COMMANDS.get(name)
+    if info is None:
+        raise _unknown_command(name)
+    module = importlib.import_module(info.module)
+    parser = NccArgumentParser(prog=f"ncc {name}", description=info.summary)
+    module.add_arguments(parser)
+    return int(module.run(parser.parse_args(rest)))
+
+
+def _save_traceback() -> Path | None:
+    path = Path(tempfile.gettempdir()) / f"ncc-internal-error-{os.getpid()}.log"
+    try:
+        path.write_text(traceback.format_exc(), encoding="utf-8")
+    except OSError:
+        return None
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `ncc` console script; returns the exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        return dispatch(args)
+    except NccError as err:
+        diagnostic = err.diagnostic
+    except KeyboardInterrupt:
+        diagnostic = NccDiagnostic("U007", "interrupted")
+    except Exception as err:
+        command = args[0] if args else "ncc"
+        diagnostic = NccDiagnostic(
+            "F134", f"internal error in ncc {command} ({type(err).__name__}: {err})", log=_save_traceback()
+        )
+    print(diagnostic.line(), file=sys.stderr)
+    return int(diagnostic.exit_code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""`ncc compile MODEL --output FILE.neff`: compile an HLO module into a NEFF.
+
+Parses the flags into CompileOptions (absolute paths, the default work directory beside the
+output), hands them to CommandDriver, which runs the compile in a child process, and prints the
+outcome: one diagnostic line on failure, one summary line on success (unless --verbose 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from ncc.orchestrator.options import DEFAULT_OPTLEVEL, OPTLEVELS, CompileOptions, default_workdir
+
+_PASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _pass_list(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(","))
+    bad = [name for name in names if not _PASS_NAME.match(name)]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a comma-separated list of pass names (bad: {', '.join(repr(b) for b in bad)})"
+        )
+    return names
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MB") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "model", type=Path, help="the HLO module: HloModuleProto (.hlo.pb) or HLO text (.hlo)"
+    )
+    parser.add_argument(
+        "--output", "-o", type=Path, required=True, metavar="FILE.neff", help="the NEFF to write"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        metavar="DIR",
+        help="where jobs keep their intermediates, logs and records; a compile resumes from it "
+        "(default: <output stem>.ncc-work beside the output)",
+    )
+    parser.add_argument(
+        "--optlevel",
+        type=int,
+        choices=OPTLEVELS,
+        default=DEFAULT_OPTLEVEL,
+        help="optimization level (default 2)",
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="also evaluate the HLO on seeded inputs and check the NEFF's simulated outputs against it",
+    )
+    parser.add_argument(
+        "--walrus-passes", type=_pass_list, default=(), metavar="a,b,...", help="the backend pass list to run"
+    )
+    parser.add_argument(
+        "--timeout", type=_positive_float, metavar="S", help="wall-clock limit per job, seconds"
+    )
+    parser.add_argument(
+        "--mem-limit",
+        type=_positive_int,
+        metavar="MB",
+        help="resident memory limit per job (whole process tree)",
+    )
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        default=1,
+        metavar="LEVEL",
+        help="0 errors only, 1 a summary line (default), 2 job progress and Luigi's log, 3 debug",
+    )
+
+
+def options_from_args(args: argparse.Namespace) -> CompileOptions:
+    output = Path(os.path.abspath(args.output))
+    workdir = Path(os.path.abspath(args.workdir)) if args.workdir else default_workdir(output)
+    return CompileOptions(
+        model=Path(os.path.abspath(args.model)),
+        output=output,
+        workdir=workdir,
+        optlevel=args.optlevel,
+        verify=args.verify,
+        walrus_passes=tuple(args.walrus_passes),
+        timeout_s=args.timeout,
+        mem_limit_mb=args.mem_limit,
+        verbose=args.verbose,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ncc.orchestrator.driver import compile_model
+
+    options = options_from_args(args)
+    outcome = compile_model(options)
+    if outcome.diagnostic is not None:
+        print(outcome.diagnostic.line(), file=sys.stderr)
+    elif options.verbose >= 1 and outcome.summary is not None:
+        summary = outcome.summary
+        jobs, ran = list(summary["jobs"]), list(summary["jobs_run"])
+        print(
+            f"ncc: compiled {options.model.name} -> {options.output} in {float(summary['wall_s']):.2f} s "
+            f"({len(ran)} of {len(jobs)} jobs run, {len(jobs) - len(ran)} reused); work dir {options.workdir}"
+        )
+    return outcome.exit_code

@@ -1,0 +1,157 @@
+"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report FILE.json]`: execute a NEFF.
+
+Runs the NEFF on the simulator (ncc.tools.sim.api, the simulator's public API) with the arrays
+arg0..argN of IN.npz, writes out0..outM to OUT.npz and prints the simulated time. If IN.npz also
+holds reference outputs (out0.., as the models' NAME.io.npz do), the report says how far the
+NEFF's outputs are from them. A race or a deadlock is a failed check: [R001]/[R002], exit 5,
+after the outputs and the report were written so they can be inspected.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.versions import ncc_version
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("neff", type=Path, help="the NEFF to execute")
+    parser.add_argument("--inputs", type=Path, required=True, metavar="IN.npz", help="arrays arg0..argN")
+    parser.add_argument(
+        "--output", type=Path, required=True, metavar="OUT.npz", help="where to write out0..outM"
+    )
+    parser.add_argument(
+        "--report", type=Path, metavar="FILE.json", help="write the simulation report as JSON"
+    )
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    for path, what in ((args.neff, "NEFF"), (args.inputs, "inputs")):
+        if not path.is_file():
+            raise NccError.of("U001", f"{what} file not found: {path}")
+    for path in filter(None, (args.output, args.report)):
+        if not path.absolute().parent.is_dir():
+            raise NccError.of("U004", f"the directory of {path} does not exist")
+
+
+def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The arrays argN and outN of an .npz file; [U008] if it is not a readable one."""
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {name: data[name] for name in data.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise NccError.of("U008", f"cannot read inputs {path} as an .npz file: {err}") from None
+    args = {name: array for name, array in arrays.items() if name.startswith("arg")}
+    if not args:
+        raise NccError.of(
+            "U008", f"{path} holds no arrays named arg0..argN (found: {', '.join(arrays) or 'none'})"
+        )
+    return args, {name: array for name, array in arrays.items() if name.startswith("out")}
+
+
+def _write_atomic(path: Path, write: Any) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.absolute().parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def compare_with_reference(outputs: dict[str, Any], reference: dict[str, Any]) -> list[dict[str, Any]]:
+    """Max abs error of each output against a same-named reference array, if any."""
+    import numpy as np
+
+    rows = []
+    for name in sorted(set(outputs) & set(reference)):
+        got = np.asarray(outputs[name], dtype=np.float64)
+        want = np.asarray(reference[name], dtype=np.float64)
+        if got.shape != want.shape:
+            rows.append({"name": name, "max_abs_error": None, "detail": f"shape {got.shape} vs {want.shape}"})
+            continue
+        error = float(np.max(np.abs(got - want))) if got.size else 0.0
+        rows.append({"name": name, "max_abs_error": error, "detail": ""})
+    return rows
+
+
+def _compile_error(err: Exception) -> NccError:
+    """A tool's CompileError (a bad NEFF, mismatched inputs) as a driver diagnostic, exit 1."""
+    message = str(getattr(err, "message", err))
+    location = str(getattr(err, "location", ""))
+    return NccError(
+        NccDiagnostic(
+            str(getattr(err, "code", "E000")), message, location="" if location in message else location
+        )
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    _check_paths(args)
+    import numpy as np
+
+    from ncc.tools.common.errors import CompileError
+    from ncc.tools.packager.neff import read_neff
+    from ncc.tools.sim.api import simulate_neff
+
+    inputs, reference = load_inputs(args.inputs)
+    try:
+        neff = read_neff(args.neff)
+    except CompileError as err:
+        raise _compile_error(err) from None
+    started = time.monotonic()
+    try:
+        result = simulate_neff(neff, inputs)
+    except CompileError as err:
+        raise _compile_error(err) from None
+    wall = time.monotonic() - started
+
+    _write_atomic(args.output, lambda handle: np.savez(handle, **result.outputs))
+    report = {
+        **result.report(),
+        "neff": str(args.neff),
+        "neff_sha256": hashlib.sha256(args.neff.read_bytes()).hexdigest(),
+        "name": neff.name,
+        "target": neff.target,
+        "metadata": dict(neff.metadata),
+        "inputs": str(args.inputs),
+        "output": str(args.output),
+        "reference_comparison": compare_with_reference(result.outputs, reference),
+        "host_wall_s": wall,
+        "ncc_version": ncc_version(),
+    }
+    if args.report:
+        _write_atomic(args.report, lambda handle: handle.write(json.dumps(report, indent=1).encode() + b"\n"))
+
+    names = ", ".join(result.outputs) or "none"
+    print(
+        f"ncc: simulated time {result.simulated_ns:.0f} ns ({result.simulated_ns / 1000:.3f} us), "
+        f"{result.instruction_count} instructions; outputs {names} -> {args.output}"
+    )
+    for row in report["reference_comparison"]:
+        if row["max_abs_error"] is not None:
+            error = row["max_abs_error"]
+            print(f"ncc: {row['name']}: max |error| vs the reference in {args.inputs.name}: {error:.3g}")
+    where = {"log": args.report} if args.report else {}
+    if result.deadlock:
+        raise NccError.of("R002", f"deadlock while running {args.neff}: {result.deadlock}", **where)
+    if result.races:
+        count = max(getattr(result, "race_count", 0), len(result.races))
+        raise NccError.of(
+            "R001", f"{count} data race(s) in {args.neff}; first: {result.races[0].describe()}", **where
+        )
+    return int(ExitCode.OK)

@@ -1,0 +1,211 @@
+"""CompileCommand: one `ncc compile` as a pipeline of jobs run by Luigi in a work directory.
+
+    buildPipeline() = collectFrontendPipeline() + collectWalrusPipeline() + collectBackendPipeline()
+
+is a flat list of job names (data, printed in logs and recorded in pipeline.json); JobRegistry
+turns the last one into a Luigi task whose requirements chain back to the first, and
+runPipeline() lets Luigi run whatever is not complete yet. A work directory left by a compile
+with other flags or another input is stale and is cleared first; one left by the same compile
+is resumed. On success the NEFF is copied from the Packager's folder to --output atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ncc.orchestrator import digests
+from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
+from ncc.orchestrator.job import STATUS_FAILED, diagnostic_from_record
+from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.stages import NEFF_NAME
+from ncc.orchestrator.versions import ncc_version, tool_version
+from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
+from ncc.schemas import diagnostic_pb2
+
+log = logging.getLogger("ncc")
+
+_SUCCESS = ("SUCCESS", "SUCCESS_WITH_RETRY")
+
+
+@dataclass
+class CompileSummary:
+    """What a finished compile reports to the parent process (and `--verbose`)."""
+
+    output: str
+    workdir: str
+    jobs: list[str]
+    jobs_run: list[str] = field(default_factory=list)
+    stale_removed: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class CompileCommand:
+    def __init__(self, options: CompileOptions) -> None:
+        self.options = options
+        self.workdir = WorkDir(options.workdir)
+        self.run_id = uuid.uuid4().hex[:12]
+
+    # -- the pipeline -------------------------------------------------------------------------
+
+    def collectFrontendPipeline(self) -> list[str]:  # noqa: N802 (the production driver's names)
+        """Lower first (F0), evaluate the golden outputs (F1, --verify), then optimize (F2)."""
+        return ["HLOToTensorizer", *(["GoldenEvaluator"] if self.options.verify else []), "Frontend"]
+
+    def collectWalrusPipeline(self) -> list[str]:  # noqa: N802
+        """One job; its pass list travels as --walrus-passes."""
+        return ["WalrusDriver"]
+
+    def collectBackendPipeline(self) -> list[str]:  # noqa: N802
+        """Package the NEFF, then execute it against the golden outputs (--verify)."""
+        return ["Packager", *(["NeffVerifier"] if self.options.verify else [])]
+
+    def buildPipeline(self) -> list[str]:  # noqa: N802
+        return self.collectFrontendPipeline() + self.collectWalrusPipeline() + self.collectBackendPipeline()
+
+    # -- the work directory -------------------------------------------------------------------
+
+    def pipelineRecord(self, jobs: list[str]) -> diagnostic_pb2.PipelineRecord:  # noqa: N802
+        tools = sorted({JobRegistry.get(job).tool for job in jobs})
+        return diagnostic_pb2.PipelineRecord(
+            jobs=jobs,
+            flags=self.options.canonical_flags(),
+            ncc_version=ncc_version(),
+            input_path=str(self.options.model),
+            input_sha256=digests.sha256_file(self.options.model),
+            versions={"ncc": ncc_version(), **{tool: tool_version(tool) for tool in tools}},
+        )
+
+    def prepareWorkDir(self, wanted: diagnostic_pb2.PipelineRecord) -> list[str]:  # noqa: N802
+        """Clear the work directory if its content was made for other flags, jobs or input.
+
+        Tool versions are not compared here: a changed tool changes its jobs' cache keys, so
+        exactly those jobs and the ones after them rerun.
+        """
+        recorded = self.workdir.read_pipeline()
+        same = (
+            recorded is not None
+            and list(recorded.jobs) == list(wanted.jobs)
+            and list(recorded.flags) == list(wanted.flags)
+            and recorded.input_sha256 == wanted.input_sha256
+        )
+        removed: list[str] = []
+        if not same:
+            removed = self.workdir.remove_job_dirs()
+            if removed:
+                log.info("work dir %s was made for another compile; removed %s", self.workdir.root, removed)
+        self.workdir.write_pipeline(wanted)
+        return removed
+
+    # -- running ------------------------------------------------------------------------------
+
+    def jobParameters(self, jobs: list[str]) -> dict[str, object]:  # noqa: N802
+        return {
+            "workdir": str(self.workdir.root),
+            "model": str(self.options.model),
+            "pipeline": jobs,
+            "compile_flags": self.options.canonical_flags(),
+            "optlevel": self.options.optlevel,
+            "walrus_passes": ",".join(self.options.walrus_passes),
+            "run_id": self.run_id,
+            "timeout_s": self.options.timeout_s,
+            "mem_limit_mb": self.options.mem_limit_mb,
+        }
+
+    def runPipeline(self, jobs: list[str]) -> None:  # noqa: N802
+        """Run every incomplete job with Luigi; raise NccError with the failed job's diagnostic."""
+        import luigi
+
+        started = time.time()
+        final = JobRegistry.get(jobs[-1])(**self.jobParameters(jobs))
+        result = luigi.build([final], local_scheduler=True, detailed_summary=True, workers=1)
+        log.debug("luigi status %s: %s", result.status.name, result.one_line_summary)
+        if result.status.name in _SUCCESS and final.complete():
+            return
+        raise NccError(self._failure(jobs, started, result.status.name))
+
+    def _failure(self, jobs: list[str], started: float, status: str) -> NccDiagnostic:
+        """The diagnostic of the first job that failed in this run, from its record on disk."""
+        for index, name in enumerate(jobs):
+            path = self.workdir.job_dir(index, name) / RECORD
+            record = read_job_record(path)
+            # File times come from a coarse clock: allow a second of slack around the start.
+            if (
+                record is not None
+                and record.status == STATUS_FAILED
+                and path.stat().st_mtime >= started - 1.0
+            ):
+                return diagnostic_from_record(record, self.workdir.root)
+        return NccDiagnostic(
+            "F134",
+            f"job driver: the compile pipeline ended with Luigi status {status} but no job recorded "
+            "a failure (a driver bug)",
+            job="driver",
+            workdir=self.workdir.root,
+            log=self.workdir.driver_log,
+        )
+
+    def installOutput(self, jobs: list[str]) -> None:  # noqa: N802
+        """Copy the NEFF to --output through a temporary file and a rename: all or nothing."""
+        source = self.workdir.job_dir(jobs.index("Packager"), "Packager") / NEFF_NAME
+        target = self.options.output
+        tmp = ""
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+            with os.fdopen(fd, "wb") as dst, open(source, "rb") as src:
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is not what a user expects of an output
+            os.replace(tmp, target)
+        except OSError as err:
+            if tmp:
+                Path(tmp).unlink(missing_ok=True)
+            raise NccError.of(
+                "U005", f"cannot write output {target}: {err.strerror or err}", workdir=self.workdir.root
+            ) from None
+
+    def execute(self) -> CompileSummary:
+        """Prepare the work directory, run the pipeline, install the NEFF."""
+        started = time.monotonic()
+        jobs = self.buildPipeline()
+        log.info(
+            "ncc %s compile %s: pipeline %s, flags %s, work dir %s",
+            ncc_version(),
+            self.options.model,
+            jobs,
+            self.options.canonical_flags(),
+            self.workdir.root,
+        )
+        removed = self.prepareWorkDir(self.pipelineRecord(jobs))
+        self.workdir.append_history("compile_start", run_id=self.run_id, jobs=jobs)
+        try:
+            self.runPipeline(jobs)
+            self.installOutput(jobs)
+        finally:
+            self.workdir.append_history("compile_end", run_id=self.run_id)
+        ran = [
+            str(event["job"])
+            for event in self.workdir.read_history()
+            if event.get("event") == "job_end" and event.get("run_id") == self.run_id
+        ]
+        return CompileSummary(
+            output=str(self.options.output),
+            workdir=str(self.workdir.root),
+            jobs=jobs,
+            jobs_run=ran,
+            stale_removed=removed,
+            wall_s=time.monotonic() - started,
+        )

@@ -1,0 +1,51 @@
+"""Driver settings that are not command-line flags, read in one place.
+
+Everything the driver takes from its environment is read here, once, into a frozen dataclass:
+how tools are started (the same Python as the driver, `-m ncc.tools.<pkg>`), how often the
+supervisor samples a process tree, and the test-only fault injection for the driver itself
+(NCC_FAULT_INJECT="driver:KIND", the same variable and syntax the stage tools honour).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+
+FAULT_ENV = "NCC_FAULT_INJECT"
+DRIVER_FAULT_NAME = "driver"
+
+
+@dataclass(frozen=True)
+class DriverSettings:
+    python: str  # the interpreter that runs the tools and the compile child
+    tool_package: str  # tools run as `python -m <tool_package>.<tool>`
+    poll_interval_s: float  # supervisor sampling period
+    tool_env: tuple[tuple[str, str], ...]  # environment of every tool process
+    driver_fault: str  # fault to inject into the compile child ("" = none)
+
+    def tool_command(self, tool: str) -> list[str]:
+        return [self.python, "-m", f"{self.tool_package}.{tool}"]
+
+
+def _driver_fault(spec: str) -> str:
+    for item in filter(None, spec.split(",")):
+        name, _, kind = item.partition(":")
+        if name == DRIVER_FAULT_NAME:
+            return kind
+    return ""
+
+
+@lru_cache(maxsize=1)
+def settings() -> DriverSettings:
+    env = dict(os.environ)
+    # A tool that crashes prints the Python stack of every thread before dying by the same signal.
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    return DriverSettings(
+        python=sys.executable,
+        tool_package="ncc.tools",
+        poll_interval_s=0.02,
+        tool_env=tuple(sorted(env.items())),
+        driver_fault=_driver_fault(os.environ.get(FAULT_ENV, "")),
+    )

@@ -1,0 +1,149 @@
+"""Every driver diagnostic code and every exit code of `ncc`, in one table.
+
+Why one module: a user (or a compile farm bucketing thousands of failures) must be able to rely
+on a code meaning one thing and on the exit status following from the code alone. Tools report
+their own E-codes (a compile error in the user's input, exit 1 of ncc); the driver adds:
+
+* U-codes — a problem with the command line or the environment (exit 2 or 3),
+* R-codes — `ncc run` found the executed NEFF misbehaving (exit 5),
+* F-codes — an internal failure, named after the exit status of a shell reporting the death
+  (F137 SIGKILL, F139 SIGSEGV, F134 SIGABRT and every other abnormal end; exit 4).
+
+Every message is one line: `ncc: error: [CODE] <what happened>; work dir <dir>; see <log>`.
+docs/diagnostics.md is the user-facing copy of this table.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ExitCode(enum.IntEnum):
+    """The exit statuses of `ncc`; each diagnostic code maps to exactly one."""
+
+    OK = 0
+    COMPILE_ERROR = 1  # the user's input is wrong: a tool's E-code diagnostic
+    USAGE = 2  # bad command line or missing input file (U-codes)
+    ENVIRONMENT = 3  # the machine is in the way: unwritable work dir, lock held (U-codes)
+    INTERNAL = 4  # a tool or the driver crashed, was killed or misbehaved (F-codes)
+    CHECK_FAILED = 5  # `ncc run`: the simulator reported a race or a deadlock (R-codes)
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell would report it)
+
+
+@dataclass(frozen=True)
+class Code:
+    """One row of the table: the code, its exit status and a short title for docs and logs."""
+
+    code: str
+    exit_code: ExitCode
+    title: str
+
+
+_TABLE: tuple[Code, ...] = (
+    Code("U001", ExitCode.USAGE, "an input file (model, NEFF, inputs) does not exist or is not readable"),
+    Code("U002", ExitCode.USAGE, "invalid command line (unknown command, bad option or value)"),
+    Code("U003", ExitCode.ENVIRONMENT, "the work directory cannot be created or written"),
+    Code("U004", ExitCode.USAGE, "the directory of the output file does not exist"),
+    Code("U005", ExitCode.ENVIRONMENT, "the output file cannot be written"),
+    Code("U006", ExitCode.ENVIRONMENT, "the work directory is in use by another ncc process"),
+    Code("U007", ExitCode.INTERRUPTED, "interrupted by the user (SIGINT)"),
+    Code("U008", ExitCode.USAGE, "the inputs given to `ncc run` do not match the NEFF"),
+    Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
+    Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
+    Code(
+        "F134",
+        ExitCode.INTERNAL,
+        "a job or the driver terminated abnormally (SIGABRT, exit without diagnostic, ...)",
+    ),
+    Code(
+        "F137",
+        ExitCode.INTERNAL,
+        "a job or the driver was forcibly killed (SIGKILL), most often out of memory",
+    ),
+    Code("F139", ExitCode.INTERNAL, "a job or the driver crashed with a segmentation fault (SIGSEGV)"),
+)
+
+CODES: dict[str, Code] = {row.code: row for row in _TABLE}
+
+# Codes a tool reports itself (E101, E201, ...) are compile errors in the user's input.
+TOOL_CODE_EXIT = ExitCode.COMPILE_ERROR
+
+
+def exit_code_for(code: str) -> ExitCode:
+    """The exit status `ncc` ends with for a diagnostic code (tool E-codes → 1)."""
+    row = CODES.get(code)
+    if row is not None:
+        return row.exit_code
+    if code.startswith("E"):
+        return TOOL_CODE_EXIT
+    return ExitCode.INTERNAL
+
+
+def one_line(text: str) -> str:
+    """Collapse whitespace so a message can never spill over several lines."""
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class NccDiagnostic:
+    """A diagnostic as the user sees it: code, message and where to look next."""
+
+    code: str
+    message: str
+    job: str = ""
+    workdir: Path | None = None
+    log: Path | None = None
+    location: str = ""
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return exit_code_for(self.code)
+
+    def line(self) -> str:
+        """The one-line form: `ncc: error: [CODE] job X: message (at loc); work dir D; see LOG`."""
+        text = self.message
+        if self.job and not text.startswith("job "):
+            text = f"job {self.job}: {text}"
+        if self.location:
+            text += f" (at {self.location})"
+        if self.workdir is not None:
+            text += f"; work dir {self.workdir}"
+        if self.log is not None:
+            text += f"; see {self.log}"
+        return one_line(f"ncc: error: [{self.code}] {text}")
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "code": self.code,
+            "message": self.message,
+            "job": self.job,
+            "workdir": str(self.workdir) if self.workdir is not None else "",
+            "log": str(self.log) if self.log is not None else "",
+            "location": self.location,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, str]) -> NccDiagnostic:
+        return cls(
+            code=data["code"],
+            message=data["message"],
+            job=data.get("job", ""),
+            workdir=Path(data["workdir"]) if data.get("workdir") else None,
+            log=Path(data["log"]) if data.get("log") else None,
+            location=data.get("location", ""),
+        )
+
+
+class NccError(Exception):
+    """Raised anywhere in the driver to stop with a diagnostic; the CLI prints it and exits."""
+
+    def __init__(self, diagnostic: NccDiagnostic) -> None:
+        super().__init__(diagnostic.line())
+        self.diagnostic = diagnostic
+
+    @classmethod
+    def of(cls, code: str, message: str, **where: object) -> NccError:
+        """Shorthand: `NccError.of("U001", "model not found: x")`."""
+        return cls(NccDiagnostic(code, message, **where))  # type: ignore[arg-type]

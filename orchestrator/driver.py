@@ -1,0 +1,194 @@
+"""CommandDriver: checks a compile request, runs it in a child process, and names how it ended.
+
+`run()` does in the user's process only what must not fail obscurely later: the model is
+readable ([U001]), the output's directory exists and is writable ([U004]/[U005]), the work
+directory can be created and written ([U003]) and nobody else is using it ([U006]). Then it
+starts the compile child (ncc.orchestrator.compile_child), relays its progress lines, and
+`handleError()` maps the child's end exactly as a job's end is mapped: the child's own result
+if it wrote one, else [F137]/[F139]/[F134] naming the driver, the work dir and driver.stderr.log.
+
+The parent is a child subreaper while the compile runs, so a tool orphaned by a dying compile
+child is adopted by it and killed, never left running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+import psutil
+
+from ncc.orchestrator import luigi_setup
+from ncc.orchestrator.config import settings
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.process_end import ProcessEnd, classify_abnormal_end
+from ncc.orchestrator.workdir import WorkDir
+
+DRIVER_JOB = "driver (the ncc compile child process)"
+_PR_SET_CHILD_SUBREAPER = 36
+_INTERRUPT_GRACE_S = 10.0
+
+
+@dataclass(frozen=True)
+class DriverOutcome:
+    exit_code: int
+    diagnostic: NccDiagnostic | None = None
+    summary: dict[str, object] | None = None
+
+
+def _set_subreaper(enabled: bool) -> None:
+    """Adopt orphaned descendants (Linux); elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _kill_adopted(before: set[int]) -> None:
+    """SIGKILL descendants that were not ours before the compile (tools orphaned by the child)."""
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    for proc in children:
+        if proc.pid in before:
+            continue
+        try:
+            proc.kill()
+            proc.wait(timeout=5)
+        except psutil.Error:
+            continue
+        except psutil.TimeoutExpired:
+            continue
+
+
+class CommandDriver:
+    def __init__(self, options: CompileOptions) -> None:
+        self.options = options
+        self.workdir = WorkDir(options.workdir)
+
+    # -- checks in the user's process ---------------------------------------------------------
+
+    def validate(self) -> None:
+        """Raise NccError for a request that cannot be compiled; create nothing on failure."""
+        model, output = self.options.model, self.options.output
+        if not model.exists():
+            raise NccError.of("U001", f"model file not found: {model}")
+        if not model.is_file():
+            raise NccError.of("U001", f"model is not a file: {model}")
+        if not os.access(model, os.R_OK):
+            raise NccError.of("U001", f"model file is not readable: {model}")
+        if not output.parent.is_dir():
+            raise NccError.of("U004", f"the directory of the output does not exist: {output.parent}")
+        if output.is_dir():
+            raise NccError.of("U002", f"--output names a directory, not a file: {output}")
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{output.name}.probe-", dir=output.parent)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise NccError.of(
+                "U005", f"cannot write output in {output.parent}: {err.strerror or err}"
+            ) from None
+        self.workdir.ensure_usable()
+
+    # -- the child ----------------------------------------------------------------------------
+
+    def run(self) -> DriverOutcome:
+        """Compile in a child process; the outcome to print and exit with."""
+        self.validate()
+        with self.workdir.locked():
+            self.workdir.driver_result.unlink(missing_ok=True)
+            argv = [
+                settings().python,
+                "-m",
+                "ncc.orchestrator.compile_child",
+                "--options",
+                self.options.to_json(),
+                "--result",
+                str(self.workdir.driver_result),
+            ]
+            before = {proc.pid for proc in psutil.Process().children(recursive=True)}
+            _set_subreaper(True)
+            try:
+                end = self._run_child(argv)
+            finally:
+                _kill_adopted(before)
+                _set_subreaper(False)
+            return self.handleError(end)
+
+    def _run_child(self, argv: list[str]) -> ProcessEnd:
+        with open(self.workdir.driver_stderr, "wb") as stderr:
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.workdir.root,  # never the user's directory: no stray luigi.cfg there
+                env={**luigi_setup.clean_environment(dict(os.environ)), "PYTHONFAULTHANDLER": "1"},
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=stderr,
+            )
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # progress lines (--verbose >= 2)
+                sys.stderr.write(line.decode(errors="replace"))
+                sys.stderr.flush()
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            return ProcessEnd(returncode=proc.returncode, peak_rss_bytes=usage.ru_maxrss * 1024)
+        except KeyboardInterrupt:
+            self._stop(proc)
+            raise NccError.of(
+                "U007", "compile interrupted", workdir=self.workdir.root, log=self.workdir.driver_log
+            ) from None
+
+    @staticmethod
+    def _stop(proc: subprocess.Popen[bytes]) -> None:
+        """On Ctrl-C: let the child stop its job cleanly, then make sure it is gone."""
+        try:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=_INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        except (ProcessLookupError, KeyboardInterrupt):
+            proc.kill()
+            proc.wait()
+
+    def handleError(self, end: ProcessEnd) -> DriverOutcome:  # noqa: N802 (the production driver's name)
+        """Map the child's end to an outcome: its own result file, or an F-code for its death."""
+        result = self._read_result()
+        if result is not None and end.returncode == result["exit_code"]:
+            if "diagnostic" in result:
+                diagnostic = NccDiagnostic.from_json(result["diagnostic"])
+                return DriverOutcome(int(diagnostic.exit_code), diagnostic=diagnostic)
+            if end.ok:
+                return DriverOutcome(int(ExitCode.OK), summary=result.get("summary"))
+        code, message = classify_abnormal_end(f"job {DRIVER_JOB}", end, mem_limit_hint=False)
+        diagnostic = NccDiagnostic(
+            code, message, job=DRIVER_JOB, workdir=self.workdir.root, log=self.workdir.driver_stderr
+        )
+        return DriverOutcome(int(diagnostic.exit_code), diagnostic=diagnostic)
+
+    def _read_result(self) -> dict | None:
+        try:
+            data = json.loads(self.workdir.driver_result.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) and isinstance(data.get("exit_code"), int) else None
+
+
+def compile_model(options: CompileOptions) -> DriverOutcome:
+    """Library entry point: the whole `ncc compile`, with usage errors as outcomes too."""
+    try:
+        return CommandDriver(options).run()
+    except NccError as err:
+        return DriverOutcome(int(err.diagnostic.exit_code), diagnostic=err.diagnostic)

@@ -1,0 +1,341 @@
+"""ToolJob: the one Luigi task class behind every stage tool of a compile.
+
+A job forks its stage tool (`python -m ncc.tools.<tool>`, never an import), supervises it
+(ncc.orchestrator.supervisor), and leaves in its folder `NN_JobName/` everything needed to
+understand and replay it: cmd.sh, stdout.log, stderr.log, the tool's outputs and record.json.
+
+Contract with Luigi:
+* output() is the job record; complete() is stricter than "the record exists": the record says
+  ok, the outputs on disk and the current inputs still have the recorded digests, the cache key
+  (tool, tool version, flags, input digests) is unchanged, and every upstream job is complete.
+  Luigi does not look at the requirements of a task it finds complete, so the recursion is what
+  makes a corrupted intermediate rerun its producer and everything after it.
+* run() never lets a tool failure look like a driver bug: it writes a record with status
+  "failed" and the diagnostic, then raises JobFailed so Luigi stops the pipeline there.
+Instances are cached by Luigi per parameters, so a job keeps no state besides its parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shlex
+import stat
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+import luigi
+from google.protobuf.message import DecodeError
+
+from ncc.orchestrator import digests
+from ncc.orchestrator.config import settings
+from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
+from ncc.orchestrator.process_end import MB, classify_abnormal_end
+from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.supervisor import Limits, run_supervised
+from ncc.orchestrator.versions import tool_version
+from ncc.orchestrator.workdir import (
+    CMD,
+    DIAGNOSTIC,
+    DRIVER_ERROR,
+    RECORD,
+    STDERR,
+    STDOUT,
+    WorkDir,
+    job_dir_name,
+    read_job_record,
+    write_message_json,
+)
+from ncc.schemas import diagnostic_pb2
+
+log = logging.getLogger("ncc")
+
+STATUS_OK = "ok"
+STATUS_FAILED = "failed"
+DRIVER_TOOL = "ncc"  # Diagnostic.tool of a failure of the driver itself while running a job
+
+
+class JobFailed(Exception):
+    """A job ended without its outputs; the record in its folder holds the diagnostic."""
+
+    def __init__(self, diagnostic: NccDiagnostic) -> None:
+        super().__init__(diagnostic.line())
+        self.diagnostic = diagnostic
+
+
+def diagnostic_from_record(record: diagnostic_pb2.JobRecord, workdir: Path) -> NccDiagnostic:
+    """The user-facing diagnostic of a failed job, rebuilt from its record on disk."""
+    job_dir = workdir / job_dir_name(record.index, record.job)
+    log_name = DRIVER_ERROR if record.diagnostic.tool == DRIVER_TOOL else STDERR
+    return NccDiagnostic(
+        code=record.diagnostic.code or "F134",
+        message=record.diagnostic.message or f"job {record.job} failed without a message",
+        job=record.job,
+        workdir=workdir,
+        log=job_dir / log_name,
+        location=record.diagnostic.location,
+    )
+
+
+class ToolJob(luigi.Task):
+    """One stage of the pipeline; subclasses say which tool, which files and which flags."""
+
+    # Identity: these define what the job computes.
+    workdir = luigi.Parameter(description="absolute path of the compile's work directory")
+    model = luigi.Parameter(description="absolute path of the HLO module being compiled")
+    pipeline = luigi.ListParameter(description="the job names of the whole compile, in order")
+    compile_flags = luigi.ListParameter(description="the compile's canonical flags (for the NEFF metadata)")
+    optlevel = luigi.IntParameter(default=2, description="optimization level 0-3")
+    walrus_passes = luigi.Parameter(default="", description="comma-separated backend pass list, '' = default")
+    # How it is run: never part of a job's identity.
+    run_id = luigi.Parameter(default="", significant=False, description="id of this ncc invocation")
+    timeout_s = luigi.OptionalFloatParameter(
+        default=None, significant=False, description="wall limit per job"
+    )
+    mem_limit_mb = luigi.OptionalIntParameter(
+        default=None, significant=False, description="RSS limit per job"
+    )
+
+    tool: ClassVar[str]  # package under ncc.tools
+    output_names: ClassVar[tuple[str, ...]]
+
+    # -- what subclasses define ---------------------------------------------------------------
+
+    def input_paths(self) -> list[Path]:
+        """The files the tool reads (the model, or outputs of earlier jobs)."""
+        raise NotImplementedError
+
+    def flags(self) -> list[str]:
+        """The tool's flags other than file paths; they enter the cache key."""
+        raise NotImplementedError
+
+    def tool_arguments(self) -> list[str]:
+        """The tool's full argument list, except --diagnostics which every job adds."""
+        raise NotImplementedError
+
+    # -- layout -------------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def root(self) -> Path:
+        return Path(self.workdir)
+
+    @property
+    def index(self) -> int:
+        return list(self.pipeline).index(self.name)
+
+    @property
+    def directory(self) -> Path:
+        return self.root / job_dir_name(self.index, self.name)
+
+    @property
+    def record_path(self) -> Path:
+        return self.directory / RECORD
+
+    def out(self, name: str) -> Path:
+        return self.directory / name
+
+    def output_paths(self) -> list[Path]:
+        return [self.out(name) for name in self.output_names]
+
+    def artifact(self, job: str, name: str) -> Path:
+        """A file written by an earlier job of this pipeline."""
+        pipeline = list(self.pipeline)
+        if job not in pipeline:
+            raise KeyError(f"job {self.name} needs {name} from job {job}, which is not in the pipeline")
+        return self.root / job_dir_name(pipeline.index(job), job) / name
+
+    def rel(self, path: Path) -> str:
+        """How a path appears on the tool's command line (the tool runs in the work directory)."""
+        return digests.relative_to_workdir(path, self.root)
+
+    def command(self) -> list[str]:
+        return [
+            *settings().tool_command(self.tool),
+            *self.tool_arguments(),
+            "--diagnostics",
+            self.rel(self.out(DIAGNOSTIC)),
+        ]
+
+    def cache_key(self, inputs: Sequence[diagnostic_pb2.FileDigest]) -> str:
+        identity = {
+            "tool": self.tool,
+            "version": tool_version(self.tool),
+            "flags": self.flags(),
+            "inputs": [item.sha256 for item in inputs],
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+    # -- Luigi contract -----------------------------------------------------------------------
+
+    def requires(self) -> list[ToolJob]:
+        if self.index == 0:
+            return []
+        return [JobRegistry.get(self.pipeline[self.index - 1])(**self.param_kwargs)]
+
+    def output(self) -> luigi.LocalTarget:
+        return luigi.LocalTarget(str(self.record_path))
+
+    def complete(self) -> bool:
+        record = read_job_record(self.record_path)
+        if (
+            record is None
+            or record.status != STATUS_OK
+            or record.job != self.name
+            or record.index != self.index
+        ):
+            return False
+        if not self._all_match(record.outputs, self.output_paths()):
+            return False
+        if not self._all_match(record.inputs, self.input_paths()):
+            return False
+        if record.cache_key != self.cache_key(record.inputs):
+            return False
+        return all(upstream.complete() for upstream in self.requires())
+
+    def _all_match(self, recorded: Sequence[diagnostic_pb2.FileDigest], paths: list[Path]) -> bool:
+        return len(recorded) == len(paths) and all(
+            digests.matches(item, path, self.root) for item, path in zip(recorded, paths, strict=True)
+        )
+
+    def run(self) -> None:
+        workdir = WorkDir(self.root)
+        workdir.append_history("job_start", job=self.name, run_id=self.run_id)
+        try:
+            record = self._execute()
+        except Exception:
+            record = self._record_driver_failure(traceback.format_exc())
+        workdir.append_history(
+            "job_end", job=self.name, run_id=self.run_id, status=record.status, wall_s=record.wall_s
+        )
+        if record.status != STATUS_OK:
+            diagnostic = diagnostic_from_record(record, self.root)
+            log.info("job %s failed: %s", self.name, diagnostic.line())
+            raise JobFailed(diagnostic)
+        log.info(
+            "job %s: ok in %.2f s (user %.2f s, sys %.2f s, peak RSS %.0f MB)",
+            self.name,
+            record.wall_s,
+            record.user_s,
+            record.sys_s,
+            record.peak_rss_bytes / MB,
+        )
+
+    # -- running the tool ---------------------------------------------------------------------
+
+    def _prepare(self) -> None:
+        """Make the folder and remove what an earlier attempt left (the record first)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for name in (RECORD, DIAGNOSTIC, DRIVER_ERROR, *self.output_names):
+            self.out(name).unlink(missing_ok=True)
+
+    def _write_replay_script(self, argv: Sequence[str]) -> None:
+        script = self.out(CMD)
+        script.write_text(
+            "#!/bin/sh\n"
+            f"# Replays job {self.name} of an ncc compile: the exact command the driver ran.\n"
+            f"cd {shlex.quote(str(self.root))} && exec {shlex.join(argv)}\n",
+            encoding="utf-8",
+        )
+        script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+    def _limits(self) -> Limits:
+        return Limits(
+            timeout_s=self.timeout_s,
+            mem_limit_bytes=self.mem_limit_mb * MB if self.mem_limit_mb is not None else None,
+            poll_interval_s=settings().poll_interval_s,
+        )
+
+    def _execute(self) -> diagnostic_pb2.JobRecord:
+        self._prepare()
+        inputs = [digests.file_digest(path, self.root) for path in self.input_paths()]
+        argv = self.command()
+        self._write_replay_script(argv)
+        log.info("job %s: running %s", self.name, shlex.join(argv))
+        end = run_supervised(
+            argv,
+            cwd=self.root,
+            env=dict(settings().tool_env),
+            stdout_path=self.out(STDOUT),
+            stderr_path=self.out(STDERR),
+            limits=self._limits(),
+        )
+        record = diagnostic_pb2.JobRecord(
+            job=self.name,
+            index=self.index,
+            command=argv,
+            tool=self.tool,
+            tool_version=tool_version(self.tool),
+            exit_code=end.returncode,
+            wall_s=end.wall_s,
+            user_s=end.user_s,
+            sys_s=end.sys_s,
+            peak_rss_bytes=end.peak_rss_bytes,
+            inputs=inputs,
+            cache_key=self.cache_key(inputs),
+        )
+        tool_diagnostic = self._read_tool_diagnostic() if end.returncode == 1 else None
+        missing = [name for name in self.output_names if not self.out(name).is_file()]
+        if end.ok and not missing:
+            record.outputs.extend(digests.file_digest(path, self.root) for path in self.output_paths())
+            record.status = STATUS_OK
+        elif end.ok:
+            record.status = STATUS_FAILED
+            record.diagnostic.CopyFrom(
+                self._driver_diagnostic(
+                    "F134", f"job {self.name} exited 0 but did not write {', '.join(missing)}", self.tool
+                )
+            )
+        elif tool_diagnostic is not None:
+            record.status = STATUS_FAILED
+            record.diagnostic.CopyFrom(tool_diagnostic)
+        else:
+            record.status = STATUS_FAILED
+            code, message = classify_abnormal_end(f"job {self.name}", end)
+            record.diagnostic.CopyFrom(self._driver_diagnostic(code, message, self.tool))
+        write_message_json(self.record_path, record)
+        return record
+
+    def _read_tool_diagnostic(self) -> diagnostic_pb2.Diagnostic | None:
+        """The tool's Diagnostic proto, if it wrote a readable one with a code."""
+        diagnostic = diagnostic_pb2.Diagnostic()
+        try:
+            diagnostic.ParseFromString(self.out(DIAGNOSTIC).read_bytes())
+        except (OSError, DecodeError):
+            return None
+        if not diagnostic.code:
+            return None
+        diagnostic.message = one_line(diagnostic.message)
+        diagnostic.tool = diagnostic.tool or self.tool
+        return diagnostic
+
+    @staticmethod
+    def _driver_diagnostic(code: str, message: str, tool: str) -> diagnostic_pb2.Diagnostic:
+        return diagnostic_pb2.Diagnostic(code=code, severity=diagnostic_pb2.ERROR, message=message, tool=tool)
+
+    def _record_driver_failure(self, trace: str) -> diagnostic_pb2.JobRecord:
+        """A bug in the driver while running this job: keep the traceback, record F134."""
+        error_log = self.out(DRIVER_ERROR)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            error_log.write_text(trace, encoding="utf-8")
+        except OSError:
+            log.error("job %s: driver failure, and its traceback could not be saved:\n%s", self.name, trace)
+        log.debug("job %s: driver failure:\n%s", self.name, trace)
+        last = one_line(trace.strip().splitlines()[-1]) if trace.strip() else "unknown error"
+        record = diagnostic_pb2.JobRecord(
+            job=self.name, index=self.index, tool=self.tool, status=STATUS_FAILED
+        )
+        record.diagnostic.CopyFrom(
+            self._driver_diagnostic(
+                "F134", f"job {self.name} failed inside the ncc driver ({last})", DRIVER_TOOL
+            )
+        )
+        write_message_json(self.record_path, record)
+        return record

@@ -1,0 +1,65 @@
+"""CompileOptions: what one `ncc compile` was asked to do, typed and serializable.
+
+The parent process parses the command line into this, validates it, and hands it to the compile
+child as JSON. `canonical_flags()` is the part that defines the result (the pipeline record and
+the cache keys use it); limits and verbosity change how a compile is run, not what it produces.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+DEFAULT_OPTLEVEL = 2
+OPTLEVELS = (0, 1, 2, 3)
+WORKDIR_SUFFIX = ".ncc-work"
+
+
+def default_workdir(output: Path) -> Path:
+    """`<output dir>/<output stem>.ncc-work`, e.g. model.neff → model.ncc-work beside it."""
+    return output.parent / f"{output.stem}{WORKDIR_SUFFIX}"
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    model: Path
+    output: Path
+    workdir: Path
+    optlevel: int = DEFAULT_OPTLEVEL
+    verify: bool = False
+    walrus_passes: tuple[str, ...] = field(default_factory=tuple)
+    timeout_s: float | None = None  # per job
+    mem_limit_mb: int | None = None  # per job, resident memory of the tool's process tree
+    verbose: int = 1
+
+    def canonical_flags(self) -> list[str]:
+        """The flags that define the compile's result, in a fixed spelling and order."""
+        flags = [f"--optlevel={self.optlevel}"]
+        if self.verify:
+            flags.append("--verify")
+        if self.walrus_passes:
+            flags.append(f"--walrus-passes={','.join(self.walrus_passes)}")
+        return flags
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        for key in ("model", "output", "workdir"):
+            data[key] = str(data[key])
+        data["walrus_passes"] = list(self.walrus_passes)
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CompileOptions:
+        data = json.loads(text)
+        return cls(
+            model=Path(data["model"]),
+            output=Path(data["output"]),
+            workdir=Path(data["workdir"]),
+            optlevel=int(data["optlevel"]),
+            verify=bool(data["verify"]),
+            walrus_passes=tuple(data["walrus_passes"]),
+            timeout_s=data["timeout_s"],
+            mem_limit_mb=data["mem_limit_mb"],
+            verbose=int(data["verbose"]),
+        )

@@ -1,0 +1,81 @@
+"""Versions of ncc and of each stage tool, for job cache keys and the pipeline record.
+
+A tool's version is the ncc release plus a digest of the source it runs: its own package and
+every `ncc.tools.*` / `ncc.schemas` package it imports, found by reading (never importing) the
+sources. So a job's cache key changes when the code that would compute it changes — on a
+developer's editable install as much as between releases — and only the affected jobs rerun.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import re
+from functools import cache, lru_cache
+from pathlib import Path
+
+_SOURCE_SUFFIXES = (".py", ".json", ".proto")
+_ABSOLUTE_IMPORT = re.compile(r"\bncc\.(tools\.\w+|schemas)\b")
+_RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.\.(\w+)", re.MULTILINE)
+
+
+@lru_cache(maxsize=1)
+def ncc_version() -> str:
+    try:
+        return importlib.metadata.version("ncc")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def _package_dir(dotted: str) -> Path | None:
+    """Where a package's sources are, without executing the package itself."""
+    try:
+        spec = importlib.util.find_spec(dotted)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _sources(directory: Path) -> list[Path]:
+    return sorted(
+        path
+        for path in directory.rglob("*")
+        if path.suffix in _SOURCE_SUFFIXES and "__pycache__" not in path.parts and path.is_file()
+    )
+
+
+def _imported_packages(dotted: str, directory: Path) -> set[str]:
+    found: set[str] = set()
+    for path in _sources(directory):
+        if path.suffix != ".py":
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        found.update(f"ncc.{name}" for name in _ABSOLUTE_IMPORT.findall(text))
+        if dotted.startswith("ncc.tools."):
+            found.update(f"ncc.tools.{name}" for name in _RELATIVE_IMPORT.findall(text))
+    return found
+
+
+@cache
+def tool_version(tool: str) -> str:
+    """`<ncc version>+<12 hex digits of the tool's source closure>` for tool package `tool`."""
+    digest = hashlib.sha256()
+    pending = [f"ncc.tools.{tool}"]
+    done: set[str] = set()
+    while pending:
+        dotted = pending.pop()
+        if dotted in done:
+            continue
+        done.add(dotted)
+        directory = _package_dir(dotted)
+        if directory is None:
+            digest.update(f"{dotted}:missing\n".encode())
+            continue
+        for path in _sources(directory):
+            digest.update(f"{dotted}/{path.relative_to(directory)}\n".encode())
+            digest.update(path.read_bytes())
+        pending.extend(sorted(_imported_packages(dotted, directory) - done))
+    return f"{ncc_version()}+{digest.hexdigest()[:12]}"

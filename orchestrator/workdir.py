@@ -1,0 +1,188 @@
+"""The work directory of one compile: its layout, its records, its lock and its history.
+
+Layout (docs/diagnostics.md shows an example):
+    pipeline.json          PipelineRecord: jobs, canonical flags, input digest, versions
+    NN_JobName/            one folder per job in pipeline order (01_HLOToTensorizer, ...)
+        cmd.sh             replays the job by hand
+        stdout.log, stderr.log
+        record.json        JobRecord, written last and atomically: its presence with status
+                           "ok" is what makes a job complete
+        <outputs>          the files the tool wrote
+    history.jsonl          one line per job run and per compile (what ran when)
+    driver.log             the compile child's log (Luigi's log, progress, tracebacks)
+    driver.stderr.log      anything else the compile child printed (a crash's stack)
+    driver_result.json     the compile child's result for the parent process
+    .ncc.lock              held while a compile runs, so two compiles never share a work dir
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from ncc.orchestrator.diagnostics import NccError
+from ncc.schemas import diagnostic_pb2
+from ncc.tools.common.protoio import write_bytes_atomic
+
+RECORD = "record.json"
+CMD = "cmd.sh"
+STDOUT = "stdout.log"
+STDERR = "stderr.log"
+DIAGNOSTIC = "diagnostic.pb"
+DRIVER_ERROR = "driver_error.log"  # a traceback of the driver's own failure while running a job
+_JOB_DIR = re.compile(r"^\d{2}_[A-Za-z][A-Za-z0-9]*$")
+
+
+def job_dir_name(index: int, job: str) -> str:
+    return f"{index + 1:02d}_{job}"
+
+
+def write_json_atomic(path: Path, data: object) -> None:
+    write_bytes_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
+
+
+def write_message_json(path: Path, message: Message) -> None:
+    """A record as JSON, every field spelled out (an exit code of 0 is shown, not omitted)."""
+    text = json_format.MessageToJson(
+        message,
+        preserving_proto_field_name=True,
+        indent=1,
+        sort_keys=True,
+        always_print_fields_with_no_presence=True,
+    )
+    write_bytes_atomic(path, (text + "\n").encode())
+
+
+def read_message_json(path: Path, message: Message) -> bool:
+    """Fill `message` from a JSON file; False if it is missing or unreadable in any way."""
+    try:
+        json_format.Parse(path.read_text(encoding="utf-8"), message)
+    except (OSError, ValueError, json_format.ParseError):
+        return False
+    return True
+
+
+def read_job_record(path: Path) -> diagnostic_pb2.JobRecord | None:
+    record = diagnostic_pb2.JobRecord()
+    return record if read_message_json(path, record) else None
+
+
+@dataclass(frozen=True)
+class WorkDir:
+    root: Path
+
+    @property
+    def pipeline_path(self) -> Path:
+        return self.root / "pipeline.json"
+
+    @property
+    def history_path(self) -> Path:
+        return self.root / "history.jsonl"
+
+    @property
+    def driver_log(self) -> Path:
+        return self.root / "driver.log"
+
+    @property
+    def driver_stderr(self) -> Path:
+        return self.root / "driver.stderr.log"
+
+    @property
+    def driver_result(self) -> Path:
+        return self.root / "driver_result.json"
+
+    def job_dir(self, index: int, job: str) -> Path:
+        return self.root / job_dir_name(index, job)
+
+    # -- creation and exclusive use -----------------------------------------------------------
+
+    def ensure_usable(self) -> None:
+        """Create the directory and prove it is writable, or raise [U003]."""
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".ncc-probe-", dir=self.root)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            reason = err.strerror or type(err).__name__
+            raise NccError.of("U003", f"cannot use work directory {self.root}: {reason}") from None
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the work directory's lock, or raise [U006] if another ncc holds it."""
+        path = self.root / ".ncc.lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise NccError.of("U003", f"cannot lock work directory {self.root}: {err.strerror}") from None
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                raise NccError.of(
+                    "U006", f"work directory {self.root} is in use by another ncc (pid {holder})"
+                ) from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
+
+    # -- records ------------------------------------------------------------------------------
+
+    def read_pipeline(self) -> diagnostic_pb2.PipelineRecord | None:
+        record = diagnostic_pb2.PipelineRecord()
+        return record if read_message_json(self.pipeline_path, record) else None
+
+    def write_pipeline(self, record: diagnostic_pb2.PipelineRecord) -> None:
+        write_message_json(self.pipeline_path, record)
+
+    def remove_job_dirs(self) -> list[str]:
+        """Delete every job folder (stale results of other flags or another input).
+
+        Only folders named like a job (`NN_Name`) are touched. Each loses its record first, so
+        an interruption half-way leaves incomplete jobs, never a complete-looking partial one.
+        """
+        removed = []
+        for entry in sorted(self.root.iterdir()):
+            if not (_JOB_DIR.match(entry.name) and entry.is_dir() and not entry.is_symlink()):
+                continue
+            (entry / RECORD).unlink(missing_ok=True)
+            shutil.rmtree(entry)
+            removed.append(entry.name)
+        return removed
+
+    def append_history(self, event: str, **fields: object) -> None:
+        """Append one JSON line (a single write, so concurrent appends never interleave)."""
+        line = json.dumps({"event": event, "time": time.time(), **fields}, sort_keys=True) + "\n"
+        fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def read_history(self) -> list[dict[str, object]]:
+        try:
+            lines = self.history_path.read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return []
+        events = []
+        for line in lines:
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+        return events

@@ -1,0 +1,302 @@
+"""The `ncc` command line on bad input: one diagnostic line with a code, the documented exit code,
+no traceback and nothing half-written. End-to-end `ncc run` / `ncc inspect` are marked slow."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_orchestrator_support import TOOL_CODE, assert_one_line_error, find_model, lock_held, ncc
+
+
+@pytest.fixture
+def model() -> Path:
+    return find_model("add_mul.hlo")
+
+
+def test_help_is_instant_and_lists_every_command() -> None:
+    code = (
+        "import sys\n"
+        "from ncc.orchestrator import cli\n"
+        "assert cli.main(['--help']) == 0\n"
+        "heavy = [m for m in ('luigi', 'numpy', 'psutil', 'google.protobuf') if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    for command in ("compile", "run", "inspect"):
+        assert f"  {command} " in proc.stdout
+
+
+def test_subcommand_help_exits_zero() -> None:
+    result = ncc("compile", "--help")
+    assert result.returncode == 0
+    assert "--walrus-passes" in result.stdout and "--mem-limit" in result.stdout
+
+
+def test_version() -> None:
+    result = ncc("--version")
+    assert result.returncode == 0 and result.stdout.startswith("ncc ")
+
+
+def test_unknown_command_suggests_the_closest() -> None:
+    result = ncc("compil", "x.hlo")
+    line = assert_one_line_error(result, "U002")
+    assert result.returncode == 2
+    assert "did you mean 'compile'?" in line
+
+
+def test_no_command_is_a_usage_error() -> None:
+    result = ncc()
+    assert_one_line_error(result, "U002")
+    assert result.returncode == 2
+
+
+def test_missing_model_is_u001_and_creates_nothing(tmp_path: Path) -> None:
+    result = ncc("compile", tmp_path / "nope.hlo", "--output", tmp_path / "out.neff")
+    line = assert_one_line_error(result, "U001")
+    assert result.returncode == 2 and "nope.hlo" in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_that_is_a_directory_is_u001(tmp_path: Path) -> None:
+    result = ncc("compile", tmp_path, "--output", tmp_path / "out.neff")
+    assert_one_line_error(result, "U001")
+
+
+def test_missing_output_directory_is_u004(tmp_path: Path, model: Path) -> None:
+    result = ncc("compile", model, "--output", tmp_path / "no" / "such" / "out.neff")
+    line = assert_one_line_error(result, "U004")
+    assert result.returncode == 2 and str(tmp_path / "no" / "such") in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_that_is_a_directory_is_a_usage_error(tmp_path: Path, model: Path) -> None:
+    result = ncc("compile", model, "--output", tmp_path, "--workdir", tmp_path / "w")
+    assert_one_line_error(result, "U002")
+    assert result.returncode == 2
+
+
+def test_unwritable_output_directory_is_u005(tmp_path: Path, model: Path) -> None:
+    result = ncc("compile", model, "--output", "/proc/out.neff", "--workdir", tmp_path / "w")
+    assert_one_line_error(result, "U005")
+    assert result.returncode == 3
+    assert not (tmp_path / "w").exists()
+
+
+@pytest.mark.parametrize("workdir", ["/proc/ncc-test-workdir", "{tmp}/a_file/sub"])
+def test_unusable_work_dir_is_u003(tmp_path: Path, model: Path, workdir: str) -> None:
+    (tmp_path / "a_file").write_text("not a directory")
+    workdir = workdir.format(tmp=tmp_path)
+    result = ncc("compile", model, "--output", tmp_path / "out.neff", "--workdir", workdir)
+    line = assert_one_line_error(result, "U003")
+    assert result.returncode == 3 and workdir in line
+    assert not (tmp_path / "out.neff").exists()
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--optlevel", "7"], "--optlevel"),
+        (["--optlevel", "two"], "--optlevel"),
+        (["--walrus-passes", "a,,b"], "--walrus-passes"),
+        (["--walrus-passes", "pre sched"], "--walrus-passes"),
+        (["--timeout", "-1"], "--timeout"),
+        (["--timeout", "soon"], "--timeout"),
+        (["--mem-limit", "0"], "--mem-limit"),
+        (["--bogus"], "--bogus"),
+    ],
+)
+def test_bad_flags_are_u002_and_create_nothing(
+    tmp_path: Path, model: Path, flags: list[str], words: str
+) -> None:
+    result = ncc("compile", model, "--output", tmp_path / "out.neff", *flags)
+    line = assert_one_line_error(result, "U002")
+    assert result.returncode == 2 and words in line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_missing_output_flag_is_u002(model: Path) -> None:
+    result = ncc("compile", model)
+    line = assert_one_line_error(result, "U002")
+    assert "--output" in line
+
+
+def test_busy_work_dir_is_u006(tmp_path: Path, model: Path) -> None:
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    with lock_held(workdir, "777"):
+        result = ncc("compile", model, "--output", tmp_path / "out.neff", "--workdir", workdir)
+    line = assert_one_line_error(result, "U006")
+    assert result.returncode == 3 and "pid 777" in line
+
+
+def test_run_and_inspect_missing_neff_are_u001(tmp_path: Path) -> None:
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, arg0=np.zeros(3))
+    result = ncc("run", tmp_path / "no.neff", "--inputs", inputs, "--output", tmp_path / "o.npz")
+    assert_one_line_error(result, "U001")
+    assert result.returncode == 2
+    result = ncc("inspect", tmp_path / "no.neff")
+    assert_one_line_error(result, "U001")
+
+
+def test_inspect_of_a_non_neff_is_the_readers_diagnostic(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.neff"
+    bogus.write_bytes(b"definitely not a NEFF file, just some bytes")
+    result = ncc("inspect", bogus)
+    line = assert_one_line_error(result, "E502")
+    assert result.returncode == 1 and "bogus.neff" in line
+
+
+def test_run_with_unreadable_inputs_is_u008(tmp_path: Path) -> None:
+    neff = tmp_path / "m.neff"
+    neff.write_bytes(b"x")
+    bad = tmp_path / "in.npz"
+    bad.write_text("not a zip")
+    result = ncc("run", neff, "--inputs", bad, "--output", tmp_path / "o.npz")
+    assert_one_line_error(result, "U008")
+    assert result.returncode == 2
+    no_args = tmp_path / "noargs.npz"
+    np.savez(no_args, out0=np.zeros(3))
+    result = ncc("run", neff, "--inputs", no_args, "--output", tmp_path / "o.npz")
+    assert "arg0..argN" in assert_one_line_error(result, "U008")
+
+
+# -- end to end: compile, run, inspect ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_compile_run_inspect_add_mul(tmp_path: Path, model: Path) -> None:
+    neff = tmp_path / "add_mul.neff"
+    result = ncc("compile", model, "--output", neff)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert (tmp_path / "add_mul.ncc-work" / "pipeline.json").is_file()  # the default work dir
+    assert neff.is_file() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+    io = find_model("add_mul.io.npz")
+    report = tmp_path / "report.json"
+    result = ncc("run", neff, "--inputs", io, "--output", tmp_path / "out.npz", "--report", report)
+    assert result.returncode == 0, result.stderr
+    assert "simulated time" in result.stdout
+    with np.load(tmp_path / "out.npz") as outputs, np.load(io) as expected:
+        np.testing.assert_allclose(outputs["out0"], expected["out0"], rtol=1e-5, atol=1e-5)
+    data = json.loads(report.read_text())
+    assert data["simulated_ns"] > 0 and data["races"] == [] and data["deadlock"] is None
+    assert data["metadata"]["compiler"] == "ncc" and len(data["neff_sha256"]) == 64
+
+    result = ncc("inspect", neff)
+    assert result.returncode == 0, result.stderr
+    for heading in ("engines:", "semaphores", "HBM tensors:", "metadata:"):
+        assert heading in result.stdout
+    result = ncc("inspect", neff, "--json")
+    info = json.loads(result.stdout)
+    assert info["instructions"] == sum(engine["instructions"] for engine in info["engines"]) > 0
+    assert {tensor["role"] for tensor in info["hbm"]} >= {"INPUT", "OUTPUT"}
+
+
+@pytest.mark.slow
+def test_compile_error_in_the_input_is_the_tools_diagnostic(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.hlo"
+    broken.write_text("HloModule broken\n\nENTRY main {\n  x = f32[4]{0} parameter(0\n}\n")
+    result = ncc("compile", broken, "--output", tmp_path / "broken.neff")
+    line = assert_one_line_error(result, TOOL_CODE)
+    assert result.returncode == 1
+    workdir = tmp_path / "broken.ncc-work"
+    assert "job HLOToTensorizer" in line and f"work dir {workdir}" in line
+    assert f"see {workdir}/01_HLOToTensorizer/stderr.log" in line
+    assert not (tmp_path / "broken.neff").exists()
+
+
+@pytest.mark.slow
+def test_truncated_hlo_proto_is_a_tool_diagnostic(tmp_path: Path) -> None:
+    whole = find_model("add_mul.hlo.pb").read_bytes()
+    truncated = tmp_path / "cut.hlo.pb"
+    truncated.write_bytes(whole[: len(whole) // 2])
+    result = ncc("compile", truncated, "--output", tmp_path / "cut.neff")
+    line = assert_one_line_error(result, TOOL_CODE)
+    assert result.returncode == 1 and "job HLOToTensorizer" in line
+
+
+@pytest.mark.slow
+def test_unknown_walrus_pass_is_the_backends_diagnostic(tmp_path: Path, model: Path) -> None:
+    result = ncc("compile", model, "--output", tmp_path / "m.neff", "--walrus-passes", "no_such_pass")
+    line = assert_one_line_error(result, TOOL_CODE)
+    assert result.returncode == 1 and "job WalrusDriver" in line and "no_such_pass" in line
+
+
+# -- `ncc run` checks on hand-made NEFFs ------------------------------------------------------------
+
+
+def _hbm(tensor: str):
+    from ncc.schemas import bir_pb2, common_pb2
+
+    return bir_pb2.AccessPattern(
+        memory=common_pb2.HBM, tensor=tensor, dtype=common_pb2.F32, dims=[bir_pb2.Dim(stride=1, count=4)]
+    )
+
+
+def _write_neff(path: Path, second: str) -> Path:
+    """x → y by a DMA on SP, plus on ACT either a racing DMA ("race") or a wait nobody satisfies."""
+    from ncc.schemas import bir_pb2, common_pb2
+    from ncc.tools.packager.neff import write_neff
+
+    neff = bir_pb2.Neff(name=path.stem, target="trn1", num_semaphores=1)
+    neff.hbm.add(name="x", dtype=common_pb2.F32, shape=[4], role=bir_pb2.INPUT, index=0)
+    neff.hbm.add(name="y", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=0)
+    sp = neff.streams.add(engine=common_pb2.SP)
+    sp.instructions.add(
+        id=1, name="a", op="dma", engine=common_pb2.SP, inputs=[_hbm("x")], outputs=[_hbm("y")]
+    )
+    act = neff.streams.add(engine=common_pb2.ACT)
+    if second == "race":
+        act.instructions.add(
+            id=2,
+            name="b",
+            op="dma",
+            engine=common_pb2.ACT,
+            dma_queue=1,
+            inputs=[_hbm("x")],
+            outputs=[_hbm("y")],
+        )
+    else:
+        act.instructions.add(
+            id=2,
+            name="b",
+            op="nop",
+            engine=common_pb2.ACT,
+            waits=[bir_pb2.SemaphoreWait(semaphore=0, value=1)],
+        )
+    write_neff(path, neff)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "code", "words"), [("race", "R001", "data race"), ("deadlock", "R002", "deadlock")]
+)
+def test_run_reports_races_and_deadlocks_after_writing_its_results(
+    tmp_path: Path, kind: str, code: str, words: str
+) -> None:
+    neff = _write_neff(tmp_path / f"{kind}.neff", kind)
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, arg0=np.arange(4, dtype=np.float32))
+    report = tmp_path / "report.json"
+    result = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz", "--report", report)
+    line = assert_one_line_error(result, code)
+    assert result.returncode == 5 and words in line and line.endswith(f"see {report}")
+    assert (tmp_path / "out.npz").is_file() and json.loads(report.read_text())["simulated_ns"] >= 0
+
+
+def test_run_with_inputs_that_do_not_match_is_the_simulators_diagnostic(tmp_path: Path) -> None:
+    neff = _write_neff(tmp_path / "m.neff", "race")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, arg5=np.zeros(4, dtype=np.float32))
+    result = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz")
+    line = assert_one_line_error(result, TOOL_CODE)
+    assert result.returncode == 1 and "arg0" in line
+    assert not (tmp_path / "out.npz").exists()

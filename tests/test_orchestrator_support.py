@@ -1,0 +1,124 @@
+"""Helpers shared by the driver's tests (test_cli, test_faults, test_resume); holds no tests.
+
+Everything runs `ncc` for real, in a fresh interpreter (`python -m ncc.orchestrator`), as a
+user would; work directories are read through their files (records, history.jsonl).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def model_dirs() -> list[Path]:
+    """Where the real JAX models may be: the project's copy first, then the shared folder."""
+    candidates = [ROOT / "tests" / "data" / "models", ROOT / "models", ROOT.parent / "shared" / "models"]
+    if os.environ.get("NCC_MODELS_DIR"):
+        candidates.insert(0, Path(os.environ["NCC_MODELS_DIR"]))
+    return candidates
+
+
+def find_model(name: str) -> Path:
+    """The path of a model file such as "add_mul.hlo"; skips the test if no copy exists."""
+    for directory in model_dirs():
+        if (directory / name).is_file():
+            return directory / name
+    pytest.skip(f"model {name} not found in {', '.join(map(str, model_dirs()))}")
+
+
+@dataclass
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line.strip()]
+
+
+def ncc(
+    *args: str | Path, env: dict[str, str] | None = None, cwd: Path | None = None, timeout: float = 300
+) -> Result:
+    """Run `ncc ARGS` in a new interpreter; NCC_FAULT_INJECT only if `env` sets it."""
+    full_env = {key: value for key, value in os.environ.items() if key != "NCC_FAULT_INJECT"}
+    full_env.update(env or {})
+    proc = subprocess.run(
+        [sys.executable, "-m", "ncc.orchestrator", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=timeout,
+    )
+    return Result(proc.returncode, proc.stdout, proc.stderr)
+
+
+TOOL_CODE = r"E\d{3}"  # any stage tool's own code
+
+
+def assert_one_line_error(result: Result, code: str) -> str:
+    """The run failed with exactly one diagnostic line whose code matches the regex `code`."""
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.error_lines
+    assert len(lines) == 1, result.stderr
+    assert re.match(rf"ncc: error: \[{code}\] ", lines[0]), lines[0]
+    return lines[0]
+
+
+def history(workdir: Path) -> list[dict[str, object]]:
+    path = workdir / "history.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def runs_per_compile(workdir: Path) -> list[list[str]]:
+    """For each compile in the work directory's history, the jobs it ran, in order."""
+    compiles: list[list[str]] = []
+    for event in history(workdir):
+        if event["event"] == "compile_start":
+            compiles.append([])
+        elif event["event"] == "job_start" and compiles:
+            compiles[-1].append(str(event["job"]))
+    return compiles
+
+
+def job_record(workdir: Path, folder: str) -> dict[str, object]:
+    return json.loads((workdir / folder / "record.json").read_text())
+
+
+@contextmanager
+def lock_held(workdir: Path, holder_text: str) -> Iterator[None]:
+    """Another process holds the work directory's lock (and wrote `holder_text` into it)."""
+    code = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "os.write(fd, sys.argv[2].encode())\n"
+        "print('locked', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", code, str(workdir / ".ncc.lock"), holder_text], stdout=subprocess.PIPE
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"locked\n"
+        yield
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+DEFAULT_JOB_DIRS = ["01_HLOToTensorizer", "02_Frontend", "03_WalrusDriver", "04_Packager"]
