@@ -1,0 +1,132 @@
+"""allocation: linear scan reuses freed space, never overlaps live buffers, obeys PSUM banks, E403 on OOM."""
+
+from __future__ import annotations
+
+import pytest
+from walrus_builders import PSUM, SBUF, Bir, chain_program, random_program, run_passes
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+
+
+def live_ranges(program: bir_pb2.Program) -> dict[str, tuple[int, int]]:
+    ranges: dict[str, tuple[int, int]] = {}
+    for position, instr in enumerate(program.instructions):
+        for ap in [*instr.inputs, *instr.outputs]:
+            if ap.memory in (SBUF, PSUM):
+                first, _ = ranges.get(ap.tensor, (position, position))
+                ranges[ap.tensor] = (first, position)
+    return ranges
+
+
+def assert_no_live_overlap(program: bir_pb2.Program) -> None:
+    ranges = live_ranges(program)
+    buffers = [b for b in program.buffers if b.name in ranges]
+    for i, a in enumerate(buffers):
+        for b in buffers[i + 1 :]:
+            if a.memory != b.memory:
+                continue
+            share = (
+                a.address < b.address + b.bytes_per_partition
+                and b.address < a.address + a.bytes_per_partition
+            )
+            (a0, a1), (b0, b1) = ranges[a.name], ranges[b.name]
+            assert not (share and a0 <= b1 and b0 <= a1), f"{a.name} and {b.name} overlap while live"
+
+
+def sequence_of_tiles(n: int, size: int, memory: int = SBUF) -> bir_pb2.Program:
+    """n short-lived buffers, each written then read once, one after the other."""
+    b = Bir()
+    b.hbm("x", [128, size // 4])
+    b.hbm("out", [128, size // 4], role=bir_pb2.OUTPUT)
+    for t in range(n):
+        b.buffer(f"t{t}", size, memory=memory)
+        b.load(f"t{t}", "x", 128, size // 4, name=f"load{t}")
+        b.store("out", f"t{t}", 128, size // 4, name=f"store{t}")
+    return b.build()
+
+
+@pytest.mark.parametrize("policy", ["next_fit", "first_fit"])
+def test_reuses_freed_space_and_never_overlaps_live_buffers(policy):
+    program = sequence_of_tiles(8, 64 * 1024)  # 8 x 64 KiB in 176 KiB: needs reuse
+    ctx = run_passes(program, f"allocation{{policy={policy}}}")
+    assert ctx.stats["allocation"]["sbuf_reused_buffers"] > 0
+    assert ctx.stats["allocation"]["sbuf_peak_bytes"] <= ctx.target.sbuf_usable_bytes
+    assert all(b.address >= 0 for b in program.buffers)
+    assert_no_live_overlap(program)
+    if policy == "first_fit":
+        assert {b.address for b in program.buffers} == {0}
+
+
+def test_next_fit_delays_reuse():
+    program = sequence_of_tiles(3, 1024)
+    run_passes(program, "allocation")
+    assert [b.address for b in program.buffers] == [0, 1024, 2048]  # plenty of room: no reuse yet
+
+
+def test_random_programs_never_overlap():
+    for seed in range(5):
+        program = random_program(seed, steps=150)
+        run_passes(program, "anti_dependency_analyzer,pre_sched,allocation", verify_each=False)
+        assert_no_live_overlap(program)
+
+
+def test_psum_buffers_do_not_cross_banks():
+    b = Bir()
+    b.buffer("s", 2048)
+    b.buffer("p0", 1024, memory=PSUM)
+    b.buffer("p1", 1536, memory=PSUM)  # would cross the 2 KiB boundary at 1024
+    b.buffer("p2", 4096, memory=PSUM)  # two banks: starts on a bank boundary
+    b.matmul("p0", "s", "s", 128, 128, 256)
+    b.matmul("p1", "s", "s", 128, 128, 384)
+    b.matmul("p2", "s", "s", 128, 128, 512)
+    b.matmul("p0", "s", "s", 128, 128, 256, accumulate=True)
+    b.matmul("p1", "s", "s", 128, 128, 384, accumulate=True)
+    program = b.build()
+    run_passes(program, "allocation{policy=first_fit}")
+    address = {buf.name: buf.address for buf in program.buffers}
+    assert address["p0"] == 0 and address["p1"] == 2048 and address["p2"] == 4096
+
+
+def test_out_of_memory_names_the_buffer_and_sizes():
+    b = Bir()
+    b.hbm("x", [128, 16384])
+    for name in ("a", "c", "d"):
+        b.buffer(name, 64 * 1024)
+    b.load("a", "x", 128, 16384)
+    b.load("c", "x", 128, 16384)
+    b.load("d", "x", 128, 16384)
+    b.tt("a", "c", "d", 128, 16384)
+    with pytest.raises(CompileError) as err:
+        run_passes(b.build(), "allocation")
+    assert err.value.code == "E403"
+    assert "'d' needs 65536 bytes per partition" in err.value.message
+    assert "49152 contiguous bytes of 180224 are free" in err.value.message
+
+
+def test_psum_out_of_memory():
+    b = Bir()
+    b.buffer("s", 2048)
+    for t in range(9):
+        b.buffer(f"p{t}", 2048, memory=PSUM)
+        b.matmul(f"p{t}", "s", "s", 128, 128, 512)
+    for t in range(9):
+        b.matmul(f"p{t}", "s", "s", 128, 128, 512, accumulate=True)
+    with pytest.raises(CompileError) as err:
+        run_passes(b.build(), "allocation")
+    assert err.value.code == "E403" and "PSUM buffer 'p8'" in err.value.message
+
+
+def test_invalidates_dependences_for_addresses():
+    program = chain_program(2)
+    ctx = run_passes(program, "anti_dependency_analyzer,allocation")
+    assert ctx.deps_valid and not ctx.deps_valid_for_addresses and ctx.allocated
+    with pytest.raises(CompileError) as err:
+        run_passes(chain_program(2), "anti_dependency_analyzer,allocation,alloc_semaphores")
+    assert err.value.code == "E402" and "after allocation" in err.value.message
+
+
+def test_bad_policy_option():
+    with pytest.raises(CompileError) as err:
+        run_passes(chain_program(1), "allocation{policy=best}")
+    assert err.value.code == "E400"

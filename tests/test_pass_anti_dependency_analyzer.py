@@ -1,0 +1,223 @@
+"""anti_dependency_analyzer: FLOW/ANTI/OUTPUT/ORDERED edges per memory class, and its speed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from walrus_builders import DVE, PSUM, Bir, by_name, chain_program, hbm_ap, random_program, run_passes, tile
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+
+
+def edges(program: bir_pb2.Program, passes: str = "anti_dependency_analyzer") -> dict[tuple[str, str], str]:
+    ctx = run_passes(program, passes)
+    name = {i.id: i.name for i in program.instructions}
+    return {(name[a], name[b]): data["kind"] for a, b, data in ctx.deps.edges(data=True)}
+
+
+def test_chain_has_flow_edges_only():
+    found = edges(chain_program(tiles=1))
+    assert found == {
+        ("load_x0", "add0"): "FLOW",
+        ("load_y0", "add0"): "FLOW",
+        ("add0", "exp0"): "FLOW",
+        ("exp0", "store0"): "FLOW",
+    }
+
+
+def test_war_and_waw_on_one_buffer():
+    b = Bir()
+    b.hbm("x", [128, 64])
+    b.hbm("out", [128, 64], role=bir_pb2.OUTPUT)
+    b.buffer("a", 256)
+    b.buffer("c", 256)
+    b.load("a", "x", 128, 64, name="load")
+    b.ts("c", "a", 128, 64, name="read_a")
+    b.ts("a", "c", 128, 64, name="overwrite_a")
+    b.ts("a", "c", 128, 64, name="overwrite_again")
+    b.store("out", "a", 128, 64, name="store")
+    found = edges(b.build())
+    assert found[("load", "read_a")] == "FLOW"
+    assert found[("read_a", "overwrite_a")] == "FLOW"  # also ANTI on a: FLOW (on c) is the stronger kind
+    assert found[("load", "overwrite_a")] == "OUTPUT"
+    assert found[("overwrite_a", "overwrite_again")] == "OUTPUT"
+    assert found[("overwrite_again", "store")] == "FLOW"
+    # the covering write retired the earlier accesses: the store depends only on the last writer
+    assert ("overwrite_a", "store") not in found and ("load", "store") not in found
+
+
+def test_pure_anti_edge():
+    b = Bir()
+    b.hbm("x", [128, 64])
+    b.buffer("a", 256)
+    b.buffer("c", 256)
+    b.load("a", "x", 128, 64, name="load_a")
+    b.act("c", "a", 128, 64, name="act_reads_a")
+    b.load("a", "x", 128, 64, name="reload_a")
+    found = edges(b.build())
+    assert found[("act_reads_a", "reload_a")] == "ANTI"
+    assert found[("load_a", "reload_a")] == "OUTPUT"
+
+
+def test_disjoint_partitions_and_bytes_do_not_conflict():
+    b = Bir()
+    b.buffer("a", 512)
+    b.buffer("c", 512)
+    b.add(
+        "tensor_scalar", DVE, [tile("a", 64, 64)], [tile("c", 64, 64)], name="top", scalars=[1.0], func="add"
+    )
+    b.add(
+        "tensor_scalar",
+        DVE,
+        [tile("a", 64, 64, partition_start=64)],
+        [tile("c", 64, 64)],
+        name="bottom",
+        scalars=[1.0],
+        func="add",
+    )
+    b.add(
+        "tensor_scalar",
+        DVE,
+        [tile("a", 64, 64, offset=256)],
+        [tile("c", 64, 64)],
+        name="right",
+        scalars=[1.0],
+        func="add",
+    )
+    b.add(
+        "tensor_scalar",
+        DVE,
+        [tile("c", 64, 64, offset=256, partition_start=64)],
+        [tile("a", 64, 64, partition_start=64)],
+        name="reads_bottom",
+        scalars=[1.0],
+        func="add",
+    )
+    found = edges(b.build())
+    assert (
+        ("top", "bottom") not in found and ("top", "right") not in found and ("bottom", "right") not in found
+    )
+    assert found == {("bottom", "reads_bottom"): "FLOW"}
+
+
+def test_hbm_element_ranges():
+    b = Bir()
+    b.hbm("x", [256, 64])
+    b.hbm("scratch", [256, 64], role=bir_pb2.INTERNAL)
+    b.buffer("a", 256)
+    b.buffer("r0", 256)
+    b.buffer("r1", 256)
+    b.load("a", "x", 128, 64, name="load")
+    b.store("scratch", "a", 128, 64, row0=0, name="spill_rows_0_128")
+    b.load("r0", "scratch", 128, 64, row0=0, name="reload_same_rows")
+    b.load("r1", "scratch", 128, 64, row0=128, name="load_other_rows")
+    found = edges(b.build())
+    assert found[("spill_rows_0_128", "reload_same_rows")] == "FLOW"
+    assert found[("spill_rows_0_128", "reload_same_rows")] == "FLOW"
+    assert ("spill_rows_0_128", "load_other_rows") not in found
+
+
+def test_address_mode_sees_conflicts_between_buffers_sharing_bytes():
+    b = Bir()
+    b.hbm("x", [128, 64])
+    b.buffer("a", 256)
+    b.buffer("c", 256)
+    b.buffer("d", 256)
+    b.load("a", "x", 128, 64, name="load_a")
+    b.ts("c", "a", 128, 64, name="use_a")
+    b.load("d", "x", 128, 64, name="load_d")
+    program = b.build()
+    assert ("use_a", "load_d") not in edges(program)
+    for buffer in program.buffers:  # a and d share bytes; c elsewhere
+        buffer.address = {"a": 0, "c": 256, "d": 0}[buffer.name]
+    ctx = run_passes(program, "anti_dependency_analyzer")
+    assert ctx.allocated and ctx.deps_valid_for_addresses
+    name = {i.id: i.name for i in program.instructions}
+    found = {(name[a], name[b]): k for a, b, k in ctx.deps.edges(data="kind")}
+    assert found[("use_a", "load_d")] == "ANTI"
+    assert found[("load_a", "load_d")] == "OUTPUT"
+
+
+def test_matmul_accumulate_reads_its_output():
+    b = Bir()
+    b.buffer("s", 256)
+    b.buffer("m", 256)
+    b.buffer("p", 256, memory=PSUM)
+    b.matmul("p", "s", "m", 128, 64, 64, name="mm0")
+    b.matmul("p", "s", "m", 128, 64, 64, accumulate=True, name="mm1")
+    found = edges(b.build())
+    assert found[("mm0", "mm1")] == "FLOW"
+    ctx_edges = run_passes(b.build(), "anti_dependency_analyzer").deps.edges(data=True)
+    assert all(data["memory"] == "PSUM" for _, _, data in ctx_edges)
+
+
+def test_order_after_attribute_adds_ordered_edge():
+    b = Bir()
+    b.buffer("a", 256)
+    b.buffer("c", 256)
+    b.ts("a", "c", 128, 64, name="first")
+    b.add(
+        "tensor_scalar",
+        DVE,
+        [tile("c", 128, 64, offset=0)],
+        [tile("c", 128, 64)],
+        name="second",
+        scalars=[1.0],
+        func="add",
+        attributes={"order_after": "first"},
+    )
+    program = b.build()
+    by_name(program)["second"].outputs[0].tensor = "c"
+    found = edges(program)
+    assert found[("first", "second")] == "ANTI"  # the memory conflict is stronger than ORDERED
+    b2 = Bir()
+    b2.buffer("a", 256)
+    b2.buffer("c", 256)
+    b2.buffer("d", 256)
+    b2.ts("a", "c", 128, 64, name="first")
+    b2.add(
+        "tensor_scalar",
+        DVE,
+        [tile("d", 128, 64)],
+        [tile("c", 128, 64)],
+        name="second",
+        scalars=[1.0],
+        func="add",
+        attributes={"order_after": "first"},
+    )
+    assert edges(b2.build()) == {("first", "second"): "ORDERED"}
+
+
+def test_order_after_unknown_name_is_an_error():
+    b = Bir()
+    b.buffer("a", 256)
+    b.ts("a", "a", 128, 64, name="only")
+    b.program.instructions[0].attributes["order_after"] = "later"
+    with pytest.raises(CompileError) as err:
+        run_passes(b.build(), "anti_dependency_analyzer")
+    assert err.value.code == "E405"
+
+
+def test_unknown_buffer_is_an_error():
+    b = Bir()
+    b.add("dma", 5, [tile("nope", 128, 64)], [hbm_ap("x", 128, 64)], name="bad")
+    with pytest.raises(CompileError) as err:
+        run_passes(b.build(), "anti_dependency_analyzer", verify_each=False)
+    assert err.value.code == "E405" and "nope" in err.value.message
+
+
+def test_statistics():
+    ctx = run_passes(chain_program(tiles=2), "anti_dependency_analyzer")
+    stats = ctx.stats["anti_dependency_analyzer"]
+    assert stats["edges"] == stats["edges_flow"] == 8 and stats["nodes"] == 10
+
+
+def test_thousands_of_instructions_in_under_two_seconds():
+    program = random_program(7, steps=2500)
+    assert len(program.instructions) > 3000
+    begin = time.perf_counter()
+    ctx = run_passes(program, "anti_dependency_analyzer", verify_each=False)
+    assert time.perf_counter() - begin < 2.0
+    assert ctx.deps.number_of_edges() > len(program.instructions)

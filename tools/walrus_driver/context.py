@@ -1,0 +1,122 @@
+"""PassContext: the program being compiled, the target, the dependence graph and the pipeline state.
+
+Passes talk to each other only through this object. The state flags say which analyses are
+current, so a pass whose prerequisite is missing or stale stops with E402 instead of doing
+something wrong:
+
+  deps_valid                the dependence graph holds every memory conflict of the program, and
+                            program.instructions is one topological order of it
+  deps_valid_for_addresses  ... and it was computed with the buffers' final addresses (address
+                            reuse by `allocation` adds hazards between different buffers)
+  deps_reduced              the graph is transitively reduced (still orders the same pairs)
+  allocated                 every SBUF/PSUM buffer has an address
+  queues_assigned           dma queues and trigger engines were chosen
+  synchronized              semaphore waits/updates were inserted for the current order
+  codegen_done              program.streams hold the per-engine streams
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import networkx as nx
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.target import Target
+from ncc.tools.walrus_driver import birutil
+
+# Edge kinds of the dependence graph (edge attribute "kind"); when a pair conflicts in several
+# ways the strongest kind is kept: FLOW > OUTPUT > ANTI > ORDERED.
+FLOW, ANTI, OUTPUT, ORDERED = "FLOW", "ANTI", "OUTPUT", "ORDERED"
+KIND_RANK = {FLOW: 3, OUTPUT: 2, ANTI: 1, ORDERED: 0}
+
+
+@dataclass
+class PassContext:
+    program: bir_pb2.Program
+    target: Target
+    deps: nx.DiGraph | None = None
+    deps_valid: bool = False
+    deps_valid_for_addresses: bool = False
+    deps_reduced: bool = False
+    allocated: bool = False
+    scheduled: bool = False
+    queues_assigned: bool = False
+    synchronized: bool = False
+    codegen_done: bool = False
+    stats: dict[str, dict[str, float]] = field(default_factory=dict)
+    input_program: bir_pb2.Program | None = None  # the program as received (bir_sim's reference)
+    current_pass: str = ""
+    current_label: str = ""
+    options: Any = None
+
+    @classmethod
+    def for_program(cls, program: bir_pb2.Program, target: Target) -> PassContext:
+        """A context whose flags describe what the incoming program already has."""
+        onchip = [b for b in program.buffers if b.memory in birutil.ONCHIP]
+        synced = program.num_semaphores > 0 or any(i.waits or i.updates for i in program.instructions)
+        received = bir_pb2.Program()
+        received.CopyFrom(program)
+        return cls(
+            program=program,
+            target=target,
+            input_program=received,
+            allocated=all(b.address >= 0 for b in onchip),
+            synchronized=synced,
+            codegen_done=len(program.streams) > 0,
+        )
+
+    # ---- statistics -------------------------------------------------------------------------
+    def _counters(self) -> dict[str, float]:
+        return self.stats.setdefault(self.current_label or self.current_pass or "driver", {})
+
+    def count(self, name: str, value: float = 1) -> None:
+        """Add `value` to the running pass's counter `name`."""
+        counters = self._counters()
+        counters[name] = counters.get(name, 0) + value
+
+    def set_stat(self, name: str, value: float) -> None:
+        self._counters()[name] = value
+
+    # ---- prerequisites ----------------------------------------------------------------------
+    def fail_needs(self, what: str) -> None:
+        raise CompileError(
+            "E402", f"pass {self.current_pass} needs {what} to run before it", self.current_pass
+        )
+
+    def require_deps(self, for_addresses: bool = False) -> nx.DiGraph:
+        """The dependence graph, or E402 if it is missing or stale."""
+        if self.deps is None or not self.deps_valid:
+            self.fail_needs("anti_dependency_analyzer")
+        if for_addresses and not self.deps_valid_for_addresses:
+            self.fail_needs("anti_dependency_analyzer (after allocation: address reuse adds hazards)")
+        assert self.deps is not None
+        return self.deps
+
+    def require_allocated(self) -> None:
+        if not self.allocated:
+            self.fail_needs("allocation")
+
+    def require_synchronized(self) -> None:
+        if not self.synchronized:
+            self.fail_needs("alloc_semaphores")
+
+    def forbid_after_sync(self) -> None:
+        """Passes that change order, addresses or threads would invalidate inserted semaphores."""
+        if self.synchronized:
+            raise CompileError(
+                "E402",
+                f"pass {self.current_pass} must run before alloc_semaphores: it would invalidate the "
+                "semaphores already inserted",
+                self.current_pass,
+            )
+
+    # ---- invalidation -----------------------------------------------------------------------
+    def addresses_changed(self) -> None:
+        self.deps_valid_for_addresses = False
+        self.codegen_done = False
+
+    def order_changed(self) -> None:
+        self.codegen_done = False

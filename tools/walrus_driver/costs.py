@@ -1,0 +1,128 @@
+"""Instruction costs in ns, from the target's cost model (docs/ir.md, DESIGN.md "The target machine").
+
+The scheduler uses them to estimate start times and the critical path; the lower bound of a
+schedule is max(busiest engine's work, busiest shared port, critical path, bytes moved / DMA
+bandwidth). The formulas mirror the simulator's (tools/sim/timing.py), N = the largest operand's
+free elements per partition, access = onchip_access_cycles:
+  matmul        max(N_moving, matmul_min_cycles) x fp32_matmul_factor (fp32 operands) + access
+  ACT           N + access
+  DVE / POOL    #inputs x N + access (+ pool_start_cycles on POOL)
+  nop           nop_cycles
+  dma           dma_issue_cycles on the trigger engine, then fixed latency + bytes / queue bandwidth
+Per-element cycle keys (dve_cycles_per_element, ...) default to 1 when the target omits them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import networkx as nx
+
+from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.target import Target
+from ncc.tools.walrus_driver import birutil
+
+SBUF_PORT, PSUM_PORT = "sbuf_port", "psum_port"
+_PER_ELEMENT_KEY = {
+    birutil.DVE: "dve_cycles_per_element",
+    birutil.POOL: "pool_cycles_per_element",
+    birutil.ACT: "act_cycles_per_element",
+    birutil.PE: "pe_cycles_per_element",
+    birutil.SP: "sp_cycles_per_element",
+}
+
+
+def engine_cycles(instr: bir_pb2.Instruction, target: Target) -> float:
+    """Cycles the instruction occupies its engine (for a dma: the trigger engine's issue time)."""
+    costs = target.costs
+    if instr.op == "dma":
+        return float(target.dma_issue_cycles)
+    if instr.op == "nop":
+        return float(costs.get("nop_cycles", 4))
+    access = float(costs.get("onchip_access_cycles", 60))
+    if instr.op == "matmul":
+        moving = instr.inputs[1] if len(instr.inputs) > 1 else None
+        n = birutil.free_elements(moving) if moving is not None else 1
+        fp32 = any(ap.dtype == common_pb2.F32 for ap in instr.inputs)
+        factor = float(costs.get("fp32_matmul_factor", 4)) if fp32 else 1.0
+        return max(n, float(costs.get("matmul_min_cycles", 64))) * factor + access
+    free = max((birutil.free_elements(ap) for ap in [*instr.inputs, *instr.outputs]), default=0)
+    per_element = float(costs.get(_PER_ELEMENT_KEY.get(instr.engine, ""), 1.0))
+    if instr.op == "activation" or instr.engine == birutil.ACT:
+        cycles = free * per_element
+    else:
+        cycles = max(1, len(instr.inputs)) * free * per_element
+    if instr.engine == birutil.POOL:
+        cycles += float(costs.get("pool_start_cycles", 150))
+    return cycles + access
+
+
+def ports(instr: bir_pb2.Instruction) -> tuple[str, ...]:
+    """Shared memory ports the instruction holds while it runs: DVE and POOL share the SBUF port,
+    DVE and ACT the PSUM port (a dma holds none)."""
+    if instr.op == "dma":
+        return ()
+    memories = {ap.memory for ap in [*instr.inputs, *instr.outputs]}
+    held = []
+    if instr.engine in (birutil.DVE, birutil.POOL) and birutil.SBUF in memories:
+        held.append(SBUF_PORT)
+    if instr.engine in (birutil.DVE, birutil.ACT) and birutil.PSUM in memories:
+        held.append(PSUM_PORT)
+    return tuple(held)
+
+
+def engine_ns(instr: bir_pb2.Instruction, target: Target) -> float:
+    return target.cycles_to_ns(instr.engine, engine_cycles(instr, target))
+
+
+def transfer_ns(instr: bir_pb2.Instruction, target: Target) -> float:
+    """Time a dma occupies its queue; 0 for other instructions."""
+    return target.dma_ns(birutil.transfer_bytes(instr)) if instr.op == "dma" else 0.0
+
+
+def latency_ns(instr: bir_pb2.Instruction, target: Target) -> float:
+    """Time from start to completion (issue + transfer for a dma)."""
+    return engine_ns(instr, target) + transfer_ns(instr, target)
+
+
+def dma_bandwidth_bytes_per_ns(target: Target) -> float:
+    return min(target.hbm_bandwidth_gbps, target.dma_queues * target.dma_queue_bandwidth_gbps)
+
+
+def lower_bound_ns(
+    instructions: Iterable[bir_pb2.Instruction], deps: nx.DiGraph | None, target: Target
+) -> dict[str, float]:
+    """The lower bounds of any schedule and their maximum (key 'lower_bound_ns')."""
+    instructions = list(instructions)
+    work: dict[int, float] = defaultdict(float)
+    port_work: dict[str, float] = defaultdict(float)
+    latency: dict[int, float] = {}
+    moved = 0
+    for instr in instructions:
+        work[instr.engine] += engine_ns(instr, target)
+        for port in ports(instr):
+            port_work[port] += engine_ns(instr, target)
+        latency[instr.id] = latency_ns(instr, target)
+        if instr.op == "dma":
+            moved += birutil.transfer_bytes(instr)
+    critical = 0.0
+    if deps is not None:
+        finish: dict[int, float] = {}
+        for node in nx.topological_sort(deps):
+            if node not in latency:
+                continue
+            start = max((finish[p] for p in deps.predecessors(node) if p in finish), default=0.0)
+            finish[node] = start + latency[node]
+        critical = max(finish.values(), default=0.0)
+    critical = max(critical, max(latency.values(), default=0.0))
+    busiest = max(work.values(), default=0.0)
+    port = max(port_work.values(), default=0.0)
+    dma = moved / dma_bandwidth_bytes_per_ns(target)
+    return {
+        "busiest_engine_ns": busiest,
+        "busiest_port_ns": port,
+        "critical_path_ns": critical,
+        "dma_bandwidth_ns": dma,
+        "lower_bound_ns": max(busiest, port, critical, dma),
+    }

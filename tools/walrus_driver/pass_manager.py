@@ -1,0 +1,201 @@
+"""The pass manager: parse a pipeline text, run its passes in order over one PassContext.
+
+A pipeline is text: pass names separated by commas, each optionally followed by options in
+braces, e.g. "anti_dependency_analyzer,pre_sched{pressure_fraction=0.5},allocation". Every name
+and option is checked before any pass runs. Instruments (MLIR-style): print the IR after chosen
+passes, time each pass, run the verifier after every pass, and collect every pass's counters.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from ncc.tools.common.errors import CompileError
+from ncc.tools.walrus_driver import printer
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.registry import PassInfo, get_pass
+
+DEFAULT_PASSES = [
+    "anti_dependency_analyzer",
+    "dep_reduction",
+    "pre_sched",
+    "allocation",
+    "assign_hwdge_engine",
+    "anti_dependency_analyzer",
+    "alloc_semaphores",
+    "birverifier",
+    "codegen",
+]
+
+# Passes that only speed up the compiled program; --optlevel 0 leaves them out.
+OPTIMIZING_PASSES = {"dep_reduction", "pre_sched"}
+
+
+def default_pipeline(optlevel: int = 2) -> list[str]:
+    """The pass list used when --walrus-passes is not given."""
+    if not 0 <= optlevel <= 3:
+        raise CompileError("E400", f"--optlevel must be 0..3, got {optlevel}")
+    if optlevel == 0:
+        return [name for name in DEFAULT_PASSES if name not in OPTIMIZING_PASSES]
+    return list(DEFAULT_PASSES)
+
+
+@dataclass(frozen=True)
+class PassSpec:
+    name: str
+    options: dict[str, str] = field(default_factory=dict)
+
+    def text(self) -> str:
+        if not self.options:
+            return self.name
+        return self.name + "{" + ",".join(f"{k}={v}" for k, v in self.options.items()) + "}"
+
+
+def parse_pipeline(text: str) -> list[PassSpec]:
+    """'a,b{k=v,k2=v2},c' -> [PassSpec('a'), PassSpec('b', {...}), PassSpec('c')]."""
+    specs: list[PassSpec] = []
+    items: list[str] = []
+    depth, start = 0, 0
+    for index, char in enumerate(text):
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth < 0:
+                raise CompileError("E400", f"unbalanced '}}' in pass pipeline {text!r}")
+        elif char == "," and depth == 0:
+            items.append(text[start:index])
+            start = index + 1
+    if depth:
+        raise CompileError("E400", f"unbalanced '{{' in pass pipeline {text!r}")
+    items.append(text[start:])
+    for item in (item.strip() for item in items):
+        if not item:
+            continue
+        name, brace, rest = item.partition("{")
+        options: dict[str, str] = {}
+        if brace:
+            if not rest.endswith("}"):
+                raise CompileError("E400", f"malformed pass options in {item!r}")
+            for pair in filter(None, (p.strip() for p in rest[:-1].split(","))):
+                key, eq, value = pair.partition("=")
+                if not eq:
+                    raise CompileError("E400", f"pass option {pair!r} in {item!r} is not key=value")
+                options[key.strip()] = value.strip()
+        specs.append(PassSpec(name.strip(), options))
+    return specs
+
+
+@dataclass
+class Instruments:
+    print_ir_after: set[str] = field(default_factory=set)  # pass names, or {"all"}
+    timing: bool = False
+    verify_each: bool = False
+    stream: TextIO = field(default_factory=lambda: sys.stderr)
+
+
+@dataclass
+class PassRecord:
+    label: str
+    name: str
+    wall_s: float
+    options: dict[str, str]
+
+
+class PassManager:
+    """Runs a validated pass list over a PassContext, with the chosen instruments."""
+
+    def __init__(self, pipeline: list[PassSpec] | list[str] | str, instruments: Instruments | None = None):
+        if isinstance(pipeline, str):
+            pipeline = parse_pipeline(pipeline)
+        self.specs = [spec if isinstance(spec, PassSpec) else PassSpec(spec) for spec in pipeline]
+        self.instruments = instruments or Instruments()
+        # Validate every name and option before anything runs.
+        self.plan: list[tuple[PassSpec, PassInfo, Any]] = []
+        for spec in self.specs:
+            info = get_pass(spec.name)
+            self.plan.append((spec, info, info.make_options(spec.options)))
+        for name in self.instruments.print_ir_after - {"all"}:
+            get_pass(name)
+        self.records: list[PassRecord] = []
+        self.verify_wall_s = 0.0
+
+    def pipeline_text(self) -> str:
+        return ",".join(spec.text() for spec in self.specs)
+
+    def run(self, ctx: PassContext) -> None:
+        seen: dict[str, int] = {}
+        for spec, info, options in self.plan:
+            seen[info.name] = seen.get(info.name, 0) + 1
+            label = info.name if seen[info.name] == 1 else f"{info.name}#{seen[info.name]}"
+            ctx.current_pass, ctx.current_label, ctx.options = info.name, label, options
+            ctx.stats.setdefault(label, {})
+            begin = time.perf_counter()
+            try:
+                info.run(ctx)
+            except CompileError as err:
+                if not err.location:
+                    err.location = label
+                raise
+            wall = time.perf_counter() - begin
+            self.records.append(PassRecord(label, info.name, wall, dict(spec.options)))
+            ctx.current_pass = ctx.current_label = ""
+            ctx.options = None
+            if self.instruments.verify_each and info.name != "birverifier":
+                self._verify(ctx, after=label)
+            wanted = self.instruments.print_ir_after
+            if "all" in wanted or info.name in wanted:
+                self.instruments.stream.write(f"// ----- IR after {label} -----\n")
+                self.instruments.stream.write(printer.format_program(ctx.program))
+        if self.instruments.timing:
+            self.instruments.stream.write(self.timing_report())
+
+    def _verify(self, ctx: PassContext, after: str) -> None:
+        verifier = get_pass("birverifier")
+        ctx.current_pass, ctx.current_label = "birverifier", f"verify-each after {after}"
+        ctx.options = verifier.make_options({})
+        begin = time.perf_counter()
+        try:
+            verifier.run(ctx)
+        except CompileError as err:
+            raise CompileError(
+                err.code, f"{err.message} (--verify-each, after pass {after})", after
+            ) from None
+        finally:
+            self.verify_wall_s += time.perf_counter() - begin
+            ctx.stats.pop(ctx.current_label, None)
+            ctx.current_pass = ctx.current_label = ""
+            ctx.options = None
+
+    def timing_report(self) -> str:
+        total = sum(r.wall_s for r in self.records) + self.verify_wall_s
+        lines = ["===-- walrus pass timing report --===", f"  total {total * 1e3:10.2f} ms"]
+        for record in self.records:
+            share = 100.0 * record.wall_s / total if total else 0.0
+            lines.append(f"  {record.wall_s * 1e3:10.2f} ms {share:5.1f}%  {record.label}")
+        if self.verify_wall_s:
+            lines.append(f"  {self.verify_wall_s * 1e3:10.2f} ms          (verify-each)")
+        return "\n".join(lines) + "\n"
+
+    def report(self, ctx: PassContext) -> dict[str, Any]:
+        """Every pass's counters and wall time (the --stats JSON)."""
+        return {
+            "tool": "walrus_driver",
+            "target": ctx.target.name,
+            "pipeline": self.pipeline_text(),
+            "total_wall_s": sum(r.wall_s for r in self.records) + self.verify_wall_s,
+            "verify_each_wall_s": self.verify_wall_s,
+            "passes": [
+                {
+                    "label": r.label,
+                    "name": r.name,
+                    "options": r.options,
+                    "wall_s": r.wall_s,
+                    "stats": ctx.stats.get(r.label, {}),
+                }
+                for r in self.records
+            ],
+        }

@@ -1,0 +1,134 @@
+"""Insert semaphore waits and updates so that every cross-thread dependence is ordered at run time.
+
+Scheme: one semaphore per producing thread (an engine, or a dma queue thread = queue x trigger
+engine, see syncmodel). Each producer that some consumer must wait for adds +1 to its thread's
+semaphore when it completes (for a dma: when its transfer completes); a consumer waits until that
+semaphore reaches the producer's running count on its thread. Threads complete in order, so the
+count reaching k means the thread's first k waited-on producers are done.
+
+Which waits are needed is decided by walking the final order with vector clocks (syncmodel): a
+dependence is already ordered when the consumer's access clock covers the producer, which is
+the case for same-thread edges (program order, queue FIFO), for a dma triggered on the engine
+that produced its source (the trigger issues after the producer completed), and for anything
+implied by earlier waits on the same engine or through other threads' waits (transitively).
+Among the remaining producers, those implied by another one's completion are dropped. At most
+`max_waits_per_instruction` waits stay on the instruction; the others go on `nop`s inserted on
+the same engine just before it.
+
+Needs: allocated addresses, a dependence graph computed for them, and the final order (nothing
+may reorder, reallocate or change dma queues afterwards). Sets program.num_semaphores; more
+threads than the target's semaphores is E404.
+"""
+
+from __future__ import annotations
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.registry import register
+
+NAME = "alloc_semaphores"
+
+
+@register(NAME)
+def run(ctx: PassContext) -> None:
+    if ctx.synchronized:
+        raise CompileError("E402", "pass alloc_semaphores: the program already has semaphores", NAME)
+    ctx.require_allocated()
+    deps = ctx.require_deps(for_addresses=True)
+    program, target = ctx.program, ctx.target
+    by_id = {instr.id: instr for instr in program.instructions}
+    space = syncmodel.ClockSpace.for_instructions(program.instructions)
+    walk = syncmodel.ClockWalk(space)
+    max_waits = max(1, target.max_waits_per_instruction)
+    next_id = birutil.next_instruction_id(program)
+
+    new_order: list[bir_pb2.Instruction] = []
+    wait_for: dict[int, list[int]] = {}  # instruction id -> producer ids it waits for
+    nops = needed_total = implied = cross_covered = same_thread = 0
+    for instr in program.instructions:
+        base = walk.base_clock(instr)
+        needed = []
+        for pred in deps.predecessors(instr.id) if instr.id in deps else ():
+            producer = by_id.get(pred)
+            if producer is None:
+                continue
+            if pred not in walk.position:
+                ctx.fail_needs("anti_dependency_analyzer (the order is not a topological order of the graph)")
+            if syncmodel.access_thread(producer) == syncmodel.access_thread(instr):
+                same_thread += 1
+            if walk.covered(base, producer):
+                cross_covered += syncmodel.access_thread(producer) != syncmodel.access_thread(instr)
+                continue
+            needed.append(producer)
+        needed_total += len(needed)
+        kept = [
+            p
+            for p in needed
+            if not any(q is not p and walk.covered(walk.completion_clock[q.id], p) for q in needed)
+        ]
+        implied += len(needed) - len(kept)
+        kept.sort(key=lambda p: (space.index[syncmodel.access_thread(p)], walk.position[p.id]))
+        groups = [kept[i : i + max_waits] for i in range(0, len(kept), max_waits)] or [[]]
+        for group in groups[:-1]:  # extra waits ride on nops just before the instruction
+            nop = bir_pb2.Instruction(
+                id=next_id,
+                name=f"{instr.name}.wait{nops}",
+                op="nop",
+                engine=instr.engine,
+                source=instr.source,
+                attributes={"inserted_by": NAME},
+            )
+            next_id += 1
+            nops += 1
+            walk.step(nop, [walk.completion_clock[p.id] for p in group])
+            wait_for[nop.id] = [p.id for p in group]
+            new_order.append(nop)
+            deps.add_node(nop.id)
+        walk.step(instr, [walk.completion_clock[p.id] for p in groups[-1]])
+        if groups[-1]:
+            wait_for[instr.id] = [p.id for p in groups[-1]]
+        new_order.append(instr)
+
+    # Running counts: the k-th waited-on producer of a thread brings its semaphore to k.
+    waited = {pid for producers in wait_for.values() for pid in producers}
+    semaphore: dict[syncmodel.Thread, int] = {}
+    count: dict[syncmodel.Thread, int] = {}
+    value: dict[int, int] = {}
+    for instr in new_order:
+        if instr.id not in waited:
+            continue
+        thread = syncmodel.access_thread(instr)
+        semaphore.setdefault(thread, len(semaphore))
+        count[thread] = count.get(thread, 0) + 1
+        value[instr.id] = count[thread]
+        instr.updates.add(semaphore=semaphore[thread], increment=1)
+    if len(semaphore) > target.num_semaphores:
+        names = ", ".join(syncmodel.thread_name(t) for t in semaphore)
+        raise CompileError(
+            "E404",
+            f"alloc_semaphores: the program needs {len(semaphore)} semaphores (one per producing thread: "
+            f"{names}) but target {target.name} has {target.num_semaphores}",
+            NAME,
+        )
+    updated = {i.id: i for i in new_order}
+    for consumer, producers in wait_for.items():
+        waits = sorted((semaphore[syncmodel.access_thread(updated[p])], value[p]) for p in producers)
+        for sem, val in waits:
+            updated[consumer].waits.add(semaphore=sem, value=val)
+
+    del program.instructions[:]
+    program.instructions.extend(new_order)
+    program.num_semaphores = len(semaphore)
+    ctx.synchronized = True
+    ctx.order_changed()
+    ctx.set_stat("dependence_edges", deps.number_of_edges())
+    ctx.set_stat("edges_same_thread", same_thread)
+    ctx.set_stat("edges_cross_thread_already_ordered", cross_covered)
+    ctx.set_stat("waits_needed", needed_total)
+    ctx.set_stat("waits_elided_implied", implied)
+    ctx.set_stat("waits", sum(len(p) for p in wait_for.values()))
+    ctx.set_stat("updates", len(waited))
+    ctx.set_stat("nops_inserted", nops)
+    ctx.set_stat("semaphores", len(semaphore))

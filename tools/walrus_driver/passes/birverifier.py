@@ -1,0 +1,484 @@
+"""Check every BIR rule and report the first broken one as E410 "birverifier: <check>: <instr>: <what>".
+
+Structural checks (always): unique ids and names; known ops with the right operand counts;
+engine rules (matmul on PE into PSUM, activation on ACT, POOL never touches PSUM, ...); operands
+name existing buffers/tensors of the right memory; partitions within the buffer and the target's
+128; accesses within their buffer or tensor; element counts that match per op; dma queues that
+exist. Addresses: allocated (once `allocation` has run), within SBUF/PSUM, PSUM bank rule, and no
+two buffers sharing bytes while both are live. Synchronization: at most 2 waits and 1 update per
+instruction, semaphore ids below num_semaphores (itself within the target), per-engine streams
+equal to the global order.
+
+Dynamic checks, by abstract execution of the streams (every engine runs while its waits hold,
+transfers complete as issued): a deadlock is reported with the blocked instructions; and, when
+the dependence graph is valid for the final addresses and semaphores were inserted, a vector-
+clock walk (syncmodel) proves that every cross-thread dependence edge is ordered by program
+order, queue order or semaphore waits — an uncovered edge is a race.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common import dtypes
+from ncc.tools.common.errors import CompileError
+from ncc.tools.target import Target
+from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.registry import register
+
+NAME = "birverifier"
+
+
+@dataclass
+class Options:
+    require_allocated: str = "auto"  # yes | no | auto (= once allocation has run)
+    check_sync: str = "auto"  # yes | no | auto (= when deps are valid for addresses and synchronized)
+
+
+@dataclass
+class _Report:
+    problems: list[tuple[str, str, str]] = field(default_factory=list)
+    checks: int = 0
+
+    def fail(self, check: str, where: str, what: str) -> None:
+        self.problems.append((check, where, what))
+
+
+@register(NAME, Options)
+def run(ctx: PassContext) -> None:
+    options: Options = ctx.options or Options()
+    report = _Report()
+    program = ctx.program
+    require_allocated = _decide(options.require_allocated, ctx.allocated)
+    _check_instructions(ctx, report)
+    _check_buffers(ctx, report, require_allocated)
+    _check_sync_limits(ctx, report)
+    _check_streams(program, report)
+    limits_ok = not report.problems
+    check_sync = _decide(options.check_sync, ctx.deps_valid_for_addresses and ctx.synchronized)
+    if limits_ok:
+        _check_execution(ctx, report, check_sync)
+    ctx.set_stat("checks", report.checks)
+    ctx.set_stat("problems", len(report.problems))
+    ctx.set_stat("sync_coverage_checked", int(limits_ok and check_sync))
+    ctx.set_stat("instructions", len(program.instructions))
+    if report.problems:
+        check, where, what = report.problems[0]
+        others = sorted({c for c, _, _ in report.problems[1:]})
+        more = f" (and {len(report.problems) - 1} more: {', '.join(others)})" if others else ""
+        raise CompileError("E410", f"birverifier: {check}: {where}: {what}{more}", where)
+
+
+def _decide(setting: str, auto: bool) -> bool:
+    if setting not in ("yes", "no", "auto"):
+        raise CompileError("E400", f"birverifier: option value {setting!r} is not yes, no or auto")
+    return auto if setting == "auto" else setting == "yes"
+
+
+def _check_instructions(ctx: PassContext, report: _Report) -> None:
+    program, target = ctx.program, ctx.target
+    buffers = birutil.buffer_map(program)
+    tensors = {t.name: t for t in program.hbm}
+    ids: set[int] = set()
+    names: set[str] = set()
+    for instr in program.instructions:
+        where = instr.name or f"%{instr.id}"
+        report.checks += 1
+        if instr.id in ids:
+            report.fail("unique_ids", where, f"id {instr.id} is used twice")
+        if instr.name in names:
+            report.fail("unique_ids", where, "name is used twice")
+        ids.add(instr.id)
+        names.add(instr.name)
+        if instr.op not in birutil.OP_ARITY:
+            report.fail("known_op", where, f"unknown op {instr.op!r}")
+            continue
+        allowed = birutil.OP_ENGINES[instr.op]
+        if instr.engine not in birutil.ALL_ENGINES:
+            report.fail("engine_rule", where, f"engine {instr.engine} is not an engine")
+        elif allowed is not None and instr.engine not in allowed:
+            wanted = "/".join(sorted(birutil.engine_name(e) for e in allowed))
+            report.fail(
+                "engine_rule", where, f"{instr.op} runs on {wanted}, not {birutil.engine_name(instr.engine)}"
+            )
+        n_in, n_out = birutil.OP_ARITY[instr.op]
+        if len(instr.inputs) != n_in or len(instr.outputs) != n_out:
+            report.fail(
+                "operand_count",
+                where,
+                f"{instr.op} takes {n_in} inputs and {n_out} outputs, "
+                f"has {len(instr.inputs)} and {len(instr.outputs)}",
+            )
+            continue
+        for ap in [*instr.inputs, *instr.outputs]:
+            _check_operand(ap, instr, where, buffers, tensors, target.partitions, report)
+        _check_op_shapes(instr, where, target, report)
+        if instr.op == "dma" and not 0 <= instr.dma_queue < target.dma_queues:
+            report.fail(
+                "dma_queue", where, f"queue {instr.dma_queue} does not exist (target has {target.dma_queues})"
+            )
+        if instr.op != "dma":
+            for ap in [*instr.inputs, *instr.outputs]:
+                if ap.memory == birutil.HBM:
+                    report.fail(
+                        "onchip_operands", where, f"{instr.op} cannot access HBM tensor {ap.tensor!r}"
+                    )
+                if ap.memory == birutil.PSUM and instr.engine == birutil.POOL:
+                    report.fail("pool_psum", where, f"POOL cannot access PSUM (operand {ap.tensor!r})")
+
+
+def _check_operand(
+    ap: bir_pb2.AccessPattern,
+    instr: bir_pb2.Instruction,
+    where: str,
+    buffers: dict[str, bir_pb2.Buffer],
+    tensors: dict[str, bir_pb2.HbmTensor],
+    partitions: int,
+    report: _Report,
+) -> None:
+    report.checks += 1
+    if ap.dtype == common_pb2.DTYPE_INVALID:
+        report.fail("dtype", where, f"operand {ap.tensor!r} has no dtype")
+        return
+    span = birutil.element_span(ap)
+    if ap.memory in birutil.ONCHIP:
+        buffer = buffers.get(ap.tensor)
+        if buffer is None:
+            report.fail("operand_memory", where, f"no buffer named {ap.tensor!r}")
+            return
+        if buffer.memory != ap.memory:
+            report.fail(
+                "operand_memory",
+                where,
+                f"{ap.tensor!r} is a {birutil.memory_name(buffer.memory)} buffer, "
+                f"accessed as {birutil.memory_name(ap.memory)}",
+            )
+        end = ap.partition_start + ap.partition_count
+        if ap.partition_start < 0 or ap.partition_count <= 0 or end > buffer.partitions or end > partitions:
+            report.fail(
+                "partitions",
+                where,
+                f"partitions [{ap.partition_start}, {end}) of {ap.tensor!r} exceed its {buffer.partitions} "
+                f"(target {partitions})",
+            )
+        if span is not None:
+            size = dtypes.itemsize(ap.dtype)
+            lo, hi = ap.offset + span[0] * size, ap.offset + (span[1] + 1) * size
+            if lo < 0 or hi > buffer.bytes_per_partition:
+                report.fail(
+                    "bounds",
+                    where,
+                    f"bytes [{lo}, {hi}) of {ap.tensor!r} exceed its "
+                    f"{buffer.bytes_per_partition} bytes per partition",
+                )
+    elif ap.memory == birutil.HBM:
+        tensor = tensors.get(ap.tensor)
+        if tensor is None:
+            report.fail("operand_memory", where, f"no HBM tensor named {ap.tensor!r}")
+            return
+        numel = 1
+        for extent in tensor.shape:
+            numel *= extent
+        if tensor.dtype != ap.dtype:
+            report.fail(
+                "dtype",
+                where,
+                f"HBM tensor {ap.tensor!r} is {dtypes.name(tensor.dtype)}, "
+                f"accessed as {dtypes.name(ap.dtype)}",
+            )
+        if span is not None and (ap.offset + span[0] < 0 or ap.offset + span[1] >= numel):
+            report.fail(
+                "bounds",
+                where,
+                f"elements [{ap.offset + span[0]}, {ap.offset + span[1] + 1}) of {ap.tensor!r} "
+                f"exceed its {numel}",
+            )
+    else:
+        report.fail("operand_memory", where, f"operand {ap.tensor!r} has no memory class")
+
+
+def _check_op_shapes(instr: bir_pb2.Instruction, where: str, target: Target, report: _Report) -> None:
+    report.checks += 1
+    count = birutil.element_count
+    out = instr.outputs[0] if instr.outputs else None
+    if instr.op == "dma":
+        src, dst = instr.inputs[0], instr.outputs[0]
+        if count(src) != count(dst):
+            report.fail("element_count", where, f"dma moves {count(src)} elements into {count(dst)}")
+        if src.dtype != dst.dtype:
+            report.fail("dtype", where, f"dma converts {dtypes.name(src.dtype)} to {dtypes.name(dst.dtype)}")
+    elif instr.op == "matmul":
+        stationary, moving = instr.inputs
+        if out.memory != birutil.PSUM:
+            report.fail("matmul_psum", where, f"matmul writes {birutil.memory_name(out.memory)}, not PSUM")
+        if out.dtype != common_pb2.F32:
+            report.fail("matmul_psum", where, f"matmul output is {dtypes.name(out.dtype)}, not f32")
+        k, m = stationary.partition_count, birutil.free_elements(stationary)
+        n = birutil.free_elements(moving)
+        if moving.partition_count != k:
+            report.fail(
+                "element_count", where, f"matmul contracts {k} partitions with {moving.partition_count}"
+            )
+        if out.partition_count != m or birutil.free_elements(out) != n:
+            report.fail(
+                "element_count",
+                where,
+                f"matmul output is [{out.partition_count},{birutil.free_elements(out)}], expected [{m},{n}]",
+            )
+        if (
+            k > target.partitions
+            or m > target.matmul_max_stationary_free
+            or n > target.matmul_max_moving_free
+        ):
+            report.fail(
+                "matmul_shape",
+                where,
+                f"K={k} M={m} N={n} exceed K<={target.partitions} M<={target.matmul_max_stationary_free} "
+                f"N<={target.matmul_max_moving_free}",
+            )
+    elif instr.op == "tensor_reduce":
+        source = instr.inputs[0]
+        if out.partition_count != source.partition_count or count(out) != source.partition_count:
+            report.fail(
+                "element_count",
+                where,
+                f"reduce of {source.partition_count} partitions writes {count(out)} elements",
+            )
+    elif instr.op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select"):
+        for ap in instr.inputs:
+            if count(ap) != count(out) or ap.partition_count != out.partition_count:
+                report.fail(
+                    "element_count",
+                    where,
+                    f"input {ap.tensor!r} [{ap.partition_count}p x {birutil.free_elements(ap)}] "
+                    "does not match output "
+                    f"[{out.partition_count}p x {birutil.free_elements(out)}]",
+                )
+
+
+def _check_buffers(ctx: PassContext, report: _Report, require_allocated: bool) -> None:
+    program, target = ctx.program, ctx.target
+    live: dict[str, tuple[int, int]] = {}
+    for position, instr in enumerate(program.instructions):
+        for name in birutil.touched_buffers(instr):
+            first, _ = live.get(name, (position, position))
+            live[name] = (first, position)
+    placed: dict[int, list[bir_pb2.Buffer]] = defaultdict(list)
+    for buffer in program.buffers:
+        report.checks += 1
+        where = buffer.name
+        if buffer.memory not in birutil.ONCHIP:
+            report.fail("buffer_memory", where, "a buffer must be in SBUF or PSUM")
+            continue
+        if buffer.partitions <= 0 or buffer.partitions > target.partitions:
+            report.fail(
+                "partitions", where, f"{buffer.partitions} partitions (target has {target.partitions})"
+            )
+        if buffer.address < 0:
+            if require_allocated:
+                report.fail("allocated", where, "buffer has no address (run allocation)")
+            continue
+        end = buffer.address + buffer.bytes_per_partition
+        if buffer.memory == birutil.SBUF and end > target.sbuf_usable_bytes:
+            report.fail(
+                "address_bounds",
+                where,
+                f"SBUF bytes [{buffer.address}, {end}) exceed {target.sbuf_usable_bytes}",
+            )
+        if buffer.memory == birutil.PSUM:
+            bank = target.psum_bank_bytes
+            if end > target.psum_bytes_per_partition:
+                report.fail(
+                    "address_bounds",
+                    where,
+                    f"PSUM bytes [{buffer.address}, {end}) exceed {target.psum_bytes_per_partition}",
+                )
+            elif (
+                buffer.bytes_per_partition <= bank
+                and buffer.bytes_per_partition > 0
+                and buffer.address // bank != (end - 1) // bank
+            ):
+                report.fail(
+                    "psum_bank",
+                    where,
+                    f"PSUM bytes [{buffer.address}, {end}) cross a {bank}-byte bank boundary",
+                )
+        placed[buffer.memory].append(buffer)
+    for buffers in placed.values():  # address overlap while both live
+        ordered = sorted(buffers, key=lambda b: b.address)
+        for index, a in enumerate(ordered):
+            a_end = a.address + a.bytes_per_partition
+            for b in ordered[index + 1 :]:
+                if b.address >= a_end:
+                    break
+                if a.name in live and b.name in live:
+                    (a0, a1), (b0, b1) = live[a.name], live[b.name]
+                    if a0 <= b1 and b0 <= a1 and a.bytes_per_partition and b.bytes_per_partition:
+                        report.fail(
+                            "allocation_overlap",
+                            a.name,
+                            f"shares bytes [{b.address}, "
+                            f"{min(a_end, b.address + b.bytes_per_partition)}) with "
+                            f"{b.name!r} while both are live",
+                        )
+
+
+def _check_sync_limits(ctx: PassContext, report: _Report) -> None:
+    program, target = ctx.program, ctx.target
+    if program.num_semaphores > target.num_semaphores:
+        report.fail(
+            "semaphores",
+            program.name,
+            f"{program.num_semaphores} semaphores, target has {target.num_semaphores}",
+        )
+    for instr in program.instructions:
+        report.checks += 1
+        where = instr.name or f"%{instr.id}"
+        if len(instr.waits) > target.max_waits_per_instruction:
+            report.fail(
+                "wait_limit", where, f"{len(instr.waits)} waits (at most {target.max_waits_per_instruction})"
+            )
+        if len(instr.updates) > target.max_updates_per_instruction:
+            report.fail(
+                "update_limit",
+                where,
+                f"{len(instr.updates)} updates (at most {target.max_updates_per_instruction})",
+            )
+        for sem in [w.semaphore for w in instr.waits] + [u.semaphore for u in instr.updates]:
+            if not 0 <= sem < program.num_semaphores:
+                report.fail(
+                    "semaphore_id",
+                    where,
+                    f"semaphore {sem} is not below num_semaphores={program.num_semaphores}",
+                )
+        for update in instr.updates:
+            if update.increment <= 0:
+                report.fail(
+                    "semaphore_update", where, f"update of semaphore {update.semaphore} by {update.increment}"
+                )
+
+
+def _streams(program: bir_pb2.Program) -> dict[int, list[bir_pb2.Instruction]]:
+    if program.streams:
+        return {stream.engine: list(stream.instructions) for stream in program.streams}
+    grouped: dict[int, list[bir_pb2.Instruction]] = defaultdict(list)
+    for instr in program.instructions:
+        grouped[instr.engine].append(instr)
+    return dict(grouped)
+
+
+def _check_streams(program: bir_pb2.Program, report: _Report) -> None:
+    if not program.streams:
+        return
+    expected: dict[int, list[bir_pb2.Instruction]] = defaultdict(list)
+    for instr in program.instructions:
+        expected[instr.engine].append(instr)
+    seen: set[int] = set()
+    for stream in program.streams:
+        report.checks += 1
+        name = birutil.engine_name(stream.engine)
+        if stream.engine in seen:
+            report.fail("streams", name, "two streams for one engine")
+        seen.add(stream.engine)
+        wrong = [i.name for i in stream.instructions if i.engine != stream.engine]
+        if wrong:
+            report.fail("streams", name, f"holds instructions of other engines: {', '.join(wrong[:3])}")
+        if program.instructions and list(stream.instructions) != expected.get(stream.engine, []):
+            report.fail("streams", name, "stream differs from the global order filtered by engine")
+    missing = set(expected) - seen
+    if program.instructions and missing:
+        report.fail(
+            "streams",
+            program.name,
+            f"no stream for {', '.join(birutil.engine_name(e) for e in sorted(missing))}",
+        )
+
+
+def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> None:
+    """Abstract execution of the streams: deadlock freedom, then dependence coverage by clocks."""
+    program = ctx.program
+    streams = _streams(program)
+    every = [instr for stream in streams.values() for instr in stream]
+    # Per semaphore, per updating thread: cumulative counts in thread order.
+    updaters: dict[int, dict[syncmodel.Thread, list[tuple[int, int]]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for engine in sorted(streams):
+        for instr in streams[engine]:
+            for update in instr.updates:
+                entries = updaters[update.semaphore][syncmodel.access_thread(instr)]
+                entries.append(((entries[-1][0] if entries else 0) + update.increment, instr.id))
+    totals = {sem: {t: e[-1][0] for t, e in threads.items()} for sem, threads in updaters.items()}
+
+    walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(every))
+    counts: dict[int, int] = defaultdict(int)
+    heads = dict.fromkeys(streams, 0)
+
+    def implied(wait: bir_pb2.SemaphoreWait) -> list[list[int]]:
+        clocks = []
+        total = sum(totals.get(wait.semaphore, {}).values())
+        for thread, entries in updaters.get(wait.semaphore, {}).items():
+            need = wait.value - (total - totals[wait.semaphore][thread])
+            if need <= 0:
+                continue
+            at = bisect.bisect_left(entries, (need, -1))  # first producer whose running count >= need
+            producer = entries[at][1] if at < len(entries) else None
+            if producer is not None and producer in walk.completion_clock:
+                clocks.append(walk.completion_clock[producer])
+        return clocks
+
+    remaining = len(every)
+    while remaining:
+        progressed = False
+        for engine in sorted(streams):
+            stream = streams[engine]
+            while heads[engine] < len(stream):
+                instr = stream[heads[engine]]
+                if any(counts[w.semaphore] < w.value for w in instr.waits):
+                    break
+                walk.step(instr, [clock for w in instr.waits for clock in implied(w)])
+                for update in instr.updates:
+                    counts[update.semaphore] += update.increment
+                heads[engine] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            blocked, first = [], ""
+            for engine in sorted(streams):
+                if heads[engine] < len(streams[engine]):
+                    instr = streams[engine][heads[engine]]
+                    first = first or instr.name
+                    waits = ", ".join(
+                        f"s{w.semaphore}>={w.value} (is {counts[w.semaphore]})" for w in instr.waits
+                    )
+                    blocked.append(f"{birutil.engine_name(engine)} at {instr.name} waiting {waits}")
+            report.fail("deadlock", first, "every engine is blocked: " + "; ".join(blocked))
+            return
+    report.checks += 1
+    if not check_sync or ctx.deps is None:
+        return
+    by_id = {instr.id: instr for instr in every}
+    index = {instr.id: position for position, instr in enumerate(program.instructions)}
+    for src, dst, data in ctx.deps.edges(data=True):
+        producer, consumer = by_id.get(src), by_id.get(dst)
+        if producer is None or consumer is None:
+            continue
+        report.checks += 1
+        if index.get(src, -1) >= index.get(dst, -1):
+            report.fail(
+                "dependence_order", consumer.name, f"comes before {producer.name}, on which it depends"
+            )
+            continue
+        if not walk.covered(walk.access_clock[dst], producer):
+            report.fail(
+                "unsynchronized_dependence",
+                consumer.name,
+                f"{data.get('kind', '?')} dependence on {producer.name} ({data.get('memory', '')}) "
+                "from thread "
+                f"{syncmodel.thread_name(syncmodel.access_thread(producer))} to "
+                f"{syncmodel.thread_name(syncmodel.access_thread(consumer))} is not ordered by any wait",
+            )

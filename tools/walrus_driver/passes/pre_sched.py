@@ -1,0 +1,291 @@
+"""Reorder instructions by a time-aware list scheduler over the dependence graph.
+
+Kahn's algorithm over the dependence DAG with a model of the machine (costs.py): each engine runs
+one instruction at a time, DVE/POOL share the SBUF port and DVE/ACT the PSUM port, a dma occupies
+its trigger engine for the issue and then the earliest free DMA queue for the transfer (queues
+are only chosen later, so all of them are assumed usable). A
+ready instruction waits in its engine's ready list keyed by earliest start (the latest finish of
+its predecessors); the engine's next instruction is the ready one of highest priority among those
+that can start when the engine is free, else the one that can start soonest, and the engine whose
+choice starts first is scheduled. Priority is the critical path to the end of the program.
+
+Live-bytes pressure: when the chosen instruction would make the live SBUF (or PSUM) bytes per
+partition exceed `pressure_fraction` of the memory (its buffers count as live while it runs), the
+scheduler takes instead a ready or soon-ready instruction that stays within the limit, else one
+that does not grow the live set (it frees a buffer by being its last user), so that allocation
+afterwards fits.
+
+The new order is written to program.instructions. Counters: the estimated makespan of the input
+order and of the new order under the same model, and the lower bound max(busiest engine's work,
+critical path, bytes moved / DMA bandwidth).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import networkx as nx
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.target import Target
+from ncc.tools.walrus_driver import birutil, costs
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.registry import register
+
+NAME = "pre_sched"
+
+
+@dataclass
+class Options:
+    pressure_fraction: float = 0.8  # live bytes / capacity above which the pressure term applies
+    pressure_window: int = 32  # ready instructions per engine examined under pressure
+
+
+@dataclass
+class _Machine:
+    """Resource timelines of the cost model: engines and a pool of DMA queues."""
+
+    target: Target
+    engine_free: dict[int, float]
+    port_free: dict[str, float]
+    queue_free: list[float]
+
+    @classmethod
+    def fresh(cls, target: Target) -> _Machine:
+        return cls(target, defaultdict(float), defaultdict(float), [0.0] * max(1, target.dma_queues))
+
+    def start_time(self, instr: bir_pb2.Instruction, earliest: float) -> float:
+        ports = [self.port_free[port] for port in costs.ports(instr)]
+        return max(earliest, self.engine_free[instr.engine], *ports)
+
+    def place(self, instr: bir_pb2.Instruction, start: float) -> float:
+        """Occupy the resources from `start`; returns the completion time."""
+        issue_end = start + costs.engine_ns(instr, self.target)
+        self.engine_free[instr.engine] = issue_end
+        for port in costs.ports(instr):
+            self.port_free[port] = issue_end
+        if instr.op != "dma":
+            return issue_end
+        queue = min(range(len(self.queue_free)), key=self.queue_free.__getitem__)
+        finish = max(issue_end, self.queue_free[queue]) + costs.transfer_ns(instr, self.target)
+        self.queue_free[queue] = finish
+        return finish
+
+
+def estimate_makespan(instructions: list[bir_pb2.Instruction], deps: nx.DiGraph, target: Target) -> float:
+    """Makespan of executing `instructions` in this order (in order per engine) under the cost model."""
+    machine = _Machine.fresh(target)
+    finish: dict[int, float] = {}
+    for instr in instructions:
+        ready = max((finish.get(p, 0.0) for p in deps.predecessors(instr.id)), default=0.0)
+        finish[instr.id] = machine.place(instr, machine.start_time(instr, ready))
+    return max(finish.values(), default=0.0)
+
+
+@register(NAME, Options)
+def run(ctx: PassContext) -> None:
+    options: Options = ctx.options or Options()
+    ctx.forbid_after_sync()
+    deps = ctx.require_deps()
+    program, target = ctx.program, ctx.target
+    instructions = list(program.instructions)
+    by_id = {instr.id: instr for instr in instructions}
+    if set(by_id) != set(deps.nodes):
+        ctx.fail_needs("anti_dependency_analyzer (the graph does not match the instructions)")
+    original_index = {instr.id: position for position, instr in enumerate(instructions)}
+
+    latency = {i.id: costs.latency_ns(i, target) for i in instructions}
+    priority: dict[int, float] = {}
+    for node in reversed(list(nx.topological_sort(deps))):
+        priority[node] = latency[node] + max((priority[s] for s in deps.successors(node)), default=0.0)
+
+    pressure = _Pressure.build(program, instructions, target, options.pressure_fraction)
+    machine = _Machine.fresh(target)
+    indegree = {node: deps.in_degree(node) for node in deps.nodes}
+    earliest: dict[int, float] = defaultdict(float)
+    # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
+    waiting: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
+    available: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    taken: set[int] = set()
+
+    def push(node: int) -> None:
+        instr = by_id[node]
+        heapq.heappush(waiting[instr.engine], (earliest[node], -priority[node], original_index[node], node))
+
+    for node in sorted((n for n, d in indegree.items() if d == 0), key=original_index.__getitem__):
+        push(node)
+
+    order: list[int] = []
+    pressured_picks = 0
+    while len(order) < len(instructions):
+        candidates = []
+        for engine in list(waiting.keys() | available.keys()):
+            free = machine.engine_free[engine]
+            heap, ready = waiting[engine], available[engine]
+            while heap and heap[0][0] <= free:
+                _, neg_prio, index, node = heapq.heappop(heap)
+                if node not in taken:
+                    heapq.heappush(ready, (neg_prio, index, node))
+            while heap and heap[0][3] in taken:
+                heapq.heappop(heap)
+            while ready and ready[0][2] in taken:
+                heapq.heappop(ready)
+            if ready:
+                candidates.append((free, ready[0][0], ready[0][1], ready[0][2]))
+            elif heap:
+                candidates.append((heap[0][0], heap[0][1], heap[0][2], heap[0][3]))
+        if not candidates:
+            raise CompileError("E405", "pre_sched: the dependence graph has a cycle", NAME)
+        start, _, _, node = min(candidates)
+        if not pressure.fits(node):
+            better = pressure.pick(waiting, available, taken, options.pressure_window, machine)
+            if better is not None and better != node:
+                node = better
+                pressured_picks += 1
+        instr = by_id[node]
+        start = machine.start_time(instr, earliest[node])
+        finish = machine.place(instr, start)
+        taken.add(node)
+        order.append(node)
+        pressure.scheduled(instr)
+        for succ in deps.successors(node):
+            earliest[succ] = max(earliest[succ], finish)
+            indegree[succ] -= 1
+            if indegree[succ] == 0:
+                push(succ)
+
+    makespan_before = estimate_makespan(instructions, deps, target)
+    new_order = [by_id[node] for node in order]
+    makespan_after = estimate_makespan(new_order, deps, target)
+    moved = sum(1 for position, node in enumerate(order) if original_index[node] != position)
+    del program.instructions[:]
+    program.instructions.extend(new_order)
+    ctx.scheduled = True
+    ctx.order_changed()
+
+    bound = costs.lower_bound_ns(new_order, deps, target)
+    ctx.set_stat("instructions", len(order))
+    ctx.set_stat("instructions_moved", moved)
+    ctx.set_stat("pressured_picks", pressured_picks)
+    ctx.set_stat("peak_live_sbuf_bytes", pressure.peak[birutil.SBUF])
+    ctx.set_stat("peak_live_psum_bytes", pressure.peak[birutil.PSUM])
+    ctx.set_stat("est_makespan_before_ns", round(makespan_before, 1))
+    ctx.set_stat("est_makespan_ns", round(makespan_after, 1))
+    for key, value in bound.items():
+        ctx.set_stat(key, round(value, 1))
+    ratio = makespan_after / bound["lower_bound_ns"] if bound["lower_bound_ns"] else 1.0
+    ctx.set_stat("est_makespan_over_lower_bound", round(ratio, 3))
+    program.attributes["walrus.est_makespan_ns"] = f"{makespan_after:.1f}"
+    program.attributes["walrus.lower_bound_ns"] = f"{bound['lower_bound_ns']:.1f}"
+
+
+@dataclass
+class _Pressure:
+    """Live on-chip bytes per partition as the schedule grows, and who would free or grow them."""
+
+    bytes_of: dict[str, int]
+    memory_of: dict[str, int]
+    users_left: dict[str, int]
+    live: dict[int, int]
+    peak: dict[int, int]
+    limit: dict[int, float]
+    touches: dict[int, set[str]]
+    live_names: set[str] = field(default_factory=set)
+
+    @classmethod
+    def build(
+        cls,
+        program: bir_pb2.Program,
+        instructions: list[bir_pb2.Instruction],
+        target: Target,
+        fraction: float,
+    ) -> _Pressure:
+        users: dict[str, int] = defaultdict(int)
+        touches = {}
+        for instr in instructions:
+            touched = birutil.touched_buffers(instr)
+            touches[instr.id] = touched
+            for name in touched:
+                users[name] += 1
+        return cls(
+            bytes_of={b.name: b.bytes_per_partition for b in program.buffers},
+            memory_of={b.name: b.memory for b in program.buffers},
+            users_left=dict(users),
+            live={birutil.SBUF: 0, birutil.PSUM: 0},
+            peak={birutil.SBUF: 0, birutil.PSUM: 0},
+            limit={
+                birutil.SBUF: fraction * target.sbuf_usable_bytes,
+                birutil.PSUM: fraction * target.psum_bytes_per_partition,
+            },
+            touches=touches,
+        )
+
+    def _delta(self, node: int) -> tuple[dict[int, int], int]:
+        """(bytes per memory that the instruction makes live, net growth of the live set)."""
+        new: dict[int, int] = defaultdict(int)
+        growth = 0
+        for name in self.touches.get(node, ()):
+            memory = self.memory_of.get(name)
+            if memory is None:
+                continue
+            size = self.bytes_of[name]
+            if name not in self.live_names:
+                new[memory] += size
+                growth += size
+            if self.users_left.get(name, 0) == 1:
+                growth -= size
+        return new, growth
+
+    def fits(self, node: int) -> bool:
+        """Whether running the instruction keeps every memory's live bytes within the limit."""
+        new, _ = self._delta(node)
+        return all(self.live[m] + n <= self.limit[m] for m, n in new.items())
+
+    def pick(
+        self,
+        waiting: dict[int, list[tuple[float, float, int, int]]],
+        available: dict[int, list[tuple[float, int, int]]],
+        taken: set[int],
+        window: int,
+        machine: _Machine,
+    ) -> int | None:
+        """The default choice would push the live set over the limit: rather take, among the first
+        `window` ready instructions of each engine, one that fits, else one that does not grow the
+        live set (it frees what it makes live), earliest start first. None if there is none."""
+        best: tuple[int, float, float, int] | None = None
+        for engine in available.keys() | waiting.keys():
+            free = machine.engine_free[engine]
+            entries = [(free, p, n) for p, _, n in heapq.nsmallest(window, available.get(engine, []))]
+            entries += [
+                (max(e, free), p, n) for e, p, _, n in heapq.nsmallest(window, waiting.get(engine, []))
+            ]
+            for start, neg_prio, node in entries:
+                if node in taken:
+                    continue
+                if self.fits(node):
+                    rank = 0
+                elif self._delta(node)[1] <= 0:
+                    rank = 1
+                else:
+                    continue
+                key = (rank, start, neg_prio, node)
+                if best is None or key < best:
+                    best = key
+        return best[3] if best is not None else None
+
+    def scheduled(self, instr: bir_pb2.Instruction) -> None:
+        touched = [n for n in self.touches.get(instr.id, ()) if n in self.memory_of]
+        for name in touched:  # its buffers are live while it runs ...
+            if name not in self.live_names:
+                self.live_names.add(name)
+                self.live[self.memory_of[name]] += self.bytes_of[name]
+        for memory, value in self.live.items():
+            self.peak[memory] = max(self.peak[memory], value)
+        for name in touched:  # ... and those it used last are dead after it
+            self.users_left[name] -= 1
+            if self.users_left[name] == 0:
+                self.live_names.discard(name)
+                self.live[self.memory_of[name]] -= self.bytes_of[name]

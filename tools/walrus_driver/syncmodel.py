@@ -1,0 +1,132 @@
+"""The synchronization model of docs/ir.md as vector clocks, shared by alloc_semaphores and birverifier.
+
+Threads. Every engine stream is a thread; a dma's data moves on a second thread, its DMA queue.
+Transfers of one queue run in FIFO order of issue, but dmas issued by different engines onto one
+queue interleave in an order fixed only at run time, so the thread of a transfer is the pair
+(queue, trigger engine): within it, issue order = the trigger engine's program order = transfer
+order = completion order. That is what makes "semaphore count >= k" mean "the first k producers of
+that thread have completed".
+
+Happens-before. An instruction on engine E starts after the previous instruction of E ended
+(for a dma: after its issue, not its transfer) and after the producers its waits name completed.
+A dma's transfer starts after its issue and after the previous transfer of its queue thread.
+
+Clocks. A vector clock maps each thread to the position (0-based, in that thread's order) of the
+last of its instructions known to have completed, -1 for none. The clock at an instruction's access
+(`access_clock`: its start, or for a dma the start of its transfer) says which accesses of other
+threads are ordered before it: a dependence P -> C is covered iff
+access_clock(C)[thread(P)] >= position(P).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ncc.schemas import bir_pb2
+from ncc.tools.walrus_driver import birutil
+
+Thread = tuple[str, int, int]  # ("E", engine, 0) or ("Q", queue, trigger engine)
+
+
+def engine_thread(engine: int) -> Thread:
+    return ("E", engine, 0)
+
+
+def access_thread(instr: bir_pb2.Instruction) -> Thread:
+    """The thread whose completion is the instruction's completion (and whose semaphore it bumps)."""
+    if instr.op == "dma":
+        return ("Q", instr.dma_queue, instr.engine)
+    return engine_thread(instr.engine)
+
+
+def thread_name(thread: Thread) -> str:
+    if thread[0] == "Q":
+        return f"queue{thread[1]}({birutil.engine_name(thread[2])})"
+    return birutil.engine_name(thread[1])
+
+
+class ClockSpace:
+    """Indexes threads so that clocks are plain lists of ints."""
+
+    def __init__(self, threads: Iterable[Thread]):
+        self.threads: list[Thread] = sorted(set(threads))
+        self.index = {thread: position for position, thread in enumerate(self.threads)}
+
+    @classmethod
+    def for_instructions(cls, instructions: Iterable[bir_pb2.Instruction]) -> ClockSpace:
+        threads: set[Thread] = {engine_thread(e) for e in birutil.ALL_ENGINES}
+        for instr in instructions:
+            threads.add(engine_thread(instr.engine))
+            threads.add(access_thread(instr))
+        return cls(threads)
+
+    def zero(self) -> list[int]:
+        return [-1] * len(self.threads)
+
+
+def join(a: list[int], b: list[int]) -> list[int]:
+    return [x if x >= y else y for x, y in zip(a, b, strict=True)]
+
+
+def join_into(a: list[int], b: list[int]) -> None:
+    for position, value in enumerate(b):
+        if value > a[position]:
+            a[position] = value
+
+
+class ClockWalk:
+    """Advances the clocks of every thread over instructions taken in a legal execution order.
+
+    `step(instr, wait_clocks)` takes the clocks of the producers the instruction's waits make it
+    wait for, and records its position, access clock and completion clock.
+    """
+
+    def __init__(self, space: ClockSpace):
+        self.space = space
+        self.engine_clock: dict[int, list[int]] = {}
+        self.queue_clock: dict[Thread, list[int]] = {}
+        self.next_position: dict[Thread, int] = {}
+        self.position: dict[int, int] = {}  # instruction id -> position in its access thread
+        self.access_clock: dict[int, list[int]] = {}
+        self.completion_clock: dict[int, list[int]] = {}
+
+    def base_clock(self, instr: bir_pb2.Instruction) -> list[int]:
+        """What the instruction's access is ordered after without any wait of its own."""
+        clock = list(self.engine_clock.get(instr.engine) or self.space.zero())
+        if instr.op == "dma":
+            queue = self.queue_clock.get(access_thread(instr))
+            if queue is not None:
+                join_into(clock, queue)
+        return clock
+
+    def covered(self, clock: list[int], producer: bir_pb2.Instruction) -> bool:
+        return clock[self.space.index[access_thread(producer)]] >= self.position[producer.id]
+
+    def step(self, instr: bir_pb2.Instruction, wait_clocks: Iterable[list[int]]) -> None:
+        start = list(self.engine_clock.get(instr.engine) or self.space.zero())
+        for clock in wait_clocks:
+            join_into(start, clock)
+        engine = engine_thread(instr.engine)
+        engine_position = self.next_position.get(engine, 0)
+        self.next_position[engine] = engine_position + 1
+        after_issue = list(start)
+        after_issue[self.space.index[engine]] = engine_position
+        self.engine_clock[instr.engine] = after_issue
+        if instr.op != "dma":
+            self.position[instr.id] = engine_position
+            self.access_clock[instr.id] = start
+            self.completion_clock[instr.id] = after_issue
+            return
+        queue = access_thread(instr)
+        queue_position = self.next_position.get(queue, 0)
+        self.next_position[queue] = queue_position + 1
+        transfer = list(after_issue)
+        previous = self.queue_clock.get(queue)
+        if previous is not None:
+            join_into(transfer, previous)
+        done = list(transfer)
+        done[self.space.index[queue]] = queue_position
+        self.queue_clock[queue] = done
+        self.position[instr.id] = queue_position
+        self.access_clock[instr.id] = transfer
+        self.completion_clock[instr.id] = done
