@@ -40,16 +40,33 @@ def main() -> int:
         for suffix in (".hlo.pb", ".hlo"):
             neff = out / f"{name}{suffix.replace('.', '_')}.neff"
             start = time.perf_counter()
-            compiled = subprocess.run([*NCC, "compile", str(MODELS / f"{name}{suffix}"), "--output", str(neff)],
-                                      capture_output=True, text=True)
+            compiled = subprocess.run(
+                [*NCC, "compile", str(MODELS / f"{name}{suffix}"), "--output", str(neff)],
+                capture_output=True,
+                text=True,
+            )
             seconds = time.perf_counter() - start
             if compiled.returncode != 0:
                 failures += 1
-                print(f"{name:<12} {suffix:<7} {seconds:>9.2f} {'-':>9} {'-':>12}  FAIL {compiled.stderr.strip()}")
+                reason = compiled.stderr.strip()
+                print(f"{name:<12} {suffix:<7} {seconds:>9.2f} {'-':>9} {'-':>12}  FAIL {reason}")
                 continue
             result_npz, report = neff.with_suffix(".out.npz"), neff.with_suffix(".report.json")
-            ran = subprocess.run([*NCC, "run", str(neff), "--inputs", str(MODELS / f"{name}.io.npz"),
-                                  "--output", str(result_npz), "--report", str(report)], capture_output=True, text=True)
+            ran = subprocess.run(
+                [
+                    *NCC,
+                    "run",
+                    str(neff),
+                    "--inputs",
+                    str(MODELS / f"{name}.io.npz"),
+                    "--output",
+                    str(result_npz),
+                    "--report",
+                    str(report),
+                ],
+                capture_output=True,
+                text=True,
+            )
             if ran.returncode != 0:
                 failures += 1
                 print(f"{name:<12} {suffix:<7} {seconds:>9.2f} {'-':>9} {'-':>12}  FAIL {ran.stderr.strip()}")
@@ -60,7 +77,8 @@ def main() -> int:
             ok = got.shape == expected.shape and error <= tolerance(expected, index, name)
             failures += not ok
             sim_us = json.loads(report.read_text())["simulated_ns"] / 1000
-            print(f"{name:<12} {suffix:<7} {seconds:>9.2f} {sim_us:>9.1f} {error:>12.2e}  {'ok' if ok else 'MISMATCH'}")
+            verdict = "ok" if ok else "MISMATCH"
+            print(f"{name:<12} {suffix:<7} {seconds:>9.2f} {sim_us:>9.1f} {error:>12.2e}  {verdict}")
     print(f"{'all ok' if not failures else f'{failures} failed'}")
     return 1 if failures else 0
 

@@ -18,12 +18,17 @@ def models_dir() -> Path:
     return MODELS_DIR
 
 
-def run_ncc(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+def run_ncc(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
     """Run the real `ncc` CLI in a fresh interpreter, as a user would."""
     full_env = dict(os.environ)
     full_env.pop("NCC_FAULT_INJECT", None)
     full_env.update(env or {})
     return subprocess.run(
         [sys.executable, "-m", "ncc.orchestrator.cli", *args],
-        capture_output=True, text=True, env=full_env, timeout=timeout,
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
     )

@@ -11,20 +11,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import run_ncc
 
 FP32_MODELS = ["add_mul", "matmul", "gelu", "softmax", "layernorm", "rmsnorm", "attention", "mlp", "block"]
 
 
-def compile_and_run(models_dir: Path, tmp_path: Path, model: str, suffix: str, *extra: str) -> tuple[np.ndarray, dict]:
+def compile_and_run(
+    models_dir: Path, tmp_path: Path, model: str, suffix: str, *extra: str
+) -> tuple[np.ndarray, dict]:
     neff = tmp_path / f"{model}.neff"
     compiled = run_ncc("compile", str(models_dir / f"{model}{suffix}"), "--output", str(neff), *extra)
     assert compiled.returncode == 0, compiled.stderr
     assert "Traceback" not in compiled.stderr
     out, report = tmp_path / "out.npz", tmp_path / "report.json"
-    ran = run_ncc("run", str(neff), "--inputs", str(models_dir / f"{model}.io.npz"), "--output", str(out),
-                  "--report", str(report))
+    ran = run_ncc(
+        "run",
+        str(neff),
+        "--inputs",
+        str(models_dir / f"{model}.io.npz"),
+        "--output",
+        str(out),
+        "--report",
+        str(report),
+    )
     assert ran.returncode == 0, ran.stderr
     return np.load(out)["out0"], json.loads(report.read_text())
 
@@ -52,15 +61,24 @@ def test_bf16_matmul_matches_jax(models_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_verify_checks_the_neff_against_the_golden_inside_the_compile(models_dir: Path, tmp_path: Path) -> None:
+def test_verify_checks_the_neff_against_the_golden_inside_the_compile(
+    models_dir: Path, tmp_path: Path
+) -> None:
     neff = tmp_path / "gelu.neff"
     workdir = tmp_path / "work"
-    compiled = run_ncc("compile", str(models_dir / "gelu.hlo"), "--output", str(neff), "--verify",
-                       "--workdir", str(workdir))
+    compiled = run_ncc(
+        "compile", str(models_dir / "gelu.hlo"), "--output", str(neff), "--verify", "--workdir", str(workdir)
+    )
     assert compiled.returncode == 0, compiled.stderr
     jobs = sorted(p.name for p in workdir.iterdir() if p.is_dir())
     assert [j.split("_", 1)[1] for j in jobs] == [
-        "HLOToTensorizer", "GoldenEvaluator", "Frontend", "WalrusDriver", "Packager", "NeffVerifier"]
+        "HLOToTensorizer",
+        "GoldenEvaluator",
+        "Frontend",
+        "WalrusDriver",
+        "Packager",
+        "NeffVerifier",
+    ]
 
 
 @pytest.mark.slow
@@ -86,8 +104,16 @@ def test_deleting_a_semaphore_wait_is_reported_as_a_race(models_dir: Path, tmp_p
     broken = tmp_path / "broken.neff"
     write_neff(broken, neff)
     report = tmp_path / "report.json"
-    ran = run_ncc("run", str(broken), "--inputs", str(models_dir / "matmul.io.npz"), "--output",
-                  str(tmp_path / "out.npz"), "--report", str(report))
+    ran = run_ncc(
+        "run",
+        str(broken),
+        "--inputs",
+        str(models_dir / "matmul.io.npz"),
+        "--output",
+        str(tmp_path / "out.npz"),
+        "--report",
+        str(report),
+    )
     assert ran.returncode != 0
     races = json.loads(report.read_text())["races"]
     assert races, ran.stderr

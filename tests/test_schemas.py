@@ -20,7 +20,9 @@ def test_generated_code_matches_the_protos(tmp_path: Path) -> None:
     produced = sorted(p.name for p in tmp_path.glob("*_pb2.py"))
     assert produced == sorted(p.name for p in SCHEMAS.glob("*_pb2.py"))
     for name in produced:
-        assert (tmp_path / name).read_text() == (SCHEMAS / name).read_text(), f"{name} is stale: run `make schemas`"
+        assert (tmp_path / name).read_text() == (SCHEMAS / name).read_text(), (
+            f"{name} is stale: run `make schemas`"
+        )
 
 
 def test_hlo_subset_reads_a_real_jax_module() -> None:

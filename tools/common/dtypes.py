@@ -97,7 +97,9 @@ def tensor_to_numpy(tensor: common_pb2.Tensor) -> np.ndarray:
     storage = _STORAGE[tensor.dtype]
     count = int(np.prod(tensor.shape, dtype=np.int64)) if tensor.shape else 1
     if len(tensor.data) != count * storage.itemsize:
-        raise ValueError(f"tensor {tensor.name!r} holds {len(tensor.data)} bytes, expected {count * storage.itemsize}")
+        raise ValueError(
+            f"tensor {tensor.name!r} holds {len(tensor.data)} bytes, expected {count * storage.itemsize}"
+        )
     return np.frombuffer(tensor.data, dtype=storage).reshape(tuple(tensor.shape)).copy()
 
 
@@ -109,7 +111,11 @@ def numpy_to_tensor(name_: str, array: np.ndarray, dtype: int) -> common_pb2.Ten
 
 def user_array_to_storage(array: np.ndarray, dtype: int) -> np.ndarray:
     """Convert an array a user gave (e.g. float32 from an .npz, bf16 widened) to `dtype`'s storage."""
-    return from_compute(np.asarray(array), dtype) if dtype != common_pb2.PRED else (np.asarray(array) != 0).astype(np.uint8)
+    return (
+        from_compute(np.asarray(array), dtype)
+        if dtype != common_pb2.PRED
+        else (np.asarray(array) != 0).astype(np.uint8)
+    )
 
 
 def storage_to_user_array(storage: np.ndarray, dtype: int) -> np.ndarray:

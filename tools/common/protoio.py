@@ -50,5 +50,7 @@ def read_proto(path: str | os.PathLike, message_type: type[M], what: str, code: 
     try:
         message.ParseFromString(data)
     except (DecodeError, RuntimeWarning, ValueError) as err:
-        raise CompileError(code, f"{what} is not a valid {message_type.DESCRIPTOR.name}: {err}", str(path)) from None
+        raise CompileError(
+            code, f"{what} is not a valid {message_type.DESCRIPTOR.name}: {err}", str(path)
+        ) from None
     return message

@@ -63,7 +63,11 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argpars
         body(args)
     except CompileError as err:
         diagnostic = diagnostic_pb2.Diagnostic(
-            code=err.code, severity=diagnostic_pb2.ERROR, message=err.message, location=err.location, tool=tool
+            code=err.code,
+            severity=diagnostic_pb2.ERROR,
+            message=err.message,
+            location=err.location,
+            tool=tool,
         )
         if args.diagnostics:
             write_proto(args.diagnostics, diagnostic)

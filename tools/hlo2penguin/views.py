@@ -65,7 +65,9 @@ class View:
 
     def slice(self, starts: tuple[int, ...], limits: tuple[int, ...], steps: tuple[int, ...]) -> View:
         offset = self.offset + sum(s * st for s, st in zip(starts, self.strides, strict=True))
-        shape = tuple(max(0, -(-(lim - s) // step)) for s, lim, step in zip(starts, limits, steps, strict=True))
+        shape = tuple(
+            max(0, -(-(lim - s) // step)) for s, lim, step in zip(starts, limits, steps, strict=True)
+        )
         strides = tuple(st * step for st, step in zip(self.strides, steps, strict=True))
         return View(self.base, self.dtype, shape, strides, offset)
 

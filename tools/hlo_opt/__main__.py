@@ -29,7 +29,9 @@ def _body(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="ncc-hlo-opt", description=__doc__.splitlines()[0])
-    parser.add_argument("--input", required=True, help="Penguin program, or with --evaluate an HloModuleProto")
+    parser.add_argument(
+        "--input", required=True, help="Penguin program, or with --evaluate an HloModuleProto"
+    )
     parser.add_argument("--output", required=True, help="BIR program, or with --evaluate a TensorSet")
     parser.add_argument("--evaluate", action="store_true", help="run the golden HLO evaluator")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (--evaluate)")

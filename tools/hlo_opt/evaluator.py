@@ -31,20 +31,40 @@ from ncc.tools.hlo2penguin.hlo_types import (
     shape_str,
 )
 from ncc.tools.hlo2penguin.hlo_verify import verify_module
+from ncc.tools.hlo2penguin.literals import literal_to_numpy
 
 Instr = hlo_pb2.HloInstructionProto
 
-_FAST_REDUCERS: dict[str, np.ufunc] = {"add": np.add, "multiply": np.multiply, "maximum": np.maximum,
-                                       "minimum": np.minimum}
-_COMPARE: dict[str, Callable] = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-                                 "GT": np.greater, "GE": np.greater_equal}
+_FAST_REDUCERS: dict[str, np.ufunc] = {
+    "add": np.add,
+    "multiply": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+_COMPARE: dict[str, Callable] = {
+    "EQ": np.equal,
+    "NE": np.not_equal,
+    "LT": np.less,
+    "LE": np.less_equal,
+    "GT": np.greater,
+    "GE": np.greater_equal,
+}
 _UNARY: dict[str, Callable] = {
-    "negate": np.negative, "exponential": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
+    "negate": np.negative,
+    "exponential": np.exp,
+    "log": np.log,
+    "tanh": np.tanh,
+    "sqrt": np.sqrt,
     "rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
     "logistic": lambda x: np.reciprocal(np.float32(1) + np.exp(-x)),
 }
-_BINARY: dict[str, Callable] = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply,
-                                "maximum": np.maximum, "minimum": np.minimum}
+_BINARY: dict[str, Callable] = {
+    "add": np.add,
+    "subtract": np.subtract,
+    "multiply": np.multiply,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
 _SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice"})  # identities on scalars
 
 
@@ -61,8 +81,9 @@ def round_to(values: np.ndarray, kind: int) -> np.ndarray:
     return np.asarray(values).astype(compute_dtype(kind))
 
 
-def evaluate(module: hlo_pb2.HloModuleProto, args: Sequence[np.ndarray], *, verify: bool = True
-             ) -> list[np.ndarray]:
+def evaluate(
+    module: hlo_pb2.HloModuleProto, args: Sequence[np.ndarray], *, verify: bool = True
+) -> list[np.ndarray]:
     """Run the entry computation on `args` (one per entry parameter, in parameter order).
 
     Returns one array per result leaf (a tuple root gives several, depth first). bf16 results are
@@ -73,8 +94,9 @@ def evaluate(module: hlo_pb2.HloModuleProto, args: Sequence[np.ndarray], *, veri
     entry = entry_computation(module)
     params = parameters(entry)
     if len(args) != len(params):
-        raise CompileError("E104", f"the module takes {len(params)} inputs, {len(args)} were given",
-                           entry.name)
+        raise CompileError(
+            "E104", f"the module takes {len(params)} inputs, {len(args)} were given", entry.name
+        )
     values = [_coerce(arg, param.shape, param.name) for arg, param in zip(args, params, strict=True)]
     with np.errstate(all="ignore"):
         result = _Evaluator(module).run(entry, values)
@@ -112,8 +134,12 @@ def _coerce(arg, shape: hlo_pb2.ShapeProto, name: str):
         return tuple(_coerce(a, sub, name) for a, sub in zip(arg, shape.tuple_shapes, strict=True))
     array = np.asarray(arg)
     if array.shape != dims(shape):
-        raise CompileError("E104", f"input for parameter '{name}' has shape {list(array.shape)}, the module "
-                                   f"expects {shape_str(shape)}", name)
+        raise CompileError(
+            "E104",
+            f"input for parameter '{name}' has shape {list(array.shape)}, the module "
+            f"expects {shape_str(shape)}",
+            name,
+        )
     if shape.element_type in FLOAT_TYPES:
         return round_to(array.astype(np.float32), shape.element_type)
     if shape.element_type == T.PRED:
@@ -254,8 +280,14 @@ class _Evaluator:
             return round_to(ufunc(inits[0], ufunc.reduce(data, axis=axes)), kinds[0])
         return self._fold(reducer, inputs, inits, axes, kinds)
 
-    def _fold(self, reducer: hlo_pb2.HloComputationProto, inputs: list[np.ndarray], inits: list,
-              axes: tuple[int, ...], kinds: list[int]) -> object:
+    def _fold(
+        self,
+        reducer: hlo_pb2.HloComputationProto,
+        inputs: list[np.ndarray],
+        inits: list,
+        axes: tuple[int, ...],
+        kinds: list[int],
+    ) -> object:
         """Any reducer: fold it over the reduced elements in order, vectorised over the kept ones."""
         rank = inputs[0].ndim
         kept = [d for d in range(rank) if d not in axes]
@@ -266,8 +298,9 @@ class _Evaluator:
         for r in range(count):
             result = self.run(reducer, accs + [x[..., r] for x in flat], True)
             accs = list(result) if len(inputs) > 1 else [result]
-        results = [round_to(np.broadcast_to(acc, out_shape), kind)
-                   for acc, kind in zip(accs, kinds, strict=True)]
+        results = [
+            round_to(np.broadcast_to(acc, out_shape), kind) for acc, kind in zip(accs, kinds, strict=True)
+        ]
         return tuple(results) if len(inputs) > 1 else results[0]
 
     def _reducer_kind(self, reducer: hlo_pb2.HloComputationProto) -> str | None:
@@ -275,8 +308,11 @@ class _Evaluator:
         if reducer.id not in self.reducer_kinds:
             params = {i.id: i.parameter_number for i in reducer.instructions if i.opcode == "parameter"}
             root = next(i for i in reducer.instructions if i.id == reducer.root_id)
-            plain = (root.opcode in _FAST_REDUCERS and len(params) == 2
-                     and sorted(params.get(i, -1) for i in root.operand_ids) == [0, 1])
+            plain = (
+                root.opcode in _FAST_REDUCERS
+                and len(params) == 2
+                and sorted(params.get(i, -1) for i in root.operand_ids) == [0, 1]
+            )
             self.reducer_kinds[reducer.id] = root.opcode if plain else None
         return self.reducer_kinds[reducer.id]
 
@@ -285,20 +321,7 @@ def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object
     if is_tuple(shape):
         pairs = zip(literal.tuple_literals, shape.tuple_shapes, strict=True)
         return tuple(_literal(sub_literal, sub_shape) for sub_literal, sub_shape in pairs)
-    kind = shape.element_type
-    if kind == T.BF16:
-        values = bf16_to_f32(np.frombuffer(literal.bf16s, dtype="<u2"))
-    elif kind == T.F16:
-        values = np.frombuffer(literal.f16s, dtype="<f2").astype(np.float32)
-    elif kind == T.S8:
-        values = np.frombuffer(literal.s8s, dtype=np.int8)
-    elif kind == T.U8:
-        values = np.frombuffer(literal.u8s, dtype=np.uint8)
-    else:
-        field = {T.F32: literal.f32s, T.S32: literal.s32s, T.S64: literal.s64s, T.U32: literal.u32s,
-                 T.PRED: literal.preds}[kind]
-        values = np.asarray(field, dtype=compute_dtype(kind))
-    return values.astype(compute_dtype(kind)).reshape(dims(shape))
+    return literal_to_numpy(literal, shape, "constant").astype(compute_dtype(shape.element_type))
 
 
 def _integer_divide(a: np.ndarray, b: np.ndarray, kind: int) -> np.ndarray:
@@ -328,11 +351,20 @@ def _convert(values: np.ndarray, kind: int) -> np.ndarray:
 
 
 _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
-    "constant": _Evaluator._constant, "broadcast": _Evaluator._broadcast, "reshape": _Evaluator._reshape,
-    "transpose": _Evaluator._transpose, "slice": _Evaluator._slice, "concatenate": _Evaluator._concatenate,
-    "iota": _Evaluator._iota, "tuple": _Evaluator._tuple, "get-tuple-element": _Evaluator._get_tuple_element,
-    "divide": _Evaluator._divide, "compare": _Evaluator._compare,
-    "select": _Evaluator._select, "convert": _Evaluator._convert, "dot": _Evaluator._dot,
+    "constant": _Evaluator._constant,
+    "broadcast": _Evaluator._broadcast,
+    "reshape": _Evaluator._reshape,
+    "transpose": _Evaluator._transpose,
+    "slice": _Evaluator._slice,
+    "concatenate": _Evaluator._concatenate,
+    "iota": _Evaluator._iota,
+    "tuple": _Evaluator._tuple,
+    "get-tuple-element": _Evaluator._get_tuple_element,
+    "divide": _Evaluator._divide,
+    "compare": _Evaluator._compare,
+    "select": _Evaluator._select,
+    "convert": _Evaluator._convert,
+    "dot": _Evaluator._dot,
     "reduce": _Evaluator._reduce,
     **{op: _Evaluator._unary for op in _UNARY},
     **{op: _Evaluator._binary for op in _BINARY},
