@@ -19,13 +19,26 @@ _PASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _pass_list(text: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(","))
-    bad = [name for name in names if not _PASS_NAME.match(name)]
+    """Split a pass pipeline at top-level commas; `pass{key=value,...}` options stay with their pass.
+
+    The walrus driver owns the meaning of names and options; this only refuses text that is not a
+    pipeline at all, so a typo is reported before any job runs only when it is a syntax error.
+    """
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    items.append(current.strip())
+    bad = [item for item in items if not _PASS_NAME.match(item.split("{", 1)[0]) or depth != 0]
     if bad:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of pass names (bad: {', '.join(repr(b) for b in bad)})"
         )
-    return names
+    return tuple(items)
 
 
 def _positive_float(text: str) -> float:
