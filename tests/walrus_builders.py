@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from sim_builders import hbm_2d, onchip
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import load_target
@@ -24,14 +25,7 @@ PE, ACT, POOL, DVE, SP = common_pb2.PE, common_pb2.ACT, common_pb2.POOL, common_
 def hbm_ap(
     tensor: str, rows: int, cols: int, row0: int = 0, dtype: int = F32, row_stride: int | None = None
 ) -> bir_pb2.AccessPattern:
-    stride = cols if row_stride is None else row_stride
-    return bir_pb2.AccessPattern(
-        memory=HBM,
-        tensor=tensor,
-        dtype=dtype,
-        offset=row0 * stride,
-        dims=[bir_pb2.Dim(stride=stride, count=rows), bir_pb2.Dim(stride=1, count=cols)],
-    )
+    return hbm_2d(tensor, rows, cols, dtype=dtype, row0=row0, row_stride=row_stride)
 
 
 def tile(
@@ -43,14 +37,8 @@ def tile(
     memory: int = SBUF,
     partition_start: int = 0,
 ) -> bir_pb2.AccessPattern:
-    return bir_pb2.AccessPattern(
-        memory=memory,
-        tensor=buffer,
-        dtype=dtype,
-        offset=offset,
-        partition_start=partition_start,
-        partition_count=partitions,
-        dims=[bir_pb2.Dim(stride=1, count=cols)],
+    return onchip(
+        buffer, partitions, cols, dtype=dtype, memory=memory, offset=offset, partition_start=partition_start
     )
 
 
