@@ -16,6 +16,7 @@ import os
 import tempfile
 import time
 import zipfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,17 @@ def _compile_error(err: Exception) -> NccError:
     )
 
 
+def schedule_quality(simulated_ns: float, metadata: Mapping[str, str]) -> dict[str, float]:
+    """Makespan over the compiler's lower bound (max of busiest engine, critical path, DMA time)."""
+    try:
+        bound = float(metadata["walrus.lower_bound_ns"])
+    except (KeyError, ValueError):
+        return {}  # compiled with a pass list that did not schedule
+    if bound <= 0:
+        return {}
+    return {"lower_bound_ns": bound, "makespan_over_lower_bound": simulated_ns / bound}
+
+
 def run(args: argparse.Namespace) -> int:
     _check_paths(args)
     import numpy as np
@@ -131,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
         "inputs": str(args.inputs),
         "output": str(args.output),
         "reference_comparison": compare_with_reference(result.outputs, reference),
+        **schedule_quality(result.simulated_ns, neff.metadata),
         "host_wall_s": wall,
         "ncc_version": ncc_version(),
     }
@@ -138,8 +151,12 @@ def run(args: argparse.Namespace) -> int:
         _write_atomic(args.report, lambda handle: handle.write(json.dumps(report, indent=1).encode() + b"\n"))
 
     names = ", ".join(result.outputs) or "none"
+    bound = ""
+    if "makespan_over_lower_bound" in report:
+        ratio, lower = report["makespan_over_lower_bound"], report["lower_bound_ns"]
+        bound = f" = {ratio:.2f} x the lower bound {lower:.0f} ns"
     print(
-        f"ncc: simulated time {result.simulated_ns:.0f} ns ({result.simulated_ns / 1000:.3f} us), "
+        f"ncc: simulated time {result.simulated_ns:.0f} ns ({result.simulated_ns / 1000:.3f} us){bound}, "
         f"{result.instruction_count} instructions; outputs {names} -> {args.output}"
     )
     for row in report["reference_comparison"]:

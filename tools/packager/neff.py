@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
+
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_bytes_atomic
@@ -196,6 +197,8 @@ def build_neff(program: bir_pb2.Program, metadata: Mapping[str, str] | None = No
     neff.hbm.extend(program.hbm)
     neff.buffers.extend(program.buffers)
     neff.streams.extend(streams)
+    for key, value in program.attributes.items():  # the backend's own figures, e.g. walrus.lower_bound_ns
+        neff.metadata[key] = value
     for key, value in (metadata or {}).items():
         neff.metadata[str(key)] = str(value)
     return neff
