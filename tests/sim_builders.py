@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sim_builders import DVE, SP, find
+from test_sim import elementwise_inputs, elementwise_program
+
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import read_proto, write_proto
@@ -22,8 +25,6 @@ from ncc.tools.packager.neff import (
     write_neff,
 )
 from ncc.tools.sim import simulate_neff, simulate_program
-from sim_builders import DVE, SP, find
-from test_sim import elementwise_inputs, elementwise_program
 
 
 def test_build_groups_instructions_by_engine_in_order() -> None:

@@ -4,10 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common import dtypes
-from ncc.tools.common.errors import CompileError
-from ncc.tools.sim import simulate_program
 from sim_builders import (
     ACT,
     BF16,
@@ -25,6 +21,11 @@ from sim_builders import (
     update,
     wait,
 )
+
+from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common import dtypes
+from ncc.tools.common.errors import CompileError
+from ncc.tools.sim import simulate_program
 
 RNG = np.random.default_rng(7)
 

@@ -8,12 +8,13 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from sim_builders import ACT, DVE, ProgramBuilder, find, update, wait
+from test_sim import elementwise_inputs, elementwise_program
+
 from ncc.schemas import bir_pb2, common_pb2, diagnostic_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.protoio import read_proto, write_proto
 from ncc.tools.packager.neff import build_neff, write_neff
-from sim_builders import ACT, DVE, ProgramBuilder, find, update, wait
-from test_sim import elementwise_inputs, elementwise_program
 
 
 def tensor_set(arrays: dict[str, np.ndarray]) -> common_pb2.TensorSet:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from ncc.schemas import bir_pb2
-from ncc.tools.sim import simulate_program
 from sim_builders import ACT, DVE, PE, POOL, SP, ProgramBuilder, find, hbm_2d, onchip, update, wait
 from test_sim import elementwise_inputs, elementwise_program
+
+from ncc.schemas import bir_pb2
+from ncc.tools.sim import simulate_program
 
 
 def test_correct_program_has_no_race() -> None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from sim_builders import ACT, DVE, F32, PE, POOL, PSUM, SP, ProgramBuilder, hbm_2d, onchip, update, wait
+from test_sim import elementwise_inputs, elementwise_program
+
 from ncc.schemas import bir_pb2
 from ncc.tools.sim import simulate_program
 from ncc.tools.target import load_target
-from sim_builders import ACT, DVE, F32, PE, POOL, PSUM, SP, ProgramBuilder, hbm_2d, onchip, update, wait
-from test_sim import elementwise_inputs, elementwise_program
 
 TARGET = load_target("trn1")
 

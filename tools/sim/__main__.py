@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError

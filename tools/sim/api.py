@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
 from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError

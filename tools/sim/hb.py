@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from ncc.tools.sim.memory import Access
 
 

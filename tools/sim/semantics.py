@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+
 from ncc.schemas import common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError

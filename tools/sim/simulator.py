@@ -21,6 +21,7 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+
 from ncc.tools.sim import semantics
 from ncc.tools.sim.deadlock import BlockedWait, PendingUpdate, describe_deadlock
 from ncc.tools.sim.hb import Race, RaceDetector, SemaphoreLog, VectorClocks
