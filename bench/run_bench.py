@@ -1,15 +1,25 @@
 """Compile-time benchmark of the ncc driver on real JAX models (`make bench`).
 
 For each model: compile it REPS times from scratch (a fresh work directory each time, so every
-job runs), then execute the NEFF once with `ncc run` on the model's own inputs. Prints per model
-the median end-to-end wall of `ncc compile`, the median wall of each job (from the job records),
-the orchestration overhead ratio = end-to-end wall / sum of the job walls (1.0 would be a
-driver that costs nothing), and the simulated time of the NEFF.
+job runs), then execute the NEFF once with `ncc run` on the model's own inputs. Prints a table,
+per model:
+
+  compile      median end-to-end wall of `ncc compile` over the REPS runs
+  overhead     median of (end-to-end wall / sum of the job walls): 1.0 is a driver that costs nothing
+  BIR instrs   instructions the Frontend job unrolled (its bir.pb in the work directory)
+  NEFF instrs  instructions in the NEFF after the backend (what `ncc run` executes)
+  simulated    the NEFF's simulated time
+  max |err|    vs JAX's out0, when the inputs file has it
+  XLA:CPU      how long XLA's CPU compiler took on the machine that made the model (index.json
+               "xla_cpu_compile_s"), and ours/XLA, the ratio of our median compile to it
+
+then a second table with the median wall of each job.
 
     python bench/run_bench.py [--models add_mul,matmul,gelu] [--reps 3] [--models-dir DIR] [--json FILE]
 
 Models are looked up in --models-dir, else ../shared/models beside the repository, else the
-project's own copies (models/, tests/data/models/).
+project's own copies (models/, tests/data/models/). The default is every bundled model: those
+in the first of these folders that has an index.json (in its order), else every NAME.hlo there.
 """
 
 from __future__ import annotations
@@ -25,30 +35,68 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODELS = ("add_mul", "matmul", "gelu")
 MODEL_DIRS = (ROOT.parent / "shared" / "models", ROOT / "models", ROOT / "tests" / "data" / "models")
+JOB_ORDER = ("HLOToTensorizer", "GoldenEvaluator", "Frontend", "WalrusDriver", "Packager", "NeffVerifier")
 
 
 @dataclass
 class ModelResult:
+    """One model's medians and measurements; `error` says what failed, if anything."""
+
     model: str
     reps: int
     wall_s: float = 0.0  # median end-to-end `ncc compile`
     job_wall_s: dict[str, float] = field(default_factory=dict)  # median per job
     overhead_ratio: float = 0.0  # median of (end-to-end wall / sum of job walls)
+    bir_instructions: int | None = None  # Frontend's bir.pb
+    neff_instructions: int | None = None  # what `ncc run` executed
     simulated_ns: float | None = None
     max_abs_error: float | None = None  # vs JAX's out0, when the inputs file has it
+    xla_cpu_compile_s: float | None = None  # from index.json beside the model
     error: str = ""
+
+    @property
+    def ratio_to_xla(self) -> float | None:
+        """Our median compile wall over XLA:CPU's compile time, when both are known."""
+        if not self.xla_cpu_compile_s or not self.wall_s:
+            return None
+        return self.wall_s / self.xla_cpu_compile_s
+
+
+def model_dirs(models_dir: Path | None) -> list[Path]:
+    return [models_dir] if models_dir else list(MODEL_DIRS)
 
 
 def find_model(name: str, models_dir: Path | None) -> Path:
     """The model's HLO (text preferred: it is what a user reads), from the first folder holding it."""
-    for directory in [models_dir] if models_dir else list(MODEL_DIRS):
+    for directory in model_dirs(models_dir):
         for suffix in (".hlo", ".hlo.pb"):
             if (directory / f"{name}{suffix}").is_file():
                 return directory / f"{name}{suffix}"
     searched = models_dir or ", ".join(map(str, MODEL_DIRS))
     raise FileNotFoundError(f"model {name} not found in {searched}")
+
+
+def bundled_models(models_dir: Path | None) -> list[str]:
+    """Every model of the first folder that has any: index.json's order, else each NAME.hlo(.pb) sorted."""
+    for directory in model_dirs(models_dir):
+        index = directory / "index.json"
+        if index.is_file():
+            return list(json.loads(index.read_text()))
+        names = {path.name.split(".", 1)[0] for path in directory.glob("*.hlo*")}
+        if names:
+            return sorted(names)
+    return []
+
+
+def xla_compile_time(model: Path) -> float | None:
+    """XLA:CPU's compile time for the model, from the index.json beside it."""
+    index = model.parent / "index.json"
+    if not index.is_file():
+        return None
+    name = model.name.split(".", 1)[0]
+    value = json.loads(index.read_text()).get(name, {}).get("xla_cpu_compile_s")
+    return float(value) if value is not None else None
 
 
 def ncc(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -65,13 +113,31 @@ def job_walls(workdir: Path) -> dict[str, float]:
     return walls
 
 
+def bir_instruction_count(workdir: Path) -> int | None:
+    """How many instructions the Frontend job's bir.pb holds (None if the job left none)."""
+    from ncc.schemas import bir_pb2
+
+    paths = sorted(workdir.glob("[0-9][0-9]_Frontend/bir.pb"))
+    if not paths:
+        return None
+    program = bir_pb2.Program()
+    program.ParseFromString(paths[0].read_bytes())
+    return len(program.instructions)
+
+
+def last_line(proc: subprocess.CompletedProcess[str], what: str) -> str:
+    return proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"{what} exit {proc.returncode}"
+
+
 def bench_model(name: str, reps: int, models_dir: Path | None, scratch: Path) -> ModelResult:
+    """Compile `name` `reps` times in fresh work directories, then run the NEFF once."""
     result = ModelResult(model=name, reps=reps)
     try:
         model = find_model(name, models_dir)
     except FileNotFoundError as err:
         result.error = str(err)
         return result
+    result.xla_cpu_compile_s = xla_compile_time(model)
     walls: list[float] = []
     ratios: list[float] = []
     per_job: dict[str, list[float]] = {}
@@ -82,15 +148,15 @@ def bench_model(name: str, reps: int, models_dir: Path | None, scratch: Path) ->
         proc = ncc("compile", model, "--output", neff, "--workdir", workdir, "--verbose", "0")
         wall = time.perf_counter() - started
         if proc.returncode != 0:
-            result.error = (
-                proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
-            )
+            result.error = last_line(proc, "ncc compile")
             return result
         jobs = job_walls(workdir)
         walls.append(wall)
         ratios.append(wall / sum(jobs.values()) if sum(jobs.values()) > 0 else float("nan"))
         for job, job_wall in jobs.items():
             per_job.setdefault(job, []).append(job_wall)
+        if rep == 0:
+            result.bir_instructions = bir_instruction_count(workdir)
     result.wall_s = statistics.median(walls)
     result.overhead_ratio = statistics.median(ratios)
     result.job_wall_s = {job: statistics.median(values) for job, values in per_job.items()}
@@ -104,6 +170,7 @@ def bench_model(name: str, reps: int, models_dir: Path | None, scratch: Path) ->
         if report.is_file():
             data = json.loads(report.read_text())
             result.simulated_ns = data.get("simulated_ns")
+            result.neff_instructions = data.get("instruction_count")
             errors = [
                 row["max_abs_error"]
                 for row in data.get("reference_comparison", [])
@@ -111,46 +178,74 @@ def bench_model(name: str, reps: int, models_dir: Path | None, scratch: Path) ->
             ]
             result.max_abs_error = max(errors) if errors else None
         if proc.returncode != 0:
-            result.error = (
-                proc.stderr.strip().splitlines()[-1]
-                if proc.stderr.strip()
-                else f"ncc run exit {proc.returncode}"
-            )
+            result.error = last_line(proc, "ncc run")
     return result
 
 
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Left-align the first column, right-align the others."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in pairs)
+
+    return [line(header), "  ".join("-" * w for w in widths), *(line(row) for row in rows)]
+
+
+def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
+    return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
 def render(results: list[ModelResult]) -> str:
-    lines = []
-    for r in results:
-        if r.error and not r.job_wall_s:
-            lines.append(f"{r.model}: FAILED: {r.error}")
-            continue
-        simulated = f"{r.simulated_ns / 1000:.2f} us" if r.simulated_ns is not None else "n/a"
-        error = f", max |err| vs JAX {r.max_abs_error:.2g}" if r.max_abs_error is not None else ""
-        lines.append(
-            f"{r.model}: compile {r.wall_s:.3f} s (median of {r.reps}), "
-            f"overhead ratio {r.overhead_ratio:.2f}, simulated {simulated}{error}"
-        )
-        for job, wall in r.job_wall_s.items():
-            lines.append(f"    {job:<16} {wall:.3f} s")
-        if r.error:
-            lines.append(f"    note: {r.error}")
+    """The summary table, the per-job table, then any failures."""
+    ok = [r for r in results if r.job_wall_s]
+    reps = sorted({r.reps for r in ok})
+    header = [f"model (median of {'/'.join(map(str, reps)) or '-'})", "compile", "overhead", "BIR instrs",
+              "NEFF instrs", "simulated", "max |err|", "XLA:CPU", "ours/XLA"]
+    rows = [
+        [r.model, _fmt(r.wall_s, ".3f", " s"), _fmt(r.overhead_ratio, ".2f"), _fmt(r.bir_instructions, ","),
+         _fmt(r.neff_instructions, ","),
+         _fmt(None if r.simulated_ns is None else r.simulated_ns / 1000, ".2f", " us"),
+         _fmt(r.max_abs_error, ".2g"), _fmt(r.xla_cpu_compile_s, ".4f", " s"),
+         _fmt(r.ratio_to_xla, ".0f", "x")]
+        for r in ok
+    ]
+    lines = _table(header, rows) if ok else []
+    jobs = [job for job in JOB_ORDER if any(job in r.job_wall_s for r in ok)]
+    jobs += sorted({job for r in ok for job in r.job_wall_s} - set(jobs))
+    if ok:
+        lines.append("")
+        lines += _table(["median job wall (s)", *jobs],
+                        [[r.model, *(_fmt(r.job_wall_s.get(job), ".3f") for job in jobs)] for r in ok])
+    failures = [r for r in results if r.error]
+    if failures:
+        lines.append("")
+        lines += [f"{r.model}: {'FAILED' if not r.job_wall_s else 'note'}: {r.error}" for r in failures]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(DEFAULT_MODELS), help="comma-separated model names")
+    parser.add_argument("--models", help="comma-separated model names (default: every bundled model)")
     parser.add_argument("--reps", type=int, default=3, help="compiles per model (default 3)")
     parser.add_argument("--models-dir", type=Path, help="folder of NAME.hlo / NAME.io.npz files")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     args = parser.parse_args(argv)
-    names = [name for name in args.models.split(",") if name]
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+    if args.models:
+        names = [name for name in args.models.split(",") if name]
+    else:
+        names = bundled_models(args.models_dir)
+    if not names:
+        parser.error("no models found; pass --models-dir or --models")
     with tempfile.TemporaryDirectory(prefix="ncc-bench-") as scratch:
         results = [bench_model(name, args.reps, args.models_dir, Path(scratch)) for name in names]
     print(render(results))
     if args.json:
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
+        rows = [{**asdict(r), "ratio_to_xla": r.ratio_to_xla} for r in results]
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
     return 1 if any(r.error for r in results) else 0
 
 

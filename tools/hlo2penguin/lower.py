@@ -84,7 +84,8 @@ class Lowering:
     def run(self) -> penguin_pb2.Program:
         entry = self._entry()
         args: list[Value] = []
-        params = sorted((i for i in entry.instructions if i.opcode == "parameter"), key=lambda i: i.parameter_number)
+        params = sorted((i for i in entry.instructions if i.opcode == "parameter"),
+                        key=lambda i: i.parameter_number)
         for instr in params:
             shape, dtype = self._shape(instr), ncc_dtype(instr.shape.element_type)
             name = self.builder.hbm_tensor(instr.name, dtype, shape, penguin_pb2.INPUT, instr.name,
@@ -190,7 +191,8 @@ class Lowering:
         return reshaped
 
     def _materialize(self, value: Value, source: str) -> View:
-        name = self.builder.hbm_tensor(f"{source}.copy", value.dtype, value.shape, penguin_pb2.INTERNAL, source)
+        name = self.builder.hbm_tensor(f"{source}.copy", value.dtype, value.shape, penguin_pb2.INTERNAL,
+                                       source)
         target = View.whole(name, value.dtype, value.shape)
         self._copy_into(value, target, source)
         return target
@@ -211,23 +213,27 @@ class Lowering:
     # ---- tiled nests --------------------------------------------------------------------
     def _tiling(self, shape: tuple[int, ...], free_tile: int = FREE_TILE) -> Tiling:
         canon = canonical_shape(shape)
-        return Tiling(canon, min(canon[-1], free_tile))
+        # max(1, ...): a zero-element array has no tiles (an axis of extent 0), not a zero-wide tile
+        return Tiling(canon, max(1, min(canon[-1], free_tile)))
 
     def _load(self, nest, tiling: Tiling, value: Value, hint: str, index: int) -> penguin_pb2.Access:
         """Statements that bring `value` into an SBUF tile of the current tile; returns the tile box."""
         tile = self.builder.tile(f"{hint}.in{index}", value.dtype, tiling.shape,
                                  (1,) * (len(tiling.shape) - 2) + (PARTITIONS, tiling.free_tile))
         if isinstance(value, Splat):
-            add_statement(nest, f"fill{index}", "iota", POOL, [tiling.box(tile)], [], scalars=(value.value, 0.0, 0.0))
+            add_statement(nest, f"fill{index}", "iota", POOL, [tiling.box(tile)], [],
+                          scalars=(value.value, 0.0, 0.0))
         else:
             view = self._canonical_view(value, tiling.shape, hint)
-            add_statement(nest, f"load{index}", "dma", SP, [tiling.box(tile)], [tiling.box(self.builder.view(view))])
+            add_statement(nest, f"load{index}", "dma", SP, [tiling.box(tile)],
+                          [tiling.box(self.builder.view(view))])
         return tiling.box(tile)
 
     def _canonical_view(self, view: View, canon: tuple[int, ...], source: str) -> View:
         return self._reshape(view, canon, source)
 
-    def _store(self, nest, tiling: Tiling, tile_box: penguin_pb2.Access, target: View, source: str, **kw) -> None:
+    def _store(self, nest, tiling: Tiling, tile_box: penguin_pb2.Access, target: View, source: str,
+               **kw) -> None:
         view = self._canonical_view(target, tiling.shape, source)
         add_statement(nest, "store", "dma", SP, [tiling.box(self.builder.view(view))], [tile_box], **kw)
         self.produced.add(target.base)
@@ -334,6 +340,8 @@ class Lowering:
         if not isinstance(init, Splat):
             raise CompileError("E207", "reduce needs a constant initial value", instr.name)
         func, identity = REDUCERS[self._reducer(instr)]
+        if any(operand.shape[int(d)] == 0 for d in instr.dimensions):
+            return Splat(init.value, dtype, shape)  # reducing no elements: every result is the init value
         if isinstance(operand, Splat):
             operand = self._materialize(operand, instr.name)
         reduced = sorted(int(d) for d in instr.dimensions)
@@ -349,8 +357,9 @@ class Lowering:
         block = (1,) * (len(tiling.shape) - 2) + (PARTITIONS, 1)
         nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
         box = self._load(nest, tiling, view, instr.name, 0)
-        acc = self.builder.tile(f"{instr.name}.acc", common_pb2.F32 if not is_integer(dtype) else dtype, acc_shape, block)
-        part = self.builder.tile(f"{instr.name}.part", common_pb2.F32 if not is_integer(dtype) else dtype, acc_shape, block)
+        acc_dtype = dtype if is_integer(dtype) else common_pb2.F32  # floats accumulate in fp32
+        acc = self.builder.tile(f"{instr.name}.acc", acc_dtype, acc_shape, block)
+        part = self.builder.tile(f"{instr.name}.part", acc_dtype, acc_shape, block)
         acc_box, part_box = tiling.box(acc, col_tile=1), tiling.box(part, col_tile=1)
         last = tiling.col_tiles() - 1
         j = tiling.col_axis
@@ -364,9 +373,15 @@ class Lowering:
         if init.value != identity:
             add_statement(nest, "init", "tensor_scalar", DVE, [acc_box], [acc_box], func=func,
                           scalars=(init.value,), predicates=(affine.equals(j, last),))
+        result_box = acc_box
+        if dtype != acc_dtype:  # a DMA never converts: narrow the fp32 accumulator (bf16, f16) on DVE first
+            result = self.builder.tile(f"{instr.name}.out", dtype, acc_shape, block)
+            result_box = tiling.box(result, col_tile=1)
+            add_statement(nest, "narrow", "tensor_copy", DVE, [result_box], [acc_box],
+                          predicates=(affine.equals(j, last),))
         out_view = self._reshape(out, acc_shape, instr.name)
-        add_statement(nest, "store", "dma", SP, [tiling.box(self.builder.view(out_view), col_tile=1)], [acc_box],
-                      predicates=(affine.equals(j, last),))
+        add_statement(nest, "store", "dma", SP, [tiling.box(self.builder.view(out_view), col_tile=1)],
+                      [result_box], predicates=(affine.equals(j, last),))
         self.produced.add(out.base)
         return out
 
@@ -379,12 +394,15 @@ class Lowering:
         rf = [d for d in range(len(rhs.shape)) if d not in rb + rc]
         size = lambda v, dims: int(np.prod([v.shape[d] for d in dims], dtype=np.int64))  # noqa: E731
         batch, m, k, n = size(lhs, lb), size(lhs, lf), size(lhs, lc), size(rhs, rf)
+        if k == 0:
+            return Splat(0.0, dtype, shape)  # an empty contraction: all zeros
         lhs_bmk = self._reshape(lhs.transpose(tuple(lb + lf + lc)), (batch, m, k), instr.name)
         rhs_bkn = self._reshape(rhs.transpose(tuple(rb + rc + rf)), (batch, k, n), instr.name)
         lhs_t = lhs_bmk.transpose((0, 2, 1))
         out = self._new_output(instr, shape, dtype)
         out_bmn = self._reshape(out, (batch, m, n), instr.name)
-        axes = [penguin_pb2.Axis(name="b", extent=batch), penguin_pb2.Axis(name="i", extent=ceil_div(m, MATMUL_M_TILE)),
+        axes = [penguin_pb2.Axis(name="b", extent=batch),
+                penguin_pb2.Axis(name="i", extent=ceil_div(m, MATMUL_M_TILE)),
                 penguin_pb2.Axis(name="j", extent=ceil_div(n, MATMUL_N_TILE)),
                 penguin_pb2.Axis(name="k", extent=ceil_div(k, MATMUL_K_TILE))]
         nest = self.builder.nest(instr.name, instr.name, axes, self._attributes(instr))
@@ -394,19 +412,24 @@ class Lowering:
             return penguin_pb2.Access(tensor=tensor, starts=starts, extents=[1, rows[1], cols[1]])
 
         kk, ii, jj = ("k", MATMUL_K_TILE), ("i", MATMUL_M_TILE), ("j", MATMUL_N_TILE)
-        stationary = self.builder.tile(f"{instr.name}.lhsT", lhs.dtype, (batch, k, m), (1, MATMUL_K_TILE, MATMUL_M_TILE))
-        moving = self.builder.tile(f"{instr.name}.rhs", rhs.dtype, (batch, k, n), (1, MATMUL_K_TILE, MATMUL_N_TILE))
-        psum = self.builder.tile(f"{instr.name}.psum", common_pb2.F32, (batch, m, n), (1, MATMUL_M_TILE, MATMUL_N_TILE),
+        km_block, kn_block = (1, MATMUL_K_TILE, MATMUL_M_TILE), (1, MATMUL_K_TILE, MATMUL_N_TILE)
+        mn_block = (1, MATMUL_M_TILE, MATMUL_N_TILE)
+        stationary = self.builder.tile(f"{instr.name}.lhsT", lhs.dtype, (batch, k, m), km_block)
+        moving = self.builder.tile(f"{instr.name}.rhs", rhs.dtype, (batch, k, n), kn_block)
+        psum = self.builder.tile(f"{instr.name}.psum", common_pb2.F32, (batch, m, n), mn_block,
                                  memory=common_pb2.PSUM)
-        result = self.builder.tile(f"{instr.name}.out", dtype, (batch, m, n), (1, MATMUL_M_TILE, MATMUL_N_TILE))
-        add_statement(nest, "load_lhsT", "dma", SP, [box(stationary, kk, ii)], [box(self.builder.view(lhs_t), kk, ii)])
-        add_statement(nest, "load_rhs", "dma", SP, [box(moving, kk, jj)], [box(self.builder.view(rhs_bkn), kk, jj)])
-        add_statement(nest, "matmul", "matmul", PE, [box(psum, ii, jj)], [box(stationary, kk, ii), box(moving, kk, jj)],
-                      attributes={"accumulate_axis": "k"})
+        result = self.builder.tile(f"{instr.name}.out", dtype, (batch, m, n), mn_block)
+        add_statement(nest, "load_lhsT", "dma", SP, [box(stationary, kk, ii)],
+                      [box(self.builder.view(lhs_t), kk, ii)])
+        add_statement(nest, "load_rhs", "dma", SP, [box(moving, kk, jj)],
+                      [box(self.builder.view(rhs_bkn), kk, jj)])
+        add_statement(nest, "matmul", "matmul", PE, [box(psum, ii, jj)],
+                      [box(stationary, kk, ii), box(moving, kk, jj)], attributes={"accumulate_axis": "k"})
         last = (affine.equals("k", ceil_div(k, MATMUL_K_TILE) - 1),)
-        add_statement(nest, "evacuate", "tensor_copy", ACT, [box(result, ii, jj)], [box(psum, ii, jj)], predicates=last)
-        add_statement(nest, "store", "dma", SP, [box(self.builder.view(out_bmn), ii, jj)], [box(result, ii, jj)],
+        add_statement(nest, "evacuate", "tensor_copy", ACT, [box(result, ii, jj)], [box(psum, ii, jj)],
                       predicates=last)
+        add_statement(nest, "store", "dma", SP, [box(self.builder.view(out_bmn), ii, jj)],
+                      [box(result, ii, jj)], predicates=last)
         self.produced.add(out.base)
         return out
 

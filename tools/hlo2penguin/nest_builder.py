@@ -42,7 +42,8 @@ class Tiling:
 
     def axes(self) -> list[penguin_pb2.Axis]:
         rows, cols = self.shape[-2], self.shape[-1]
-        axes = [penguin_pb2.Axis(name=name, extent=size) for name, size in zip(self.leading_axes, self.shape, strict=False)]
+        axes = [penguin_pb2.Axis(name=name, extent=size)
+                for name, size in zip(self.leading_axes, self.shape, strict=False)]
         axes.append(penguin_pb2.Axis(name=self.row_axis, extent=ceil_div(rows, PARTITIONS)))
         axes.append(penguin_pb2.Axis(name=self.col_axis, extent=ceil_div(cols, self.free_tile)))
         return axes
@@ -92,7 +93,8 @@ class ProgramBuilder:
                 return tensor
         raise KeyError(name)
 
-    def hbm_tensor(self, hint: str, dtype: int, shape: tuple[int, ...], role: int, source: str, **extra) -> str:
+    def hbm_tensor(self, hint: str, dtype: int, shape: tuple[int, ...], role: int, source: str,
+                   **extra) -> str:
         return self.tensor(
             hint, dtype=dtype, shape=list(shape), memory=common_pb2.HBM, role=role, source=source, **extra
         )
@@ -113,10 +115,13 @@ class ProgramBuilder:
             )
         return self._views[key]
 
-    def tile(self, hint: str, dtype: int, shape: tuple[int, ...], block: tuple[int, ...], memory: int = common_pb2.SBUF) -> str:
-        return self.tensor(hint, dtype=dtype, shape=list(shape), memory=memory, block_shape=list(block), role=penguin_pb2.INTERNAL)
+    def tile(self, hint: str, dtype: int, shape: tuple[int, ...], block: tuple[int, ...],
+             memory: int = common_pb2.SBUF) -> str:
+        return self.tensor(hint, dtype=dtype, shape=list(shape), memory=memory, block_shape=list(block),
+                           role=penguin_pb2.INTERNAL)
 
-    def nest(self, hint: str, source: str, axes: list[penguin_pb2.Axis], attributes: dict[str, str] | None = None) -> penguin_pb2.LoopNest:
+    def nest(self, hint: str, source: str, axes: list[penguin_pb2.Axis],
+             attributes: dict[str, str] | None = None) -> penguin_pb2.LoopNest:
         nest = self.program.nests.add(name=self.unique(hint), source=source)
         nest.axes.extend(axes)
         for key, value in (attributes or {}).items():
