@@ -38,11 +38,12 @@ from google.protobuf.message import DecodeError, EncodeError
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, check_budget, instruction_count
 from ncc.tools.hlo2penguin.hlo_reader import parse_module_proto, parse_module_text
 from ncc.tools.hlo2penguin.hlo_types import T, dims, element_count, entry_computation, leaf_shapes
 from ncc.tools.hlo2penguin.hlo_verify import SUPPORTED_OPCODES, verify_module
 from ncc.tools.hlo2penguin.lower import lower_module
-from ncc.tools.hlo_opt.bir_codegen import MAX_INSTRUCTIONS, check_budget, instruction_count, lower_to_bir
+from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
 
 MODELS = sorted(path.name[: -len(".hlo.pb")] for path in MODELS_DIR.glob("*.hlo.pb"))
@@ -361,14 +362,17 @@ def test_malformed_predicates_are_compile_errors() -> None:
 
 
 def test_cli_refuses_a_program_over_the_budget(tmp_path: Path) -> None:
-    """Through `ncc compile`: exit 1, one line naming E302, the Frontend job and the HLO instruction."""
+    """Through `ncc compile --verify`: exit 1, one line naming E302, the first job and the HLO instruction.
+
+    The first job refuses it, so the golden evaluator never tries to evaluate 100M elements."""
     model = tmp_path / "huge.hlo"
     model.write_text("HloModule huge\nENTRY main {\n  x = f32[100000000] parameter(0)\n"
                      "  ROOT e = f32[100000000] exponential(x)\n}\n")
-    proc = run_ncc("compile", str(model), "--output", str(tmp_path / "huge.neff"), timeout=60)
+    proc = run_ncc("compile", str(model), "--output", str(tmp_path / "huge.neff"), "--verify", timeout=60)
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith("ncc: error: [E302] job Frontend: program too large: 2,343,750 instructions"), line
+    expected = "ncc: error: [E302] job HLOToTensorizer: program too large: 2,343,750 instructions"
+    assert line.startswith(expected), line
     assert "(at e)" in line
 
 

@@ -7,9 +7,8 @@ trips, slices and concatenations, calls and tuple results; then shapes that foun
 (a bf16 reduce, zero-element arrays) or could (scalars, results that are views). Every case is
 compiled through the real CLI with `--verify` (the golden evaluator and the simulator check each
 other inside the compile), then run with `ncc run` on inputs made here and compared with a numpy
-reference computed here, independently of the compiler's own evaluator. A few cases cannot pass
-`--verify` for reasons outside the lowering (KNOWN_VERIFY_BUGS): they compile without it, and a
-strict xfail keeps the bug visible. Every case also checks the instruction budget's count.
+reference computed here, independently of the compiler's own evaluator. Every case also checks the
+instruction budget's count.
 """
 
 from __future__ import annotations
@@ -22,10 +21,11 @@ import numpy as np
 import pytest
 from conftest import run_ncc
 
+from ncc.tools.common.penguin_budget import instruction_count
 from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.hlo_verify import verify_module
 from ncc.tools.hlo2penguin.lower import lower_module
-from ncc.tools.hlo_opt.bir_codegen import instruction_count, lower_to_bir
+from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 
 Arrays = list[np.ndarray]
 
@@ -82,7 +82,6 @@ class Case:
     reference: Callable[..., np.ndarray | tuple[np.ndarray, ...]]
     bf16: bool = False  # compare with a relative bound of 2e-2 instead of atol 1e-3
     rtol: float = 0.0  # fp32: allow atol 1e-3 + rtol * max |expected| (large sums in another order)
-    verify_bug: str = ""  # a KNOWN_VERIFY_BUGS key: `--verify` fails for a reason outside the lowering
 
 
 def normal(*shapes: tuple[int, ...], bf16: bool = False) -> Callable[[np.random.Generator], Arrays]:
@@ -258,8 +257,7 @@ ENTRY main {
   b = bf16[256,200] parameter(1)
   d = bf16[128,200] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   ROOT f = f32[128,200] convert(d)
-}""", normal((128, 256), (256, 200), bf16=True), lambda a, b: a.astype(np.float64) @ b, bf16=True,
-         verify_bug="tolerance"),
+}""", normal((128, 256), (256, 200), bf16=True), lambda a, b: a.astype(np.float64) @ b, bf16=True),
     Case("bf16_dot_f32_result", """HloModule bf16_dot_f32
 ENTRY main {
   a = bf16[128,256] parameter(0)
@@ -292,14 +290,14 @@ ENTRY main {{
   x = f32[259,1111] parameter(0)
   z = f32[] constant(-inf)
   ROOT r = f32[] reduce(x, z), dimensions={{0,1}}, to_apply=max
-}}""", normal((259, 1111)), lambda x: np.max(x), verify_bug="rank0"),
+}}""", normal((259, 1111)), lambda x: np.max(x)),
     Case("scalar_parameter", """HloModule scalar_param
 ENTRY main {
   x = f32[259,301] parameter(0)
   k = f32[] parameter(1)
   kb = f32[259,301] broadcast(k), dimensions={}
   ROOT r = f32[259,301] multiply(x, kb)
-}""", normal((259, 301), ()), lambda x, k: x * k, verify_bug="rank0"),
+}""", normal((259, 301), ()), lambda x, k: x * k),
     Case("batch_dot_multi_k_multi_n", """HloModule batch_dot_k
 ENTRY main {
   a = f32[2,130,300] parameter(0)
@@ -336,8 +334,7 @@ ENTRY main {
   b = f32[4096,128] parameter(1)
   d = f32[128,128] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   ROOT s = f32[128,128] multiply(d, d)
-}""", normal((128, 4096), (4096, 128)), lambda a, b: (a.astype(np.float64) @ b) ** 2, rtol=1e-5,
-         verify_bug="tolerance"),
+}""", normal((128, 4096), (4096, 128)), lambda a, b: (a.astype(np.float64) @ b) ** 2, rtol=1e-5),
     Case("zero_element_arrays", f"""HloModule zero
 {ADD}
 ENTRY main {{
@@ -353,21 +350,6 @@ ENTRY main {{
 }}""", normal((65, 10), (0, 30)),
          lambda x, b: (x, np.full(65, 2.5), np.zeros((65, 30)), np.zeros((65, 0)))),
 ]
-
-
-# `ncc compile --verify` failures whose root cause is outside the lowering (reported, not fixed here).
-# The compiled NEFF is right (the test below compiles without --verify and matches numpy); only the
-# in-compile check is wrong. test_known_verify_bugs is a strict xfail: it starts failing once fixed.
-KNOWN_VERIFY_BUGS = {
-    "tolerance": "NeffVerifier compares every output with atol=1e-4, rtol=0 (orchestrator/stages.py passes "
-                 "no --atol/--rtol to ncc-sim, whatever the dtypes and magnitudes): an fp32 sum in another "
-                 "order differs by ~1e-6 relative, past 1e-4 once values exceed ~100, and a value rounded "
-                 "to bf16 after it may land one bf16 ulp away from the golden's, so E610 "
-                 "(models/matmul_bf16.hlo fails --verify the same way)",
-    "rank0": "np.ascontiguousarray turns 0-d arrays into shape (1,): tools/common/dtypes.numpy_to_tensor "
-             "(and evaluator.evaluate) write scalar golden tensors as [1], so NeffVerifier fails with "
-             "E602 (scalar input) or E610 'shape [] but expected [1]' (scalar output)",
-}
 
 
 def check_close(case: Case, name: str, got: np.ndarray, want: np.ndarray) -> None:
@@ -403,8 +385,7 @@ def test_shape_compiles_verifies_and_matches_numpy(tmp_path: Path, case: Case) -
     model = tmp_path / f"{case.name}.hlo"
     model.write_text(case.hlo + "\n")
     neff = tmp_path / f"{case.name}.neff"
-    verify = [] if case.verify_bug else ["--verify"]
-    compiled = run_ncc("compile", str(model), "--output", str(neff), *verify, timeout=120)
+    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", timeout=120)
     assert compiled.returncode == 0, compiled.stderr
     assert "Traceback" not in compiled.stderr
 
@@ -421,20 +402,6 @@ def test_shape_compiles_verifies_and_matches_numpy(tmp_path: Path, case: Case) -
         assert sorted(outputs.files) == [f"out{k}" for k in range(len(expected))]
         for k, want in enumerate(expected):
             check_close(case, f"out{k}", outputs[f"out{k}"], want)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("case", [
-    pytest.param(c, id=c.name, marks=pytest.mark.xfail(strict=True, reason=KNOWN_VERIFY_BUGS[c.verify_bug]))
-    for c in CASES if c.verify_bug
-])
-def test_known_verify_bugs(tmp_path: Path, case: Case) -> None:
-    """The cases whose `--verify` fails for a reported reason outside the lowering; XPASS once it is fixed."""
-    model = tmp_path / f"{case.name}.hlo"
-    model.write_text(case.hlo + "\n")
-    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), "--verify", timeout=120)
-    assert "Traceback" not in compiled.stderr
-    assert compiled.returncode == 0, compiled.stderr
 
 
 # Legal programs the backend (tools/walrus_driver, not the lowering) fails to compile; reported.

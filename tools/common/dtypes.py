@@ -63,7 +63,7 @@ def bf16_to_f32(words: np.ndarray) -> np.ndarray:
 
 def f32_to_bf16(values: np.ndarray) -> np.ndarray:
     """Round float32 to bf16 (nearest even), returned as uint16 words."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    bits = np.asarray(values, dtype=np.float32, order="C").view(np.uint32)
     rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
     words = (rounded >> np.uint32(16)).astype(np.uint16)
     nan = np.isnan(values)
@@ -105,7 +105,7 @@ def tensor_to_numpy(tensor: common_pb2.Tensor) -> np.ndarray:
 
 def numpy_to_tensor(name_: str, array: np.ndarray, dtype: int) -> common_pb2.Tensor:
     """Encode a storage array (already of `dtype`'s storage type) as a Tensor proto."""
-    storage = np.ascontiguousarray(array, dtype=_STORAGE[dtype])
+    storage = np.asarray(array, dtype=_STORAGE[dtype], order="C")
     return common_pb2.Tensor(name=name_, dtype=dtype, shape=list(storage.shape), data=storage.tobytes())
 
 

@@ -14,6 +14,7 @@ from ncc.tools.common.toolmain import run_tool
 
 
 def _body(args: argparse.Namespace) -> None:
+    from ncc.tools.common.penguin_budget import check_budget
     from ncc.tools.hlo2penguin.hlo_reader import load_module
     from ncc.tools.hlo2penguin.hlo_verify import verify_module
     from ncc.tools.hlo2penguin.lower import lower_module
@@ -21,6 +22,7 @@ def _body(args: argparse.Namespace) -> None:
     module = load_module(args.input)
     verify_module(module)
     program = lower_module(module)
+    check_budget(program)  # refuse a module too large to unroll before any later job runs
     if args.module_output:
         write_proto(args.module_output, module)
     write_proto(args.output, program)

@@ -8,25 +8,18 @@ instruction whose operands are concrete access patterns:
   * extents are clipped at the tensor's logical shape (partial tiles).
 The list is in program order, which is a valid order; the backend reorders, allocates and syncs.
 
-Instruction budget: before unrolling, the instructions a program would unroll to are counted from
-the nests' extents and predicates (no unrolling; `instruction_count`). A program of more than
-MAX_INSTRUCTIONS instructions, or whose nests have more than MAX_INSTRUCTIONS iteration points in
-all, is refused with E302 naming the largest nest and the HLO instruction it came from. A legal
-HLO shape (up to 16 GiB per array) could otherwise unroll to billions of instructions and run the
-compiler out of time and memory. The limit follows the backend's cost: measured, WalrusDriver
-takes about 1 ms and 20 KB per instruction (100k instructions: 97 s, 1.9 GB; 890k ran
-out of 24 GB), so 250k keeps a compile within minutes and a few GB.
+The instruction budget (tools/common/penguin_budget.py) is checked before anything unrolls.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.penguin_budget import check_budget
 
 _ROLE = {
     penguin_pb2.INPUT: bir_pb2.INPUT,
@@ -34,83 +27,6 @@ _ROLE = {
     penguin_pb2.CONSTANT: bir_pb2.CONSTANT,
     penguin_pb2.INTERNAL: bir_pb2.INTERNAL,
 }
-
-
-MAX_INSTRUCTIONS = 250_000  # E302 beyond this (the budget documented above)
-_ENUMERATE_LIMIT = 1 << 16     # predicates coupling several axes are counted by enumeration up to this
-
-
-def instruction_count(program: penguin_pb2.Program) -> tuple[int, int, penguin_pb2.LoopNest | None, int]:
-    """(instructions, iteration points, the nest with most instructions, its count), unrolling nothing.
-
-    Exact for predicates on one axis each (all the lowering writes); for predicates that couple axes
-    over more than _ENUMERATE_LIMIT points, an upper bound. Clipped-away empty boxes count too.
-    """
-    total = points = largest_count = 0
-    largest = None
-    for nest in program.nests:
-        extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-        points += math.prod(extents.values())
-        count = sum(_statement_points(nest, st, extents) for st in nest.statements)
-        total += count
-        if largest is None or count > largest_count:
-            largest, largest_count = nest, count
-    return total, points, largest, largest_count
-
-
-def _statement_points(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, extents: dict[str, int]) -> int:
-    """How many iteration points of `nest` satisfy the predicates of `st`."""
-    ranges = {name: [0, extent - 1] for name, extent in extents.items()}  # inclusive bounds per axis
-    coupled: list[penguin_pb2.Predicate] = []
-    for predicate in st.predicates:
-        if predicate.relation not in (penguin_pb2.EQ, penguin_pb2.GE):
-            raise CompileError("E301", f"statement '{st.name}' of nest '{nest.name}' has a predicate with an "
-                                       f"unknown relation {predicate.relation}", st.name)
-        for term in predicate.expr.terms:
-            if term.var not in extents:
-                raise CompileError("E301", f"a predicate of statement '{st.name}' uses '{term.var}', which "
-                                           f"is not an axis of nest '{nest.name}'", st.name)
-        terms = [term for term in predicate.expr.terms if term.coeff != 0]
-        k = predicate.expr.constant
-        if not terms:
-            if not affine.holds(predicate, {}):
-                return 0
-        elif len(terms) == 1:
-            var, c = terms[0].var, terms[0].coeff
-            bounds = ranges[var]
-            if predicate.relation == penguin_pb2.EQ:  # c·v + k == 0
-                if k % c:
-                    return 0
-                bounds[0], bounds[1] = max(bounds[0], -k // c), min(bounds[1], -k // c)
-            elif c > 0:  # v >= ceil(-k / c)
-                bounds[0] = max(bounds[0], -(k // c))
-            else:  # v <= floor(k / -c)
-                bounds[1] = min(bounds[1], k // -c)
-        else:
-            coupled.append(predicate)
-    sizes = {name: max(0, hi - lo + 1) for name, (lo, hi) in ranges.items()}
-    count = math.prod(sizes.values())
-    names = sorted({term.var for p in coupled for term in p.expr.terms if term.coeff != 0})
-    subspace = math.prod(sizes[name] for name in names)
-    if count == 0 or not coupled or subspace > _ENUMERATE_LIMIT:
-        return count
-    hits = sum(
-        all(affine.holds(p, dict(zip(names, point, strict=True))) for p in coupled)
-        for point in itertools.product(*(range(ranges[n][0], ranges[n][1] + 1) for n in names))
-    )
-    return count // subspace * hits
-
-
-def check_budget(program: penguin_pb2.Program, limit: int = MAX_INSTRUCTIONS) -> int:
-    """The program's instruction count; E302 when it, or its iteration space, exceeds `limit`."""
-    total, points, largest, largest_count = instruction_count(program)
-    if total > limit or points > limit:
-        where = largest.source or largest.name if largest is not None else program.name
-        what = f"{total:,} instructions" if total > limit else f"{points:,} loop iterations"
-        raise CompileError("E302", f"program too large: {what} (limit {limit:,}); the largest nest, from "
-                                   f"HLO instruction '{where}', unrolls to {largest_count:,} instructions",
-                           where)
-    return total
 
 
 def _row_major(shape: list[int]) -> list[int]:

@@ -100,7 +100,7 @@ def evaluate(
     values = [_coerce(arg, param.shape, param.name) for arg, param in zip(args, params, strict=True)]
     with np.errstate(all="ignore"):
         result = _Evaluator(module).run(entry, values)
-    return [np.ascontiguousarray(leaf) for leaf in _leaves(result)]
+    return [np.asarray(leaf, order="C") for leaf in _leaves(result)]
 
 
 def make_inputs(module: hlo_pb2.HloModuleProto, seed: int) -> list:

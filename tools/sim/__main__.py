@@ -7,7 +7,7 @@
 outputs; one file may hold both). The report (JSON) and the outputs (TensorSet) are written
 atomically before any verdict, so a failing run still leaves them to inspect. Verdicts, in
 order: a deadlock is E612, a race E611 (naming the first and the count), an output that differs
-from `--expect` beyond |got - expected| <= atol + rtol·|expected| is E610 (with the max error).
+from `--expect` beyond |got - expected| <= atol + rtol·max|expected| is E610 (with the max error).
 """
 
 from __future__ import annotations
@@ -36,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--output", help="where to write the outputs (TensorSet)")
     parser.add_argument("--report", help="where to write the JSON report")
     parser.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance (default 1e-4)")
-    parser.add_argument("--rtol", type=float, default=0.0, help="relative tolerance (default 0)")
+    parser.add_argument(
+        "--rtol",
+        type=float,
+        default=None,
+        help="relative tolerance (default: 2^-7 when the program holds bf16 data, 2^-10 for f16, else 1e-5)",
+    )
     parser.add_argument("--no-race-check", action="store_true", help="skip happens-before race detection")
     return parser
 
@@ -82,7 +87,12 @@ class Comparison:
 
 
 def compare(name: str, got: np.ndarray | None, expected: np.ndarray, atol: float, rtol: float) -> Comparison:
-    """Element-wise |got - expected| <= atol + rtol·|expected| (NaN matches NaN, inf matches inf)."""
+    """Element-wise |got - expected| <= atol + rtol·max|expected| (NaN matches NaN, inf matches inf).
+
+    The relative part scales with the output's largest finite magnitude, not each element's: a
+    sum's rounding error grows with the magnitudes summed, and a result that cancelled to near
+    zero keeps the error of its large terms.
+    """
     if got is None:
         return Comparison(
             name, float("inf"), expected.size, expected.size, problem="the program has no such output"
@@ -102,7 +112,9 @@ def compare(name: str, got: np.ndarray | None, expected: np.ndarray, atol: float
         same = (a == b) | (np.isnan(a) & np.isnan(b))
         error = np.where(same, 0.0, error)
         error = np.where(np.isnan(error), np.inf, error)
-        bad = error > atol + rtol * np.abs(b)
+        finite = np.abs(b[np.isfinite(b)])
+        scale = float(finite.max()) if finite.size else 0.0
+        bad = error > atol + rtol * scale
     worst = float(error.max()) if error.size else 0.0
     where = ""
     if bad.any():
@@ -123,8 +135,24 @@ def _write_outputs(path: str, result: SimResult, neff: bir_pb2.Neff) -> None:
     write_proto(path, tensor_set)
 
 
+def default_rtol(neff: bir_pb2.Neff) -> float:
+    """Relative tolerance fitting the narrowest float in the program.
+
+    The golden evaluator and the device sum in different orders; once a result is rounded to a
+    16-bit float that difference can be one unit in the last place of that type.
+    """
+    kinds = {tensor.dtype for tensor in neff.hbm}
+    if common_pb2.BF16 in kinds:
+        return 2.0**-7
+    if common_pb2.F16 in kinds:
+        return 2.0**-10
+    return 1e-5
+
+
 def body(args: argparse.Namespace) -> None:
     neff = read_neff(args.neff)
+    if args.rtol is None:
+        args.rtol = default_rtol(neff)
     inputs = _read_tensors(args.inputs, "inputs", "arg")
     result = simulate_neff(neff, inputs, check_races=not args.no_race_check)
     comparisons: list[Comparison] = []
