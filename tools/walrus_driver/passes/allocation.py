@@ -27,6 +27,7 @@ from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "allocation"
+MAX_HOLDERS_SHOWN = 4  # a diagnostic is one line: name the largest live buffers, count the rest
 
 
 @dataclass
@@ -105,9 +106,10 @@ def _allocate(
         address = _fit(live, size, capacity, align, bank, cursor if next_fit else 0)
         if address is None:
             free = _largest_gap(live, capacity)
-            holders = ", ".join(
-                f"{e.name}@{e.address}+{e.size}" for e in sorted(live, key=lambda e: e.address)
-            )
+            biggest = sorted(live, key=lambda e: -e.size)[:MAX_HOLDERS_SHOWN]
+            holders = ", ".join(f"{e.name}@{e.address}+{e.size}" for e in biggest)
+            if len(live) > len(biggest):
+                holders += f" and {len(live) - len(biggest)} more ({sum(e.size for e in live)} bytes in all)"
             raise CompileError(
                 "E403",
                 f"allocation: {memory} buffer '{buffer.name}' needs {size} bytes per partition but only "

@@ -12,8 +12,8 @@ choice starts first is scheduled. Priority is the critical path to the end of th
 Live-bytes pressure: when the chosen instruction would make the live SBUF (or PSUM) bytes per
 partition exceed `pressure_fraction` of the memory (its buffers count as live while it runs), the
 scheduler takes instead a ready or soon-ready instruction that stays within the limit, else one
-that does not grow the live set (it frees a buffer by being its last user), so that allocation
-afterwards fits.
+that does not grow the live set (it frees a buffer by being its last user), else the one earliest
+in the input (program) order, so that allocation afterwards fits.
 
 The new order is written to program.instructions. Counters: the estimated makespan of the input
 order and of the new order under the same model, and the lower bound max(busiest engine's work,
@@ -254,24 +254,26 @@ class _Pressure:
     ) -> int | None:
         """The default choice would push the live set over the limit: rather take, among the first
         `window` ready instructions of each engine, one that fits, else one that does not grow the
-        live set (it frees what it makes live), earliest start first. None if there is none."""
-        best: tuple[int, float, float, int] | None = None
+        live set (it frees what it makes live), earliest start first; else the one earliest in the
+        input order, which is the frontend's program order: it finishes one tile before it starts
+        the next, so following it bounds the live set even when every ready instruction grows it
+        (e.g. all first operands of many tiles were loaded and no tile has its second yet)."""
+        best: tuple[float, float, float, int] | None = None
         for engine in available.keys() | waiting.keys():
             free = machine.engine_free[engine]
-            entries = [(free, p, n) for p, _, n in heapq.nsmallest(window, available.get(engine, []))]
+            entries = [(free, p, i, n) for p, i, n in heapq.nsmallest(window, available.get(engine, []))]
             entries += [
-                (max(e, free), p, n) for e, p, _, n in heapq.nsmallest(window, waiting.get(engine, []))
+                (max(e, free), p, i, n) for e, p, i, n in heapq.nsmallest(window, waiting.get(engine, []))
             ]
-            for start, neg_prio, node in entries:
+            for start, neg_prio, index, node in entries:
                 if node in taken:
                     continue
                 if self.fits(node):
-                    rank = 0
+                    key = (0, start, neg_prio, node)
                 elif self._delta(node)[1] <= 0:
-                    rank = 1
+                    key = (1, start, neg_prio, node)
                 else:
-                    continue
-                key = (rank, start, neg_prio, node)
+                    key = (2, index, 0.0, node)
                 if best is None or key < best:
                     best = key
         return best[3] if best is not None else None
