@@ -70,3 +70,29 @@ def test_scalar_constants_fold_into_immediates(models_dir: Path, name: str) -> N
     program = lower(models_dir, name)
     assert not [t for t in program.hbm if t.role == bir_pb2.CONSTANT]
     assert any(i.op == "tensor_scalar" for i in program.instructions)
+
+
+def test_frontend_attributes_stay_on_the_ops_they_lower_to() -> None:
+    """An annotation JAX puts on an op (set_xla_metadata) reaches every Penguin statement and BIR
+    instruction that op became, and nothing else."""
+    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+
+    module = parse_hlo_text(
+        """HloModule annotated
+ENTRY main {
+  x = f32[256,300] parameter(0)
+  e = f32[256,300] exponential(x), frontend_attributes={pipeline_stages="2",note="hot"}
+  ROOT n = f32[256,300] negate(e)
+}"""
+    )
+    program = lower_module(module)
+    annotated = [n for n in program.nests if n.source == "e"]
+    assert annotated and annotated[0].attributes["frontend:pipeline_stages"] == "2"
+    for nest in program.nests:
+        for statement in nest.statements:
+            expected = {"frontend:pipeline_stages": "2", "frontend:note": "hot"} if nest.source == "e" else {}
+            got = {k: v for k, v in statement.attributes.items() if k.startswith("frontend:")}
+            assert got == expected, (nest.name, statement.name)
+    bir = lower_to_bir(program)
+    tagged = {i.source for i in bir.instructions if i.attributes.get("frontend:note") == "hot"}
+    assert tagged == {"e"}

@@ -25,6 +25,7 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo2penguin.hlo_types import ncc_dtype
 from ncc.tools.hlo2penguin.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.nest_builder import (
+    FRONTEND_PREFIX,
     PARTITIONS,
     ProgramBuilder,
     Tiling,
@@ -243,7 +244,7 @@ class Lowering:
         return View.whole(name, dtype, shape)
 
     def _attributes(self, instr) -> dict[str, str]:
-        return {f"frontend:{k}": v for k, v in instr.frontend_attributes.map.items()}
+        return {f"{FRONTEND_PREFIX}{k}": v for k, v in instr.frontend_attributes.map.items()}
 
     def _copy_into(self, value: Value, target: View, source: str) -> None:
         tiling = self._tiling(target.shape)

@@ -16,6 +16,7 @@ from ncc.tools.common import affine
 from ncc.tools.hlo2penguin.views import View
 
 PARTITIONS = 128
+FRONTEND_PREFIX = "frontend:"  # attribute keys carried over from HLO frontend_attributes
 
 
 def canonical_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -147,6 +148,9 @@ def add_statement(
     statement.inputs.extend(inputs)
     statement.scalars.extend(scalars)
     statement.predicates.extend(predicates)
+    for key, value in nest.attributes.items():  # the HLO op's frontend attributes stay on what it became
+        if key.startswith(FRONTEND_PREFIX):
+            statement.attributes[key] = value
     for key, value in (attributes or {}).items():
         statement.attributes[key] = value
     return statement
