@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_orchestrator_support import TOOL_CODE, assert_one_line_error, find_model, lock_held, ncc
+from orchestrator_support import TOOL_CODE, assert_one_line_error, find_model, lock_held, ncc
 
 
 @pytest.fixture

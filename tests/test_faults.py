@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_orchestrator_support import assert_one_line_error, find_model, job_record, ncc
+from orchestrator_support import assert_one_line_error, find_model, job_record, ncc
 
 # tool → (job, its folder); the folders assume the default pipeline (no --verify)
 TOOLS = {

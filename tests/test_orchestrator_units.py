@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_orchestrator_support import lock_held
+from orchestrator_support import lock_held
 
 from ncc.orchestrator import digests
 from ncc.orchestrator.diagnostics import CODES, ExitCode, NccDiagnostic, NccError, exit_code_for

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_orchestrator_support import (
+from orchestrator_support import (
     DEFAULT_JOB_DIRS,
     assert_one_line_error,
     find_model,
