@@ -2,14 +2,7 @@
 
 The scheduler uses them to estimate start times and the critical path; the lower bound of a
 schedule is max(busiest engine's work, busiest shared port, critical path, bytes moved / DMA
-bandwidth). The formulas mirror the simulator's (tools/sim/timing.py), N = the largest operand's
-free elements per partition, access = onchip_access_cycles:
-  matmul        max(N_moving, matmul_min_cycles) x fp32_matmul_factor (fp32 operands) + access
-  ACT           N + access
-  DVE / POOL    #inputs x N + access (+ pool_start_cycles on POOL)
-  nop           nop_cycles
-  dma           dma_issue_cycles on the trigger engine, then fixed latency + bytes / queue bandwidth
-Per-element cycle keys (dve_cycles_per_element, ...) default to 1 when the target omits them.
+bandwidth). The formulas are the target's cost model (tools/target/costs.py), shared with the simulator.
 """
 
 from __future__ import annotations
@@ -21,55 +14,30 @@ import networkx as nx
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import Target
+from ncc.tools.target import costs as target_costs
 from ncc.tools.walrus_driver import birutil
-
-SBUF_PORT, PSUM_PORT = "sbuf_port", "psum_port"
-_PER_ELEMENT_KEY = {
-    birutil.DVE: "dve_cycles_per_element",
-    birutil.POOL: "pool_cycles_per_element",
-    birutil.ACT: "act_cycles_per_element",
-    birutil.PE: "pe_cycles_per_element",
-    birutil.SP: "sp_cycles_per_element",
-}
 
 
 def engine_cycles(instr: bir_pb2.Instruction, target: Target) -> float:
     """Cycles the instruction occupies its engine (for a dma: the trigger engine's issue time)."""
-    costs = target.costs
-    if instr.op == "dma":
-        return float(target.dma_issue_cycles)
-    if instr.op == "nop":
-        return float(costs.get("nop_cycles", 4))
-    access = float(costs.get("onchip_access_cycles", 60))
-    if instr.op == "matmul":
-        moving = instr.inputs[1] if len(instr.inputs) > 1 else None
-        n = birutil.free_elements(moving) if moving is not None else 1
-        fp32 = any(ap.dtype == common_pb2.F32 for ap in instr.inputs)
-        factor = float(costs.get("fp32_matmul_factor", 4)) if fp32 else 1.0
-        return max(n, float(costs.get("matmul_min_cycles", 64))) * factor + access
-    free = max((birutil.free_elements(ap) for ap in [*instr.inputs, *instr.outputs]), default=0)
-    per_element = float(costs.get(_PER_ELEMENT_KEY.get(instr.engine, ""), 1.0))
-    if instr.op == "activation" or instr.engine == birutil.ACT:
-        cycles = free * per_element
-    else:
-        cycles = max(1, len(instr.inputs)) * free * per_element
-    if instr.engine == birutil.POOL:
-        cycles += float(costs.get("pool_start_cycles", 150))
-    return cycles + access
+    operands = [*instr.inputs, *instr.outputs]
+    moving = instr.inputs[1] if instr.op == "matmul" and len(instr.inputs) > 1 else None
+    return target_costs.engine_cycles(
+        target,
+        op=instr.op,
+        engine=instr.engine,
+        inputs=len(instr.inputs),
+        free=max((birutil.free_elements(ap) for ap in operands), default=0),
+        moving_free=birutil.free_elements(moving) if moving is not None else 1,
+        fp32=any(ap.dtype == common_pb2.F32 for ap in instr.inputs),
+    )
 
 
 def ports(instr: bir_pb2.Instruction) -> tuple[str, ...]:
-    """Shared memory ports the instruction holds while it runs: DVE and POOL share the SBUF port,
-    DVE and ACT the PSUM port (a dma holds none)."""
-    if instr.op == "dma":
-        return ()
-    memories = {ap.memory for ap in [*instr.inputs, *instr.outputs]}
-    held = []
-    if instr.engine in (birutil.DVE, birutil.POOL) and birutil.SBUF in memories:
-        held.append(SBUF_PORT)
-    if instr.engine in (birutil.DVE, birutil.ACT) and birutil.PSUM in memories:
-        held.append(PSUM_PORT)
-    return tuple(held)
+    """Shared memory ports the instruction holds while it runs (tools/target/costs.py)."""
+    return target_costs.ports(
+        op=instr.op, engine=instr.engine, memories={ap.memory for ap in [*instr.inputs, *instr.outputs]}
+    )
 
 
 def engine_ns(instr: bir_pb2.Instruction, target: Target) -> float:

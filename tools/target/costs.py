@@ -1,0 +1,73 @@
+"""The cost model: how long an instruction occupies its engine, and which shared ports it holds.
+
+One formula for everyone who needs a duration: the backend's scheduler estimates with it, the
+simulator times with it, so "the schedule the compiler planned" and "the schedule that ran" differ
+only by what the scheduler cannot know. Numbers come from the Target; N is the largest operand's
+free elements per partition, access = onchip_access_cycles:
+
+  matmul      max(N_moving, matmul_min_cycles) x fp32_matmul_factor (if an input is fp32) + access
+  ACT         N x act_cycles_per_element + access
+  DVE / POOL  max(1, #inputs) x N x {dve,pool}_cycles_per_element + access (+ pool_start_cycles on POOL)
+  nop         nop_cycles
+  dma         dma_issue_cycles on the trigger engine; the transfer then occupies its queue for
+              Target.dma_ns(bytes) = dma_fixed_latency_ns + bytes / dma_queue_bandwidth_gbps
+
+Per-element keys default to 1 cycle when the target omits them. Structural hazards (DESIGN.md):
+DVE and POOL share the SBUF port, DVE and ACT the PSUM port; an instruction holds each port it
+needs for its whole duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ncc.schemas import common_pb2
+from ncc.tools.target import Target
+
+SBUF_PORT = "SBUF port (DVE/POOL)"
+PSUM_PORT = "PSUM port (DVE/ACT)"
+_PORT_USERS = {
+    SBUF_PORT: (common_pb2.SBUF, frozenset({common_pb2.DVE, common_pb2.POOL})),
+    PSUM_PORT: (common_pb2.PSUM, frozenset({common_pb2.DVE, common_pb2.ACT})),
+}
+_PER_ELEMENT_KEY = {
+    common_pb2.DVE: "dve_cycles_per_element",
+    common_pb2.POOL: "pool_cycles_per_element",
+    common_pb2.ACT: "act_cycles_per_element",
+    common_pb2.PE: "pe_cycles_per_element",
+    common_pb2.SP: "sp_cycles_per_element",
+}
+
+
+def engine_cycles(
+    target: Target, *, op: str, engine: int, inputs: int, free: int, moving_free: int = 0, fp32: bool = False
+) -> float:
+    """Cycles `op` occupies `engine` (a dma: only its trigger's issue). `free`: the largest operand's
+    free elements per partition; `moving_free` and `fp32` matter for matmul only."""
+    costs = target.costs
+    if op == "dma":
+        return float(target.dma_issue_cycles)
+    if op == "nop":
+        return float(costs.get("nop_cycles", 4))
+    access = float(costs.get("onchip_access_cycles", 60))
+    if op == "matmul":
+        factor = float(costs.get("fp32_matmul_factor", 4)) if fp32 else 1.0
+        return max(moving_free, float(costs.get("matmul_min_cycles", 64))) * factor + access
+    per_element = float(costs.get(_PER_ELEMENT_KEY.get(engine, ""), 1.0))
+    if op == "activation" or engine == common_pb2.ACT:
+        cycles = free * per_element
+    else:
+        cycles = max(1, inputs) * free * per_element
+    if engine == common_pb2.POOL:
+        cycles += float(costs.get("pool_start_cycles", 150))
+    return cycles + access
+
+
+def ports(*, op: str, engine: int, memories: Iterable[int]) -> tuple[str, ...]:
+    """The shared memory ports an instruction on `engine` touching `memories` holds (a dma: none)."""
+    if op == "dma":
+        return ()
+    touched = set(memories)
+    return tuple(
+        port for port, (memory, users) in _PORT_USERS.items() if engine in users and memory in touched
+    )
