@@ -11,6 +11,15 @@ from collections.abc import Mapping
 from ncc.schemas import penguin_pb2
 
 
+def row_major_strides(shape) -> tuple[int, ...]:
+    """Element strides of a dense row-major layout: the affine map from an index to an offset."""
+    strides, step = [], 1
+    for size in reversed(tuple(shape)):
+        strides.append(step)
+        step *= int(size)
+    return tuple(reversed(strides))
+
+
 def expr(terms: Mapping[str, int] | None = None, constant: int = 0) -> penguin_pb2.AffineExpr:
     """sum(coeff * var for var, coeff in terms) + constant, dropping zero coefficients."""
     result = penguin_pb2.AffineExpr(constant=constant)

@@ -33,7 +33,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
     canonical_shape,
     ceil_div,
 )
-from ncc.tools.hlo2penguin.views import View, row_major_strides
+from ncc.tools.hlo2penguin.views import View
 
 FREE_TILE = 2048         # elements per partition in an elementwise tile
 MATMUL_N_TILE = 512      # one PSUM bank of fp32
@@ -439,5 +439,3 @@ def lower_module(module: hlo_pb2.HloModuleProto) -> penguin_pb2.Program:
     """Lower a verified module to a Penguin program."""
     return Lowering(module).run()
 
-
-__all__ = ["lower_module", "row_major_strides"]

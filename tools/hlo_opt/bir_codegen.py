@@ -29,14 +29,6 @@ _ROLE = {
 }
 
 
-def _row_major(shape: list[int]) -> list[int]:
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return list(reversed(strides))
-
-
 class BirCodeGenLoop:
     def __init__(self, program: penguin_pb2.Program, target: str = "trn1") -> None:
         self.penguin = program
@@ -126,7 +118,7 @@ class BirCodeGenLoop:
         if tensor.view_of:
             base, offset, strides = tensor.view_of, tensor.view_offset, list(tensor.view_strides)
         else:
-            base, offset, strides = tensor.name, 0, _row_major(list(tensor.shape))
+            base, offset, strides = tensor.name, 0, list(affine.row_major_strides(tensor.shape))
         offset += sum(s * st for s, st in zip(starts, strides, strict=True))
         rank = len(extents)
         dims = [bir_pb2.Dim(stride=strides[d], count=extents[d])
