@@ -309,12 +309,12 @@ def test_front_end_fuzz_never_crashes(fmt: str) -> None:
 
 
 def test_budget_refuses_a_program_that_would_unroll_to_millions_of_instructions() -> None:
-    """A legal 100M-element vector (400 MB) is 781,250 tiles of 128×1 per op: refused before unrolling."""
+    """A legal 100M×1 array (400 MB) is 781,250 tiles of 128×1 per op: refused before unrolling."""
     module = parse_module_text(b"""HloModule huge
 ENTRY main {
-  x = f32[100000000] parameter(0)
-  e = f32[100000000] exponential(x)
-  ROOT t = f32[100000000] tanh(e)
+  x = f32[100000000,1] parameter(0)
+  e = f32[100000000,1] exponential(x)
+  ROOT t = f32[100000000,1] tanh(e)
 }""")
     verify_module(module)
     program = lower_module(module)
@@ -366,8 +366,8 @@ def test_cli_refuses_a_program_over_the_budget(tmp_path: Path) -> None:
 
     The first job refuses it, so the golden evaluator never tries to evaluate 100M elements."""
     model = tmp_path / "huge.hlo"
-    model.write_text("HloModule huge\nENTRY main {\n  x = f32[100000000] parameter(0)\n"
-                     "  ROOT e = f32[100000000] exponential(x)\n}\n")
+    model.write_text("HloModule huge\nENTRY main {\n  x = f32[100000000,1] parameter(0)\n"
+                     "  ROOT e = f32[100000000,1] exponential(x)\n}\n")
     proc = run_ncc("compile", str(model), "--output", str(tmp_path / "huge.neff"), "--verify", timeout=60)
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.strip().splitlines()

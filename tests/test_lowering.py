@@ -96,3 +96,19 @@ ENTRY main {
     bir = lower_to_bir(program)
     tagged = {i.source for i in bir.instructions if i.attributes.get("frontend:note") == "hot"}
     assert tagged == {"e"}
+
+
+@pytest.mark.parametrize(("length", "rows"), [(1_000_000, 125), (1000, 125), (1024, 128), (1009, 1), (7, 7)])
+def test_vectors_fill_the_partitions(length: int, rows: int) -> None:
+    """A rank-1 op tiles as (p, n/p) with p the largest divisor of n up to 128, not n rows of one."""
+    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+
+    module = parse_hlo_text(f"""HloModule v
+ENTRY main {{
+  x = f32[{length}] parameter(0)
+  ROOT e = f32[{length}] exponential(x)
+}}""")
+    program = lower_to_bir(lower_module(module))
+    computes = [i for i in program.instructions if i.op == "activation"]
+    assert {i.outputs[0].partition_count for i in computes} == {rows}
+    assert sum(i.outputs[0].partition_count * i.outputs[0].dims[0].count for i in computes) == length

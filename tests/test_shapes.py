@@ -134,6 +134,8 @@ CASES: list[Case] = [
     elementwise_case((65, 301)),
     elementwise_case((259, 1111)),
     elementwise_case((3, 2500)),
+    elementwise_case((1_000_000,)),  # a vector fills the partitions: 128 x 7812.5 -> 125 x 8000
+    elementwise_case((1009,)),  # a prime length: one partition of 1009
     reduce_case("sum", (259, 1111), 1),
     reduce_case("max", (259, 1111), 1),
     reduce_case("sum", (65, 301), 0),

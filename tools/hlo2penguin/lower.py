@@ -315,7 +315,8 @@ class Lowering:
 
     def _iota(self, instr, shape: tuple[int, ...], dtype: int) -> View:
         out = self._new_output(instr, shape, dtype)
-        tiling = self._tiling(shape)
+        # a vector's iota counts along partitions: as (n, 1), its value is the partition index
+        tiling = self._tiling(shape) if len(shape) != 1 else Tiling((shape[0], 1), 1)
         canon_dim = int(instr.dimensions[0]) if len(shape) >= 2 else 0
         nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
         tile = self.builder.tile(f"{instr.name}.out", dtype, tiling.shape,

@@ -20,11 +20,17 @@ FRONTEND_PREFIX = "frontend:"  # attribute keys carried over from HLO frontend_a
 
 
 def canonical_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The rank >= 2 shape a tiled op works on: () -> (1, 1), (n,) -> (n, 1), else unchanged."""
+    """The rank >= 2 shape a tiled op works on: () -> (1, 1); (n,) -> (p, n / p) with p the largest
+    divisor of n up to 128, so a vector fills the partitions instead of one element per partition
+    (a prime n > 128 gives (1, n)); rank >= 2 is unchanged."""
     if len(shape) == 0:
         return (1, 1)
     if len(shape) == 1:
-        return (shape[0], 1)
+        n = shape[0]
+        if n == 0:
+            return (0, 1)
+        rows = max(d for d in range(1, min(n, PARTITIONS) + 1) if n % d == 0)
+        return (rows, n // rows)
     return tuple(shape)
 
 
