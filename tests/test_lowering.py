@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ncc.schemas import bir_pb2, common_pb2, hlo_pb2
@@ -112,3 +113,28 @@ ENTRY main {{
     computes = [i for i in program.instructions if i.op == "activation"]
     assert {i.outputs[0].partition_count for i in computes} == {rows}
     assert sum(i.outputs[0].partition_count * i.outputs[0].dims[0].count for i in computes) == length
+
+
+def test_folded_constants_take_their_type() -> None:
+    """convert(2.7) to s32 folds to 2 and 1/3 in bf16 folds to bf16's nearest value, as XLA computes."""
+    from ncc.tools.common.dtypes import bf16_to_f32, f32_to_bf16
+    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+
+    module = parse_hlo_text("""HloModule fold
+ENTRY main {
+  x = f32[4,8] parameter(0)
+  c = f32[] constant(2.7)
+  i = s32[] convert(c)
+  f = f32[] convert(i)
+  one = bf16[] constant(1)
+  three = bf16[] constant(3)
+  third = bf16[] divide(one, three)
+  t = f32[] convert(third)
+  ft = f32[] add(f, t)
+  b = f32[4,8] broadcast(ft), dimensions={}
+  ROOT r = f32[4,8] add(x, b)
+}""")
+    program = lower_module(module)
+    (statement,) = [s for n in program.nests for s in n.statements if s.op == "tensor_scalar"]
+    third = float(bf16_to_f32(f32_to_bf16(np.float32([1 / 3])))[0])
+    assert statement.scalars[0] == pytest.approx(2.0 + third, abs=1e-7)

@@ -21,6 +21,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
+from ncc.tools.common.dtypes import from_compute, to_compute
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo2penguin.hlo_types import ncc_dtype
 from ncc.tools.hlo2penguin.literals import literal_to_numpy
@@ -165,8 +166,6 @@ class Lowering:
         flat = values.reshape(-1)
         if flat.size == 0 or np.all(flat == flat[0]) and not np.isnan(flat[0]):
             return Splat(float(flat[0]) if flat.size else 0.0, dtype, shape)
-        from ncc.tools.common.dtypes import from_compute
-
         name = self.builder.hbm_tensor(instr.name, dtype, shape, penguin_pb2.CONSTANT, instr.name,
                                        data=from_compute(values, dtype).tobytes())
         return View.whole(name, dtype, shape)
@@ -255,7 +254,10 @@ class Lowering:
     def _elementwise(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
         opcode = instr.opcode
         if all(isinstance(op, Splat) for op in ops):
-            return Splat(self._fold(instr, [op.value for op in ops]), dtype, shape)
+            folded = self._fold(instr, [op.value for op in ops])
+            # the result takes its type's rounding: bf16 keeps 8 bits, an integer truncates
+            exact = float(to_compute(from_compute(np.asarray([folded]), dtype), dtype)[0])
+            return Splat(exact, dtype, shape)
         out = self._new_output(instr, shape, dtype)
         tiling = self._tiling(shape)
         nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
@@ -394,8 +396,7 @@ class Lowering:
         rb, rc = list(dn.rhs_batch_dimensions), list(dn.rhs_contracting_dimensions)
         lf = [d for d in range(len(lhs.shape)) if d not in lb + lc]
         rf = [d for d in range(len(rhs.shape)) if d not in rb + rc]
-        size = lambda v, dims: int(np.prod([v.shape[d] for d in dims], dtype=np.int64))  # noqa: E731
-        batch, m, k, n = size(lhs, lb), size(lhs, lf), size(lhs, lc), size(rhs, rf)
+        batch, m, k, n = _size(lhs, lb), _size(lhs, lf), _size(lhs, lc), _size(rhs, rf)
         if k == 0:
             return Splat(0.0, dtype, shape)  # an empty contraction: all zeros
         lhs_bmk = self._reshape(lhs.transpose(tuple(lb + lf + lc)), (batch, m, k), instr.name)
@@ -434,6 +435,11 @@ class Lowering:
                       [box(result, ii, jj)], predicates=last)
         self.produced.add(out.base)
         return out
+
+
+def _size(view: View, dims: list[int]) -> int:
+    """Elements spanned by `dims` of `view` (1 for no dims)."""
+    return int(np.prod([view.shape[d] for d in dims], dtype=np.int64))
 
 
 def lower_module(module: hlo_pb2.HloModuleProto) -> penguin_pb2.Program:
