@@ -36,7 +36,7 @@ class HLOToTensorizer(ToolJob):
         return [Path(self.model)]
 
     def flags(self) -> list[str]:
-        return ["--optlevel", str(self.optlevel)]
+        return []  # nothing in lowering depends on --optlevel yet
 
     def tool_arguments(self) -> list[str]:
         penguin, module = self.output_paths()
@@ -80,7 +80,8 @@ class GoldenEvaluator(ToolJob):
 
 @JobRegistry.register
 class Frontend(ToolJob):
-    """F2: optimize Penguin IR (simplify, fuse, tile, software-pipeline) and generate BIR."""
+    """F2: generate BIR from Penguin IR (BirCodeGenLoop). Penguin optimization (fusion, software
+    pipelining) will run here first; until it exists --optlevel only reaches the backend."""
 
     tool = "hlo_opt"
     output_names = ("bir.pb",)
@@ -89,7 +90,7 @@ class Frontend(ToolJob):
         return [self.artifact("HLOToTensorizer", "penguin.pb")]
 
     def flags(self) -> list[str]:
-        return ["--optlevel", str(self.optlevel)]
+        return []
 
     def tool_arguments(self) -> list[str]:
         (penguin,) = self.input_paths()

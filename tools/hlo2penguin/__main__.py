@@ -33,7 +33,6 @@ def main() -> None:
     parser.add_argument("--input", required=True, help="HloModuleProto (.hlo.pb) or HLO text (.hlo)")
     parser.add_argument("--output", required=True, help="Penguin program to write")
     parser.add_argument("--module-output", help="verified HloModuleProto to write")
-    parser.add_argument("--optlevel", type=int, default=2, choices=range(4))
     sys.exit(run_tool("hlo2penguin", parser, _body))
 
 

@@ -36,7 +36,6 @@ def main() -> None:
     parser.add_argument("--evaluate", action="store_true", help="run the golden HLO evaluator")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (--evaluate)")
     parser.add_argument("--inputs", help="TensorSet of inputs instead of generated ones (--evaluate)")
-    parser.add_argument("--optlevel", type=int, default=2, choices=range(4))
     parser.add_argument("--target", default="trn1")
     sys.exit(run_tool("hlo_opt", parser, _body))
 
