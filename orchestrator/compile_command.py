@@ -101,7 +101,7 @@ class CompileCommand:
         )
         removed: list[str] = []
         if not same:
-            removed = self.workdir.remove_job_dirs()
+            removed = self.workdir.remove_job_dirs(JobRegistry.names())
             if removed:
                 log.info("work dir %s was made for another compile; removed %s", self.workdir.root, removed)
         self.workdir.write_pipeline(wanted)

@@ -91,6 +91,8 @@ class CommandDriver:
             raise NccError.of("U004", f"the directory of the output does not exist: {output.parent}")
         if output.is_dir():
             raise NccError.of("U002", f"--output names a directory, not a file: {output}")
+        if output.exists() and os.path.samefile(output, model):
+            raise NccError.of("U002", f"--output {output} is the model itself: the NEFF would overwrite it")
         try:
             fd, probe = tempfile.mkstemp(prefix=f".{output.name}.probe-", dir=output.parent)
             os.close(fd)

@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,16 +150,22 @@ class WorkDir:
     def write_pipeline(self, record: diagnostic_pb2.PipelineRecord) -> None:
         write_message_json(self.pipeline_path, record)
 
-    def remove_job_dirs(self) -> list[str]:
-        """Delete every job folder (stale results of other flags or another input).
+    def remove_job_dirs(self, job_names: Iterable[str]) -> list[str]:
+        """Delete the job folders of an earlier compile (stale results of other flags or input).
 
-        Only folders named like a job (`NN_Name`) are touched. Each loses its record first, so
-        an interruption half-way leaves incomplete jobs, never a complete-looking partial one.
+        Only folders ncc made are touched: named `NN_Job` for a job in `job_names`, holding a
+        cmd.sh or a record.json. A user's own `01_Notes/` in a --workdir they chose stays. Each
+        folder loses its record first, so an interruption half-way leaves incomplete jobs, never
+        a complete-looking partial one.
         """
+        known = set(job_names)
         removed = []
         for entry in sorted(self.root.iterdir()):
-            if not (_JOB_DIR.match(entry.name) and entry.is_dir() and not entry.is_symlink()):
+            named_like_a_job = _JOB_DIR.match(entry.name) and entry.name.split("_", 1)[1] in known
+            if not (named_like_a_job and entry.is_dir() and not entry.is_symlink()):
                 continue
+            if not ((entry / CMD).is_file() or (entry / RECORD).is_file()):
+                continue  # not made by ncc
             (entry / RECORD).unlink(missing_ok=True)
             shutil.rmtree(entry)
             removed.append(entry.name)

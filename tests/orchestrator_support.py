@@ -65,7 +65,6 @@ def ncc(
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
-TOOL_CODE = r"E\d{3}"  # any stage tool's own code
 
 
 def assert_one_line_error(result: Result, code: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from orchestrator_support import TOOL_CODE, assert_one_line_error, find_model, lock_held, ncc
+from orchestrator_support import assert_one_line_error, find_model, lock_held, ncc
 
 
 @pytest.fixture
@@ -79,6 +79,14 @@ def test_output_that_is_a_directory_is_a_usage_error(tmp_path: Path, model: Path
     result = ncc("compile", model, "--output", tmp_path, "--workdir", tmp_path / "w")
     assert_one_line_error(result, "U002")
     assert result.returncode == 2
+
+
+def test_output_that_is_the_model_is_refused_and_the_model_kept(tmp_path: Path, model: Path) -> None:
+    copy = tmp_path / "m.hlo"
+    copy.write_bytes(model.read_bytes())
+    result = ncc("compile", copy, "--output", copy)
+    assert_one_line_error(result, "U002")
+    assert result.returncode == 2 and copy.read_bytes() == model.read_bytes()
 
 
 def test_unwritable_output_directory_is_u005(tmp_path: Path, model: Path) -> None:
@@ -205,7 +213,7 @@ def test_compile_error_in_the_input_is_the_tools_diagnostic(tmp_path: Path) -> N
     broken = tmp_path / "broken.hlo"
     broken.write_text("HloModule broken\n\nENTRY main {\n  x = f32[4]{0} parameter(0\n}\n")
     result = ncc("compile", broken, "--output", tmp_path / "broken.neff")
-    line = assert_one_line_error(result, TOOL_CODE)
+    line = assert_one_line_error(result, "E103")
     assert result.returncode == 1
     workdir = tmp_path / "broken.ncc-work"
     assert "job HLOToTensorizer" in line and f"work dir {workdir}" in line
@@ -219,14 +227,14 @@ def test_truncated_hlo_proto_is_a_tool_diagnostic(tmp_path: Path) -> None:
     truncated = tmp_path / "cut.hlo.pb"
     truncated.write_bytes(whole[: len(whole) // 2])
     result = ncc("compile", truncated, "--output", tmp_path / "cut.neff")
-    line = assert_one_line_error(result, TOOL_CODE)
+    line = assert_one_line_error(result, "E102")
     assert result.returncode == 1 and "job HLOToTensorizer" in line
 
 
 @pytest.mark.slow
 def test_unknown_walrus_pass_is_the_backends_diagnostic(tmp_path: Path, model: Path) -> None:
     result = ncc("compile", model, "--output", tmp_path / "m.neff", "--walrus-passes", "no_such_pass")
-    line = assert_one_line_error(result, TOOL_CODE)
+    line = assert_one_line_error(result, "E401")
     assert result.returncode == 1 and "job WalrusDriver" in line and "no_such_pass" in line
 
 
@@ -289,7 +297,7 @@ def test_run_reports_races_and_deadlocks_after_writing_its_results(
     result = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz", "--report", report)
     line = assert_one_line_error(result, code)
     assert result.returncode == 5 and words in line and line.endswith(f"see {report}")
-    assert (tmp_path / "out.npz").is_file() and json.loads(report.read_text())["simulated_ns"] >= 0
+    assert (tmp_path / "out.npz").is_file() and json.loads(report.read_text())["simulated_ns"] > 0
 
 
 def test_run_with_inputs_that_do_not_match_is_the_simulators_diagnostic(tmp_path: Path) -> None:
@@ -297,6 +305,6 @@ def test_run_with_inputs_that_do_not_match_is_the_simulators_diagnostic(tmp_path
     inputs = tmp_path / "in.npz"
     np.savez(inputs, arg5=np.zeros(4, dtype=np.float32))
     result = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz")
-    line = assert_one_line_error(result, TOOL_CODE)
+    line = assert_one_line_error(result, "E602")
     assert result.returncode == 1 and "arg0" in line
     assert not (tmp_path / "out.npz").exists()

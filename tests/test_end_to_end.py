@@ -62,14 +62,22 @@ def test_bf16_matmul_matches_jax(models_dir: Path, tmp_path: Path) -> None:
     assert report["races"] == []
 
 
+ALL_MODELS = [*FP32_MODELS, "matmul_bf16"]
+
+
 @pytest.mark.slow
-def test_verify_checks_the_neff_against_the_golden_inside_the_compile(
-    models_dir: Path, tmp_path: Path
-) -> None:
-    neff = tmp_path / "gelu.neff"
+@pytest.mark.parametrize("model", ALL_MODELS)
+def test_verify_passes_on_every_model(models_dir: Path, tmp_path: Path, model: str) -> None:
+    """--verify runs the golden evaluator and checks the simulated NEFF against it inside the compile."""
     workdir = tmp_path / "work"
     compiled = run_ncc(
-        "compile", str(models_dir / "gelu.hlo"), "--output", str(neff), "--verify", "--workdir", str(workdir)
+        "compile",
+        str(models_dir / f"{model}.hlo.pb"),
+        "--output",
+        str(tmp_path / "m.neff"),
+        "--verify",
+        "--workdir",
+        str(workdir),
     )
     assert compiled.returncode == 0, compiled.stderr
     jobs = sorted(p.name for p in workdir.iterdir() if p.is_dir())
@@ -81,6 +89,46 @@ def test_verify_checks_the_neff_against_the_golden_inside_the_compile(
         "Packager",
         "NeffVerifier",
     ]
+    report = json.loads((workdir / "06_NeffVerifier" / "sim_report.json").read_text())
+    assert report["comparison"] and all(row["ok"] for row in report["comparison"])
+
+
+@pytest.mark.slow
+def test_the_verify_job_fails_when_the_neff_disagrees_with_the_golden(
+    models_dir: Path, tmp_path: Path
+) -> None:
+    """The in-compile check can fail. A rerun of the compile would regenerate a tampered golden (its
+    digest no longer matches), so this replays the NeffVerifier job by hand (its cmd.sh) against a
+    golden output perturbed by 0.5 in one element: E610 naming out0, in the job's diagnostic."""
+    import subprocess
+
+    from ncc.schemas import common_pb2, diagnostic_pb2
+    from ncc.tools.common import dtypes
+
+    workdir = tmp_path / "work"
+    compiled = run_ncc(
+        "compile",
+        str(models_dir / "gelu.hlo"),
+        "--output",
+        str(tmp_path / "gelu.neff"),
+        "--verify",
+        "--workdir",
+        str(workdir),
+    )
+    assert compiled.returncode == 0, compiled.stderr
+    golden_path = workdir / "02_GoldenEvaluator" / "golden.pb"
+    golden = common_pb2.TensorSet.FromString(golden_path.read_bytes())
+    out0 = next(t for t in golden.tensors if t.name == "out0")
+    values = dtypes.tensor_to_numpy(out0)
+    values[3, 5] += 0.5
+    out0.CopyFrom(dtypes.numpy_to_tensor("out0", values, out0.dtype))
+    golden_path.write_bytes(golden.SerializeToString())
+    job = workdir / "06_NeffVerifier"
+    replay = subprocess.run(["bash", str(job / "cmd.sh")], capture_output=True, text=True, timeout=120)
+    assert replay.returncode == 1, replay.stderr
+    diagnostic = diagnostic_pb2.Diagnostic.FromString((job / "diagnostic.pb").read_bytes())
+    assert diagnostic.code == "E610" and diagnostic.location == "out0"
+    assert "index (3, 5)" in diagnostic.message
 
 
 @pytest.mark.slow

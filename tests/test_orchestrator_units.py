@@ -205,8 +205,20 @@ def test_remove_job_dirs_touches_only_job_folders(tmp_path: Path) -> None:
         (tmp_path / name / "record.json").write_text("{}")
     (tmp_path / "notes").mkdir()
     (tmp_path / "01_notes.txt").write_text("mine")
-    assert workdir.remove_job_dirs() == ["01_HLOToTensorizer", "02_Frontend"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_notes.txt", "notes"]
+    (tmp_path / "01_Thesis").mkdir()  # named like a job folder, but no job of ncc's and not made by ncc
+    (tmp_path / "01_Thesis" / "chapter.txt").write_text("precious")
+    (tmp_path / "03_WalrusDriver").mkdir()  # a known job's name, but nothing ncc writes in it
+    (tmp_path / "03_WalrusDriver" / "mine.txt").write_text("precious")
+    assert workdir.remove_job_dirs(["HLOToTensorizer", "Frontend", "WalrusDriver"]) == [
+        "01_HLOToTensorizer",
+        "02_Frontend",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "01_Thesis",
+        "01_notes.txt",
+        "03_WalrusDriver",
+        "notes",
+    ]
 
 
 def test_work_dir_lock_is_exclusive(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rtol",
         type=float,
         default=None,
-        help="relative tolerance (default: 2^-7 when the program holds bf16 data, 2^-10 for f16, else 1e-5)",
+        help="relative tolerance (default: 2^-7 when the program holds bf16 data, 2^-10 for f16, else 2e-4)",
     )
     parser.add_argument("--no-race-check", action="store_true", help="skip happens-before race detection")
     return parser
@@ -139,14 +139,17 @@ def default_rtol(neff: bir_pb2.Neff) -> float:
     """Relative tolerance fitting the narrowest float in the program.
 
     The golden evaluator and the device sum in different orders; once a result is rounded to a
-    16-bit float that difference can be one unit in the last place of that type.
+    16-bit float that difference can be one unit in the last place of that type. In fp32 it grows
+    with chained reductions: the bundled transformer block (K = 1024 contractions, softmax, two
+    residuals) differs from the golden by 5e-5 of its largest value, so fp32 allows 2e-4 of it;
+    a wrong program is off by far more.
     """
     kinds = {tensor.dtype for tensor in neff.hbm}
     if common_pb2.BF16 in kinds:
         return 2.0**-7
     if common_pb2.F16 in kinds:
         return 2.0**-10
-    return 1e-5
+    return 2e-4
 
 
 def body(args: argparse.Namespace) -> None:
