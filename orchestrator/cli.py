@@ -99,12 +99,14 @@ def dispatch(argv: list[str]) -> int:
 
 
 def _save_traceback() -> Path | None:
-    path = Path(tempfile.gettempdir()) / f"ncc-internal-error-{os.getpid()}.log"
+    """Write the current traceback to a fresh file of our own (never a predictable, followable path)."""
     try:
-        path.write_text(traceback.format_exc(), encoding="utf-8")
+        fd, name = tempfile.mkstemp(prefix="ncc-internal-error-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(traceback.format_exc())
     except OSError:
         return None
-    return path
+    return Path(name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,6 +118,10 @@ def main(argv: list[str] | None = None) -> int:
         diagnostic = err.diagnostic
     except KeyboardInterrupt:
         diagnostic = NccDiagnostic("U007", "interrupted")
+    except BrokenPipeError:  # `ncc inspect x.neff | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return int(ExitCode.OK)
     except Exception as err:
         command = args[0] if args else "ncc"
         diagnostic = NccDiagnostic(

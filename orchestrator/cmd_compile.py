@@ -103,6 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--verbose",
         type=int,
         default=1,
+        choices=range(4),
         metavar="LEVEL",
         help="0 errors only, 1 a summary line (default), 2 job progress and Luigi's log, 3 debug",
     )

@@ -13,6 +13,8 @@ import argparse
 import hashlib
 import json
 import os
+import re
+import sys
 import tempfile
 import time
 import zipfile
@@ -44,8 +46,12 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise NccError.of("U004", f"the directory of {path} does not exist")
 
 
-def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The arrays argN and outN of an .npz file; [U008] if it is not a readable one."""
+def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """(arrays argN, reference arrays outN, other names) of an .npz file; [U008] if it is unreadable.
+
+    Whether the inputs fit the NEFF is the simulator's call (E602 names a missing or mis-shaped
+    input); a module without parameters needs no argN at all.
+    """
     import numpy as np
 
     try:
@@ -53,12 +59,9 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
             arrays = {name: data[name] for name in data.files}
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise NccError.of("U008", f"cannot read inputs {path} as an .npz file: {err}") from None
-    args = {name: array for name, array in arrays.items() if name.startswith("arg")}
-    if not args:
-        raise NccError.of(
-            "U008", f"{path} holds no arrays named arg0..argN (found: {', '.join(arrays) or 'none'})"
-        )
-    return args, {name: array for name, array in arrays.items() if name.startswith("out")}
+    args = {name: array for name, array in arrays.items() if re.fullmatch(r"arg\d+", name)}
+    reference = {name: array for name, array in arrays.items() if re.fullmatch(r"out\d+", name)}
+    return args, reference, sorted(set(arrays) - set(args) - set(reference))
 
 
 def _write_atomic(path: Path, write: Any) -> None:
@@ -116,15 +119,22 @@ def run(args: argparse.Namespace) -> int:
     _check_paths(args)
     import numpy as np
 
+    from ncc.schemas import bir_pb2
     from ncc.tools.common.errors import CompileError
     from ncc.tools.packager.neff import read_neff
     from ncc.tools.sim.api import simulate_neff
 
-    inputs, reference = load_inputs(args.inputs)
+    inputs, reference, others = load_inputs(args.inputs)
     try:
         neff = read_neff(args.neff)
     except CompileError as err:
         raise _compile_error(err) from None
+    expected = {f"arg{t.index}" for t in neff.hbm if t.role == bir_pb2.INPUT}
+    ignored = others + sorted(set(inputs) - expected)
+    if ignored:
+        names = ", ".join(ignored)
+        warning = f"ncc: warning: {args.inputs} holds arrays the NEFF does not take, ignored: {names}"
+        print(warning, file=sys.stderr)
     started = time.monotonic()
     try:
         result = simulate_neff(neff, inputs)

@@ -28,7 +28,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line or missing input file (U-codes)
     ENVIRONMENT = 3  # the machine is in the way: unwritable work dir, lock held (U-codes)
     INTERNAL = 4  # a tool or the driver crashed, was killed or misbehaved (F-codes)
-    CHECK_FAILED = 5  # `ncc run`: the simulator reported a race or a deadlock (R-codes)
+    CHECK_FAILED = 5  # a correctness check found the compiled program wrong: a compiler bug (R-, E41x, E61x)
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT, as a shell would report it)
 
 
@@ -52,6 +52,13 @@ _TABLE: tuple[Code, ...] = (
     Code("U008", ExitCode.USAGE, "the inputs given to `ncc run` do not match the NEFF"),
     Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
     Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
+    # Tool codes that report the compiler's own output as wrong, not the user's input:
+    Code("E410", ExitCode.CHECK_FAILED, "birverifier: the backend broke a rule of the machine"),
+    Code("E411", ExitCode.CHECK_FAILED, "bir_sim: the compiled program races or deadlocks"),
+    Code("E412", ExitCode.CHECK_FAILED, "bir_sim: the compiled program computes something else"),
+    Code("E610", ExitCode.CHECK_FAILED, "--verify: the NEFF's outputs differ from the golden evaluator's"),
+    Code("E611", ExitCode.CHECK_FAILED, "--verify: the NEFF has a data race"),
+    Code("E612", ExitCode.CHECK_FAILED, "--verify: the NEFF deadlocks"),
     Code(
         "F134",
         ExitCode.INTERNAL,
@@ -67,7 +74,7 @@ _TABLE: tuple[Code, ...] = (
 
 CODES: dict[str, Code] = {row.code: row for row in _TABLE}
 
-# Codes a tool reports itself (E101, E201, ...) are compile errors in the user's input.
+# Other codes a tool reports itself (E101, E201, ...) are compile errors in the user's input.
 TOOL_CODE_EXIT = ExitCode.COMPILE_ERROR
 
 

@@ -67,15 +67,7 @@ class GoldenEvaluator(ToolJob):
     def tool_arguments(self) -> list[str]:
         (module,) = self.input_paths()
         (golden,) = self.output_paths()
-        return [
-            "--evaluate",
-            "--input",
-            self.rel(module),
-            "--output",
-            self.rel(golden),
-            "--seed",
-            str(GOLDEN_SEED),
-        ]
+        return ["--input", self.rel(module), "--output", self.rel(golden), *self.flags()]
 
 
 @JobRegistry.register

@@ -45,7 +45,10 @@ class Result:
 
     @property
     def error_lines(self) -> list[str]:
-        return [line for line in self.stderr.splitlines() if line.strip()]
+        """stderr's lines but warnings (`ncc: warning: ...` accompany a result, they are not errors)."""
+        return [
+            line for line in self.stderr.splitlines() if line.strip() and not line.startswith("ncc: warning:")
+        ]
 
 
 def ncc(
@@ -63,8 +66,6 @@ def ncc(
         timeout=timeout,
     )
     return Result(proc.returncode, proc.stdout, proc.stderr)
-
-
 
 
 def assert_one_line_error(result: Result, code: str) -> str:

@@ -138,3 +138,18 @@ ENTRY main {
     (statement,) = [s for n in program.nests for s in n.statements if s.op == "tensor_scalar"]
     third = float(bf16_to_f32(f32_to_bf16(np.float32([1 / 3])))[0])
     assert statement.scalars[0] == pytest.approx(2.0 + third, abs=1e-7)
+
+
+def test_tuple_parameter_is_refused_naming_it() -> None:
+    from ncc.tools.common.errors import CompileError
+    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+
+    module = parse_hlo_text("""HloModule t
+ENTRY main {
+  p = (f32[4], f32[4]) parameter(0)
+  a = f32[4] get-tuple-element(p), index=0
+  ROOT r = f32[4] exponential(a)
+}""")
+    with pytest.raises(CompileError) as refused:
+        lower_module(module)
+    assert refused.value.code == "E207" and refused.value.location == "p"

@@ -58,6 +58,8 @@ def test_every_driver_code_is_documented() -> None:
         ("F139", 4),
         ("E201", 1),
         ("E999", 1),
+        ("E610", 5),  # --verify found the compiler's output wrong: not the user's input
+        ("E411", 5),
         ("Z000", 4),
     ],
 )

@@ -89,6 +89,9 @@ class Lowering:
         params = sorted((i for i in entry.instructions if i.opcode == "parameter"),
                         key=lambda i: i.parameter_number)
         for instr in params:
+            if instr.shape.element_type == hlo_pb2.TUPLE:
+                message = f"tuple-shaped parameter '{instr.name}' is not supported"
+                raise CompileError("E207", message, instr.name)
             shape, dtype = self._shape(instr), ncc_dtype(instr.shape.element_type)
             name = self.builder.hbm_tensor(instr.name, dtype, shape, penguin_pb2.INPUT, instr.name,
                                            index=instr.parameter_number)
