@@ -87,16 +87,17 @@ class CompileCommand:
         )
 
     def prepareWorkDir(self, wanted: diagnostic_pb2.PipelineRecord) -> list[str]:  # noqa: N802
-        """Clear the work directory if its content was made for other flags, jobs or input.
+        """Clear the work directory if its content was made for another job list or input.
 
         Tool versions are not compared here: a changed tool changes its jobs' cache keys, so
         exactly those jobs and the ones after them rerun.
         """
         recorded = self.workdir.read_pipeline()
+        # Other flags alone do not make the folder stale: each job's cache key holds the flags it
+        # depends on, so exactly the jobs a flag changes (and those after them) rerun.
         same = (
             recorded is not None
             and list(recorded.jobs) == list(wanted.jobs)
-            and list(recorded.flags) == list(wanted.flags)
             and recorded.input_sha256 == wanted.input_sha256
         )
         removed: list[str] = []

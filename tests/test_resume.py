@@ -101,16 +101,27 @@ def test_a_deleted_or_corrupted_record_reruns_from_there(tmp_path: Path, model: 
     assert runs_per_compile(workdir) == [ALL_JOBS, ALL_JOBS[1:], ["Packager"]]
 
 
-def test_other_flags_make_the_work_dir_stale(tmp_path: Path, model: Path) -> None:
+def test_other_flags_rerun_only_the_jobs_they_change(tmp_path: Path, model: Path) -> None:
+    """--optlevel reaches only the backend: the front-end jobs are reused, the backend and the
+    packager (whose NEFF records the flags) rerun; limits change how jobs run, not what they compute."""
     output, workdir = tmp_path / "m.neff", tmp_path / "m.ncc-work"
     compile_ok(model, output)
     (workdir / "notes.txt").write_text("the user's own file")
-    compile_ok(model, output, "--optlevel", "1")
-    # Limits change how jobs run, not what they compute: the same compile.
-    compile_ok(model, output, "--optlevel", "1", "--timeout", "100", "--mem-limit", "4000")
-    assert runs_per_compile(workdir) == [ALL_JOBS, ALL_JOBS, []]
-    assert json.loads((workdir / "pipeline.json").read_text())["flags"] == ["--optlevel=1"]
+    compile_ok(model, output, "--optlevel", "0")
+    compile_ok(model, output, "--optlevel", "0", "--timeout", "100", "--mem-limit", "4000")
+    assert runs_per_compile(workdir) == [ALL_JOBS, ["WalrusDriver", "Packager"], []]
+    assert json.loads((workdir / "pipeline.json").read_text())["flags"] == ["--optlevel=0"]
     assert (workdir / "notes.txt").read_text() == "the user's own file"
+
+
+def test_another_job_list_makes_the_work_dir_stale(tmp_path: Path, model: Path) -> None:
+    output, workdir = tmp_path / "m.neff", tmp_path / "m.ncc-work"
+    compile_ok(model, output)
+    compile_ok(model, output, "--verify")  # two more jobs: every folder's number changes
+    assert runs_per_compile(workdir)[1] == [
+        "HLOToTensorizer", "GoldenEvaluator", "Frontend", "WalrusDriver", "Packager", "NeffVerifier"
+    ]
+    assert sorted(p.name for p in workdir.iterdir() if p.is_dir())[0] == "01_HLOToTensorizer"
 
 
 def test_another_input_makes_the_work_dir_stale(tmp_path: Path, model: Path) -> None:
