@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Mapping
@@ -64,19 +63,6 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     return args, reference, sorted(set(arrays) - set(args) - set(reference))
 
 
-def _write_atomic(path: Path, write: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.absolute().parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def compare_with_reference(outputs: dict[str, Any], reference: dict[str, Any]) -> list[dict[str, Any]]:
     """Max abs error of each output against a same-named reference array, if any."""
     import numpy as np
@@ -121,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ncc.schemas import bir_pb2
     from ncc.tools.common.errors import CompileError
+    from ncc.tools.common.protoio import write_bytes_atomic
     from ncc.tools.packager.neff import read_neff
     from ncc.tools.sim.api import simulate_neff
 
@@ -142,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
         raise _compile_error(err) from None
     wall = time.monotonic() - started
 
-    _write_atomic(args.output, lambda handle: np.savez(handle, **result.outputs))
+    arrays = io.BytesIO()
+    np.savez(arrays, **result.outputs)
+    write_bytes_atomic(args.output, arrays.getvalue())
     report = {
         **result.report(),
         "neff": str(args.neff),
@@ -158,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         "ncc_version": ncc_version(),
     }
     if args.report:
-        _write_atomic(args.report, lambda handle: handle.write(json.dumps(report, indent=1).encode() + b"\n"))
+        write_bytes_atomic(args.report, json.dumps(report, indent=1).encode() + b"\n")
 
     names = ", ".join(result.outputs) or "none"
     bound = ""
