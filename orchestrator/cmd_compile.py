@@ -80,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=OPTLEVELS,
         default=DEFAULT_OPTLEVEL,
-        help="optimization level (default 2): 0 skips the backend's scheduling passes; 1-3 run the same "
-        "passes until Penguin optimization exists",
+        help="optimization level (default 2): 0 skips the backend's DMA splitting and scheduling; "
+        "1-3 run the same passes until Penguin optimization exists",
     )
     parser.add_argument(
         "--verify",

@@ -22,6 +22,7 @@ from ncc.tools.walrus_driver.pass_manager import (
 from ncc.tools.walrus_driver.registry import PASSES, get_pass, load_passes, register
 
 EXPECTED = {
+    "split_dma",
     "anti_dependency_analyzer",
     "dep_reduction",
     "pre_sched",
@@ -123,7 +124,7 @@ def test_report_holds_every_counter_and_time():
     manager.run(ctx)
     report = manager.report(ctx)
     labels = [p["label"] for p in report["passes"]]
-    assert labels[0] == "anti_dependency_analyzer" and "anti_dependency_analyzer#2" in labels
+    assert labels[:2] == ["split_dma", "anti_dependency_analyzer"] and "anti_dependency_analyzer#2" in labels
     assert all(p["wall_s"] >= 0 for p in report["passes"]) and report["verify_each_wall_s"] > 0
     by_label = {p["label"]: p["stats"] for p in report["passes"]}
     assert by_label["allocation"]["sbuf_buffers"] == 8

@@ -86,6 +86,9 @@ class PassContext:
             "E402", f"pass {self.current_pass} needs {what} to run before it", self.current_pass
         )
 
+    def fail_needs_before(self, what: str) -> None:
+        raise CompileError("E402", f"pass {self.current_pass} must run before {what}", self.current_pass)
+
     def require_deps(self, for_addresses: bool = False) -> nx.DiGraph:
         """The dependence graph, or E402 if it is missing or stale."""
         if self.deps is None or not self.deps_valid:
@@ -116,6 +119,13 @@ class PassContext:
     # ---- invalidation -----------------------------------------------------------------------
     def addresses_changed(self) -> None:
         self.deps_valid_for_addresses = False
+        self.codegen_done = False
+
+    def instructions_changed(self) -> None:
+        """Instructions were added or removed: the dependence graph and the schedule are stale."""
+        self.deps = None
+        self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
+        self.scheduled = False
         self.codegen_done = False
 
     def order_changed(self) -> None:

@@ -19,6 +19,7 @@ from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import PassInfo, get_pass
 
 DEFAULT_PASSES = [
+    "split_dma",
     "anti_dependency_analyzer",
     "dep_reduction",
     "pre_sched",
@@ -30,8 +31,9 @@ DEFAULT_PASSES = [
     "codegen",
 ]
 
-# Passes that only speed up the compiled program; --optlevel 0 leaves them out.
-OPTIMIZING_PASSES = {"dep_reduction", "pre_sched"}
+# Passes --optlevel 0 leaves out: they speed up the compiled program (split_dma, pre_sched) or
+# the compile (dep_reduction), and the program is correct without them.
+OPTIMIZING_PASSES = {"split_dma", "dep_reduction", "pre_sched"}
 
 
 def default_pipeline(optlevel: int = 2) -> list[str]:

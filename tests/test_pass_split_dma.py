@@ -1,0 +1,71 @@
+"""split_dma: large DMAs become partition-range pieces that several queues move at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from walrus_builders import HBM, SP, Bir, by_name, chain_program, reference_chain, run_passes, tile
+
+from ncc.schemas import bir_pb2
+from ncc.schemas.common_pb2 import F32
+from ncc.tools.common.errors import CompileError
+from ncc.tools.sim import simulate_program
+
+BACKEND = "anti_dependency_analyzer,pre_sched,allocation,assign_hwdge_engine,anti_dependency_analyzer,"
+BACKEND += "alloc_semaphores,birverifier,codegen"
+
+
+def test_a_tile_load_is_cut_into_partition_ranges_reading_the_matching_rows() -> None:
+    program = chain_program(tiles=1, cols=2048)  # each load: 128 partitions x 8 KiB = 1 MiB
+    ctx = run_passes(program, "split_dma")
+    assert ctx.stats["split_dma"]["dmas_split"] == 3  # two loads and the store
+    pieces = [i for i in program.instructions if i.name.startswith("load_x0/")]
+    assert [i.name for i in pieces] == [f"load_x0/part{k}" for k in range(8)]
+    for k, piece in enumerate(pieces):
+        onchip, hbm = piece.outputs[0], piece.inputs[0]
+        assert (onchip.partition_start, onchip.partition_count) == (16 * k, 16)
+        assert hbm.offset == 16 * k * 2048 and hbm.dims[0].count == 16
+    assert len({i.id for i in program.instructions}) == len(program.instructions)
+
+
+def test_split_program_computes_the_same_and_spreads_over_queues() -> None:
+    rng = np.random.default_rng(3)
+    inputs = {"arg0": rng.standard_normal((128, 2048)).astype(np.float32),
+              "arg1": rng.standard_normal((128, 2048)).astype(np.float32)}
+    whole = chain_program(tiles=1, cols=2048)
+    run_passes(whole, BACKEND)
+    pieces = chain_program(tiles=1, cols=2048)
+    run_passes(pieces, "split_dma," + BACKEND)
+    loads = [i for i in pieces.instructions if i.name.startswith("load_x0/")]
+    assert len({i.dma_queue for i in loads}) == len(loads)  # every piece on its own queue
+    slow, fast = simulate_program(whole, inputs), simulate_program(pieces, inputs)
+    for result in (slow, fast):
+        assert not result.races and not result.deadlock
+        np.testing.assert_allclose(result.outputs["out0"], reference_chain(inputs), rtol=1e-6)
+    assert fast.simulated_ns < slow.simulated_ns / 2
+
+
+def test_small_dmas_stay_whole() -> None:
+    program = chain_program(tiles=2, cols=64)  # 32 KiB per dma: below two pieces of min_bytes
+    before = [i.name for i in program.instructions]
+    ctx = run_passes(program, "split_dma")
+    assert [i.name for i in program.instructions] == before
+    assert ctx.stats["split_dma"]["dmas_split"] == 0
+
+
+def test_a_dma_whose_hbm_side_does_not_walk_the_partitions_stays_whole() -> None:
+    b = Bir("flat")
+    b.hbm("x", [128 * 2048])
+    b.buffer("t", 2048 * 4)
+    walk = [bir_pb2.Dim(stride=1, count=128 * 2048)]  # one flat run, not a row per partition
+    flat = bir_pb2.AccessPattern(memory=HBM, tensor="x", dtype=F32, dims=walk)
+    b.add("dma", SP, [tile("t", 128, 2048)], [flat], name="flat_load")
+    program = b.build()
+    run_passes(program, "split_dma")
+    assert [i.name for i in by_name(program).values()] == ["flat_load"]
+
+
+def test_must_run_before_queues_are_assigned() -> None:
+    with pytest.raises(CompileError) as err:
+        run_passes(chain_program(1, 2048), "anti_dependency_analyzer,assign_hwdge_engine,split_dma")
+    assert err.value.code == "E402" and "before assign_hwdge_engine" in err.value.message
