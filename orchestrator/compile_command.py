@@ -5,8 +5,9 @@
 is a flat list of job names (data, printed in logs and recorded in pipeline.json); JobRegistry
 turns the last one into a Luigi task whose requirements chain back to the first, and
 runPipeline() lets Luigi run whatever is not complete yet. A work directory left by a compile
-with other flags or another input is stale and is cleared first; one left by the same compile
-is resumed. On success the NEFF is copied from the Packager's folder to --output atomically.
+of another input or job list is stale and is cleared first; otherwise it is resumed, and each
+job's cache key (which holds its flags) decides whether it reruns. On success the NEFF is copied
+from the Packager's folder to --output atomically.
 """
 
 from __future__ import annotations
