@@ -17,6 +17,7 @@ Instances are cached by Luigi per parameters, so a job keeps no state besides it
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import json
 import logging
@@ -104,17 +105,17 @@ class ToolJob(luigi.Task):
 
     # -- what subclasses define ---------------------------------------------------------------
 
+    @abc.abstractmethod
     def input_paths(self) -> list[Path]:
         """The files the tool reads (the model, or outputs of earlier jobs)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def flags(self) -> list[str]:
         """The tool's flags other than file paths; they enter the cache key."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def tool_arguments(self) -> list[str]:
         """The tool's full argument list, except --diagnostics which every job adds."""
-        raise NotImplementedError
 
     # -- layout -------------------------------------------------------------------------------
 
