@@ -7,10 +7,8 @@ global order; the helpers cover 2-D tiles ([partitions, cols] on chip, [rows, co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
-from sim_builders import hbm_2d, onchip
+from sim_builders import ProgramBuilder, hbm_2d, onchip
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import load_target
@@ -42,57 +40,14 @@ def tile(
     )
 
 
-class Bir:
-    """Accumulates a frontend-style BIR program."""
+class Bir(ProgramBuilder):
+    """Accumulates a frontend-style BIR program: virtual buffers (address -1), no semaphores."""
 
     def __init__(self, name: str = "t") -> None:
-        self.program = bir_pb2.Program(name=name, target="trn1")
-        self._id = 0
-
-    def hbm(
-        self, name: str, shape: Sequence[int], role: int = bir_pb2.INPUT, index: int = 0, dtype: int = F32
-    ) -> str:
-        self.program.hbm.add(name=name, dtype=dtype, shape=list(shape), role=role, index=index)
-        return name
+        super().__init__(name, num_semaphores=0)
 
     def buffer(self, name: str, bytes_per_partition: int, memory: int = SBUF, partitions: int = 128) -> str:
-        self.program.buffers.add(
-            name=name,
-            memory=memory,
-            partitions=partitions,
-            bytes_per_partition=bytes_per_partition,
-            address=-1,
-        )
-        return name
-
-    def add(
-        self,
-        op: str,
-        engine: int,
-        outputs: Sequence[bir_pb2.AccessPattern] = (),
-        inputs: Sequence[bir_pb2.AccessPattern] = (),
-        name: str | None = None,
-        func: str = "",
-        scalars: Sequence[float] = (),
-        accumulate: bool = False,
-        queue: int = 0,
-        attributes: dict[str, str] | None = None,
-    ) -> bir_pb2.Instruction:
-        instr = self.program.instructions.add(
-            id=self._id,
-            name=name or f"{op}{self._id}",
-            op=op,
-            engine=engine,
-            dma_queue=queue,
-            outputs=list(outputs),
-            inputs=list(inputs),
-            func=func,
-            scalars=list(scalars),
-            accumulate=accumulate,
-            attributes=attributes or {},
-        )
-        self._id += 1
-        return instr
+        return super().buffer(name, bytes_per_partition, memory, partitions, address=-1)
 
     # ---- common instructions on [p, cols] f32 tiles ----------------------------------------
     def load(
@@ -186,11 +141,6 @@ class Bir:
             accumulate=accumulate,
             name=name,
         )
-
-    def build(self) -> bir_pb2.Program:
-        result = bir_pb2.Program()
-        result.CopyFrom(self.program)
-        return result
 
 
 def run_passes(program: bir_pb2.Program, passes: str, verify_each: bool = True) -> PassContext:
