@@ -16,17 +16,15 @@ from typing import Any
 
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common.dtypes import itemsize
 
-_DTYPE_BYTES = {
-    common_pb2.F32: 4,
-    common_pb2.BF16: 2,
-    common_pb2.F16: 2,
-    common_pb2.S32: 4,
-    common_pb2.U8: 1,
-    common_pb2.S8: 1,
-    common_pb2.U32: 4,
-    common_pb2.PRED: 1,
-}
+
+def _itemsize(dtype: int) -> int:
+    """Bytes per element, 0 for a dtype this ncc does not know (inspect shows what a NEFF holds)."""
+    try:
+        return itemsize(dtype)
+    except KeyError:
+        return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +77,7 @@ def describe(neff: bir_pb2.Neff) -> dict[str, Any]:
                 "index": tensor.index,
                 "dtype": _dtype(tensor.dtype),
                 "shape": list(tensor.shape),
-                "bytes": elements * _DTYPE_BYTES.get(tensor.dtype, 0),
+                "bytes": elements * _itemsize(tensor.dtype),
             }
         )
     buffers = [

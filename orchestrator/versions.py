@@ -1,8 +1,8 @@
 """Versions of ncc and of each stage tool, for job cache keys and the pipeline record.
 
 A tool's version is the ncc release plus a digest of the source it runs: its own package and
-every `ncc.tools.*` / `ncc.schemas` package it imports, found by reading (never importing) the
-sources. So a job's cache key changes when the code that would compute it changes — on a
+every `ncc.tools.*` / `ncc.schemas` package it imports, found by reading the sources (the
+packages are located with importlib's find_spec, which imports only their parent packages). So a job's cache key changes when the code that would compute it changes — on a
 developer's editable install as much as between releases — and only the affected jobs rerun.
 """
 
