@@ -1,9 +1,10 @@
 """Versions of ncc and of each stage tool, for job cache keys and the pipeline record.
 
 A tool's version is the ncc release plus a digest of the source it runs: its own package and
-every `ncc.tools.*` / `ncc.schemas` package it imports, found by reading the sources (the
-packages are located with importlib's find_spec, which imports only their parent packages). So a job's cache key changes when the code that would compute it changes — on a
-developer's editable install as much as between releases — and only the affected jobs rerun.
+every `ncc.tools.*` / `ncc.schemas` package it imports, found by reading the sources (importlib's
+find_spec locates them, importing only their parent packages). So a job's cache key changes when
+the code that would compute it changes — on a developer's editable install as much as between
+releases — and only the affected jobs rerun.
 """
 
 from __future__ import annotations
