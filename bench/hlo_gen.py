@@ -1,0 +1,195 @@
+"""Generated HLO modules of any size: the scale benchmark's and the scale tests' inputs.
+
+Each family is written twice, as HLO text (what ncc compiles; needs nothing) and as the same
+function in JAX (what XLA:CPU compiles when JAX is installed, so the benchmark can time both
+compilers on one function in one run):
+
+  chain      N elementwise ops on f32[R, C]: x -> x*c+x -> tanh -> ... (a long straight line)
+  mlp        L layers of gelu(x @ W_l) on x f32[B, D], W_l f32[D, D] (weights are parameters)
+  attention  L stacked single-head attention blocks with a residual, on x f32[S, D]
+  bdot       a batched dot f32[B, M, K] x f32[B, K, N]
+
+`hlo_text(family, **size)` returns the module text; `jax_function(family, **size)` returns
+(function, argument shapes) or None without JAX.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+ADD = """
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+"""
+MAX = """
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+"""
+
+
+def chain(n: int, rows: int = 512, cols: int = 1024) -> str:
+    """N elementwise ops; every third is a tanh so values stay bounded."""
+    shape = f"f32[{rows},{cols}]"
+    lines = [f"  x0 = {shape} parameter(0)", "  c = f32[] constant(0.5)", f"  cb = {shape} broadcast(c), dimensions={{}}"]
+    for i in range(1, n + 1):
+        prev = f"x{i - 1}"
+        if i % 3 == 0:
+            body = f"tanh({prev})"
+        elif i % 3 == 1:
+            body = f"multiply({prev}, cb)"
+        else:
+            body = f"add({prev}, x{max(0, i - 2)})"
+        root = "ROOT " if i == n else ""
+        lines.append(f"  {root}x{i} = {shape} {body}")
+    return f"HloModule chain_{n}\n\nENTRY main {{\n" + "\n".join(lines) + "\n}\n"
+
+
+def _gelu_lines(name: str, shape: str, source: str) -> list[str]:
+    return [
+        f"  {name}.c0 = f32[] constant(0.044715)",
+        f"  {name}.c1 = f32[] constant(0.797884583)",
+        f"  {name}.c2 = f32[] constant(1)",
+        f"  {name}.c3 = f32[] constant(0.5)",
+        f"  {name}.b0 = {shape} broadcast({name}.c0), dimensions={{}}",
+        f"  {name}.b1 = {shape} broadcast({name}.c1), dimensions={{}}",
+        f"  {name}.b2 = {shape} broadcast({name}.c2), dimensions={{}}",
+        f"  {name}.b3 = {shape} broadcast({name}.c3), dimensions={{}}",
+        f"  {name}.sq = {shape} multiply({source}, {source})",
+        f"  {name}.cu = {shape} multiply({name}.sq, {source})",
+        f"  {name}.m0 = {shape} multiply({name}.cu, {name}.b0)",
+        f"  {name}.a0 = {shape} add({source}, {name}.m0)",
+        f"  {name}.m1 = {shape} multiply({name}.a0, {name}.b1)",
+        f"  {name}.t = {shape} tanh({name}.m1)",
+        f"  {name}.a1 = {shape} add({name}.t, {name}.b2)",
+        f"  {name}.m2 = {shape} multiply({name}.a1, {name}.b3)",
+        f"  {name} = {shape} multiply({source}, {name}.m2)",
+    ]
+
+
+def mlp(batch: int, d: int, layers: int = 2) -> str:
+    """gelu(x @ W_1) ... @ W_L: every layer a [B,D]x[D,D] dot and a gelu."""
+    shape = f"f32[{batch},{d}]"
+    lines = [f"  x = {shape} parameter(0)"]
+    lines += [f"  w{i} = f32[{d},{d}] parameter({i + 1})" for i in range(layers)]
+    source = "x"
+    for i in range(layers):
+        lines.append(
+            f"  h{i} = {shape} dot({source}, w{i}), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}"
+        )
+        lines += _gelu_lines(f"g{i}", shape, f"h{i}")
+        source = f"g{i}"
+    lines.append(f"  ROOT out = {shape} add({source}, x)")
+    return f"HloModule mlp_{batch}x{d}x{layers}\n\nENTRY main {{\n" + "\n".join(lines) + "\n}\n"
+
+
+def attention(seq: int, d: int, layers: int = 1) -> str:
+    """L blocks of x + softmax(x Wq (x Wk)^T / sqrt(d)) x Wv, one head."""
+    shape, scores = f"f32[{seq},{d}]", f"f32[{seq},{seq}]"
+    lines = [f"  x0 = {shape} parameter(0)"]
+    for name, number in (("wq", 1), ("wk", 2), ("wv", 3)):
+        lines.append(f"  {name} = f32[{d},{d}] parameter({number})")
+    dims = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    for i in range(layers):
+        x, nxt = f"x{i}", f"x{i + 1}"
+        p = f"l{i}"
+        lines += [
+            f"  {p}.q = {shape} dot({x}, wq), {dims}",
+            f"  {p}.k = {shape} dot({x}, wk), {dims}",
+            f"  {p}.v = {shape} dot({x}, wv), {dims}",
+            f"  {p}.s = {scores} dot({p}.q, {p}.k), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}",
+            f"  {p}.scale = f32[] constant({1.0 / d ** 0.5:.6f})",
+            f"  {p}.scaleb = {scores} broadcast({p}.scale), dimensions={{}}",
+            f"  {p}.ss = {scores} multiply({p}.s, {p}.scaleb)",
+            f"  {p}.ninf = f32[] constant(-inf)",
+            f"  {p}.max = f32[{seq}] reduce({p}.ss, {p}.ninf), dimensions={{1}}, to_apply=max",
+            f"  {p}.maxb = {scores} broadcast({p}.max), dimensions={{0}}",
+            f"  {p}.sub = {scores} subtract({p}.ss, {p}.maxb)",
+            f"  {p}.exp = {scores} exponential({p}.sub)",
+            f"  {p}.zero = f32[] constant(0)",
+            f"  {p}.sum = f32[{seq}] reduce({p}.exp, {p}.zero), dimensions={{1}}, to_apply=add",
+            f"  {p}.sumb = {scores} broadcast({p}.sum), dimensions={{0}}",
+            f"  {p}.p = {scores} divide({p}.exp, {p}.sumb)",
+            f"  {p}.o = {shape} dot({p}.p, {p}.v), {dims}",
+            f"  {nxt} = {shape} add({x}, {p}.o)",
+        ]
+    lines[-1] = "  ROOT" + lines[-1][1:]
+    body = "\n".join(lines)
+    return f"HloModule attention_{seq}x{d}x{layers}\n{ADD}{MAX}\nENTRY main {{\n{body}\n}}\n"
+
+
+def bdot(batch: int, m: int, k: int, n: int) -> str:
+    """One batched dot [B,M,K] x [B,K,N] -> [B,M,N]."""
+    return (
+        f"HloModule bdot_{batch}x{m}x{k}x{n}\n\nENTRY main {{\n"
+        f"  a = f32[{batch},{m},{k}] parameter(0)\n"
+        f"  b = f32[{batch},{k},{n}] parameter(1)\n"
+        f"  ROOT d = f32[{batch},{m},{n}] dot(a, b), lhs_batch_dims={{0}}, lhs_contracting_dims={{2}}, "
+        "rhs_batch_dims={0}, rhs_contracting_dims={1}\n}\n"
+    )
+
+
+FAMILIES: dict[str, Callable[..., str]] = {"chain": chain, "mlp": mlp, "attention": attention, "bdot": bdot}
+
+
+def hlo_text(family: str, **size: int) -> str:
+    return FAMILIES[family](**size)
+
+
+def jax_function(family: str, **size: int) -> tuple[Callable, list[tuple[int, ...]]] | None:
+    """The same function in JAX and its argument shapes, or None when JAX is not installed."""
+    try:
+        import jax.numpy as jnp
+    except ImportError:
+        return None
+
+    def gelu(h):
+        return 0.5 * h * (1 + jnp.tanh(0.797884583 * (h + 0.044715 * h * h * h)))
+
+    if family == "chain":
+        n, rows, cols = size["n"], size.get("rows", 512), size.get("cols", 1024)
+
+        def f_chain(x0):
+            xs = [x0]
+            for i in range(1, n + 1):
+                prev = xs[-1]
+                if i % 3 == 0:
+                    xs.append(jnp.tanh(prev))
+                elif i % 3 == 1:
+                    xs.append(prev * 0.5)
+                else:
+                    xs.append(prev + xs[max(0, i - 2)])
+            return xs[-1]
+
+        return f_chain, [(rows, cols)]
+    if family == "mlp":
+        batch, d, layers = size["batch"], size["d"], size.get("layers", 2)
+
+        def f_mlp(x, *ws):
+            h = x
+            for w in ws:
+                h = gelu(h @ w)
+            return h + x
+
+        return f_mlp, [(batch, d)] + [(d, d)] * layers
+    if family == "attention":
+        seq, d, layers = size["seq"], size["d"], size.get("layers", 1)
+
+        def f_attention(x, wq, wk, wv):
+            import jax
+
+            for _ in range(layers):
+                s = (x @ wq) @ (x @ wk).T * (1.0 / d**0.5)
+                x = x + jax.nn.softmax(s, axis=-1) @ (x @ wv)
+            return x
+
+        return f_attention, [(seq, d), (d, d), (d, d), (d, d)]
+    if family == "bdot":
+        batch, m, k, n = size["batch"], size["m"], size["k"], size["n"]
+        return (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b)), [(batch, m, k), (batch, k, n)]
+    raise KeyError(family)
