@@ -36,7 +36,11 @@ max {
 def chain(n: int, rows: int = 512, cols: int = 1024) -> str:
     """N elementwise ops; every third is a tanh so values stay bounded."""
     shape = f"f32[{rows},{cols}]"
-    lines = [f"  x0 = {shape} parameter(0)", "  c = f32[] constant(0.5)", f"  cb = {shape} broadcast(c), dimensions={{}}"]
+    lines = [
+        f"  x0 = {shape} parameter(0)",
+        "  c = f32[] constant(0.5)",
+        f"  cb = {shape} broadcast(c), dimensions={{}}",
+    ]
     for i in range(1, n + 1):
         prev = f"x{i - 1}"
         if i % 3 == 0:
@@ -103,7 +107,7 @@ def attention(seq: int, d: int, layers: int = 1) -> str:
             f"  {p}.k = {shape} dot({x}, wk), {dims}",
             f"  {p}.v = {shape} dot({x}, wv), {dims}",
             f"  {p}.s = {scores} dot({p}.q, {p}.k), lhs_contracting_dims={{1}}, rhs_contracting_dims={{1}}",
-            f"  {p}.scale = f32[] constant({1.0 / d ** 0.5:.6f})",
+            f"  {p}.scale = f32[] constant({1.0 / d**0.5:.6f})",
             f"  {p}.scaleb = {scores} broadcast({p}.scale), dimensions={{}}",
             f"  {p}.ss = {scores} multiply({p}.s, {p}.scaleb)",
             f"  {p}.ninf = f32[] constant(-inf)",
