@@ -96,7 +96,7 @@ def test_needs_deps_and_refuses_after_semaphores():
 
 def test_scheduling_keeps_the_dependence_graph_valid():
     ctx = run_passes(chain_program(2), "anti_dependency_analyzer,dep_reduction,pre_sched")
-    assert ctx.deps_valid and nx.is_directed_acyclic_graph(ctx.deps)
+    assert ctx.deps_valid and nx.is_directed_acyclic_graph(ctx.deps.to_networkx())
 
 
 def column_tile(tensor: str, t: int, cols: int, width: int) -> bir_pb2.AccessPattern:

@@ -8,7 +8,6 @@ range hull for HBM. Dependence analysis, allocation and the verifier all reason 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
@@ -60,7 +59,10 @@ def memory_name(memory: int) -> str:
 
 def free_elements(ap: bir_pb2.AccessPattern) -> int:
     """Elements per partition (on chip) or in total (HBM) that the dims walk."""
-    return prod(d.count for d in ap.dims) if ap.dims else 1
+    count = 1
+    for d in ap.dims:
+        count *= d.count
+    return count
 
 
 def element_count(ap: bir_pb2.AccessPattern) -> int:

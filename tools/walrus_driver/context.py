@@ -20,24 +20,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import networkx as nx
-
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
 from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.depgraph import DepGraph
 
 # Edge kinds of the dependence graph (edge attribute "kind"); when a pair conflicts in several
-# ways the strongest kind is kept: FLOW > OUTPUT > ANTI > ORDERED.
+# ways the strongest kind is kept: FLOW > OUTPUT > ANTI > ORDERED (depgraph.KINDS).
 FLOW, ANTI, OUTPUT, ORDERED = "FLOW", "ANTI", "OUTPUT", "ORDERED"
-KIND_RANK = {FLOW: 3, OUTPUT: 2, ANTI: 1, ORDERED: 0}
 
 
 @dataclass
 class PassContext:
     program: bir_pb2.Program
     target: Target
-    deps: nx.DiGraph | None = None
+    deps: DepGraph | None = None
     deps_valid: bool = False
     deps_valid_for_addresses: bool = False
     deps_reduced: bool = False
@@ -51,6 +49,15 @@ class PassContext:
     current_pass: str = ""
     current_label: str = ""
     options: Any = None
+    _cost_table: Any = None
+
+    def costs(self) -> Any:
+        """The shared memo of instruction costs (costs.CostTable), reset when instructions change."""
+        if self._cost_table is None:
+            from ncc.tools.walrus_driver.costs import CostTable
+
+            self._cost_table = CostTable(self.target)
+        return self._cost_table
 
     @classmethod
     def for_program(cls, program: bir_pb2.Program, target: Target) -> PassContext:
@@ -89,7 +96,7 @@ class PassContext:
     def fail_needs_before(self, what: str) -> None:
         raise CompileError("E402", f"pass {self.current_pass} must run before {what}", self.current_pass)
 
-    def require_deps(self, for_addresses: bool = False) -> nx.DiGraph:
+    def require_deps(self, for_addresses: bool = False) -> DepGraph:
         """The dependence graph, or E402 if it is missing or stale."""
         if self.deps is None or not self.deps_valid:
             self.fail_needs("anti_dependency_analyzer")
@@ -124,6 +131,7 @@ class PassContext:
     def instructions_changed(self) -> None:
         """Instructions were added or removed: the dependence graph and the schedule are stale."""
         self.deps = None
+        self._cost_table = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False
         self.codegen_done = False

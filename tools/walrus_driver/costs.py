@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-
-import networkx as nx
+from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import Target
 from ncc.tools.target import costs as target_costs
 from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.depgraph import DepGraph
 
 
 def engine_cycles(instr: bir_pb2.Instruction, target: Target) -> float:
@@ -54,30 +54,68 @@ def latency_ns(instr: bir_pb2.Instruction, target: Target) -> float:
     return engine_ns(instr, target) + transfer_ns(instr, target)
 
 
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """One instruction's costs, computed once: engine time, queue time, ports, bytes moved."""
+
+    engine: int
+    engine_ns: float
+    transfer_ns: float
+    ports: tuple[str, ...]
+    moved_bytes: int
+
+    @property
+    def latency_ns(self) -> float:
+        return self.engine_ns + self.transfer_ns
+
+
+class CostTable:
+    """Memoized costs by instruction id. An entry is recomputed when the instruction's engine
+    changed (a dma's trigger engine sets its issue time); nothing else a pass changes after the
+    first lookup moves a cost."""
+
+    def __init__(self, target: Target):
+        self.target = target
+        self._costs: dict[int, Cost] = {}
+
+    def __call__(self, instr: bir_pb2.Instruction) -> Cost:
+        cost = self._costs.get(instr.id)
+        if cost is None or cost.engine != instr.engine:
+            moved = birutil.transfer_bytes(instr) if instr.op == "dma" else 0
+            cost = self._costs[instr.id] = Cost(
+                instr.engine,
+                engine_ns(instr, self.target),
+                self.target.dma_ns(moved) if instr.op == "dma" else 0.0,
+                ports(instr),
+                moved,
+            )
+        return cost
+
+
 def dma_bandwidth_bytes_per_ns(target: Target) -> float:
     return min(target.hbm_bandwidth_gbps, target.dma_queues * target.dma_queue_bandwidth_gbps)
 
 
 def lower_bound_ns(
-    instructions: Iterable[bir_pb2.Instruction], deps: nx.DiGraph | None, target: Target
+    instructions: Iterable[bir_pb2.Instruction], deps: DepGraph | None, target: Target, table: CostTable | None = None
 ) -> dict[str, float]:
     """The lower bounds of any schedule and their maximum (key 'lower_bound_ns')."""
-    instructions = list(instructions)
+    table = table or CostTable(target)
     work: dict[int, float] = defaultdict(float)
     port_work: dict[str, float] = defaultdict(float)
     latency: dict[int, float] = {}
     moved = 0
     for instr in instructions:
-        work[instr.engine] += engine_ns(instr, target)
-        for port in ports(instr):
-            port_work[port] += engine_ns(instr, target)
-        latency[instr.id] = latency_ns(instr, target)
-        if instr.op == "dma":
-            moved += birutil.transfer_bytes(instr)
+        cost = table(instr)
+        work[instr.engine] += cost.engine_ns
+        for port in cost.ports:
+            port_work[port] += cost.engine_ns
+        latency[instr.id] = cost.latency_ns
+        moved += cost.moved_bytes
     critical = 0.0
     if deps is not None:
         finish: dict[int, float] = {}
-        for node in nx.topological_sort(deps):
+        for node in deps.topological_order():
             if node not in latency:
                 continue
             start = max((finish[p] for p in deps.predecessors(node) if p in finish), default=0.0)

@@ -18,15 +18,12 @@ Edge attributes: kind (strongest of FLOW > OUTPUT > ANTI > ORDERED) and memory (
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-
-import networkx as nx
 
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
-from ncc.tools.walrus_driver.birutil import Footprint
-from ncc.tools.walrus_driver.context import ANTI, FLOW, KIND_RANK, ORDERED, OUTPUT, PassContext
+from ncc.tools.walrus_driver.context import ANTI, FLOW, ORDERED, OUTPUT, PassContext
+from ncc.tools.walrus_driver.depgraph import KIND_CODE, KINDS, DepGraph, edge_code
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "anti_dependency_analyzer"
@@ -37,12 +34,6 @@ class Options:
     sbuf_page_bytes: int = 4096  # region page size for SBUF lookups
     psum_page_bytes: int = 2048  # one PSUM bank
     hbm_page_elements: int = 16384
-
-
-@dataclass
-class _Active:
-    reads: list[tuple[Footprint, int]]
-    writes: list[tuple[Footprint, int]]
 
 
 def _page_size(options: Options, memory: int) -> int:
@@ -61,66 +52,77 @@ def run(ctx: PassContext) -> None:
     use_addresses = ctx.allocated and all(
         b.address >= 0 for b in program.buffers if b.memory in birutil.ONCHIP
     )
-    pages: dict[tuple[int, str, int], _Active] = defaultdict(lambda: _Active([], []))
-    edges: dict[tuple[int, int], tuple[str, int]] = {}
-
-    def add_edge(src: int, dst: int, kind: str, memory: int) -> None:
-        if src == dst:
-            return
-        old = edges.get((src, dst))
-        if old is None or KIND_RANK[kind] > KIND_RANK[old[0]]:
-            edges[(src, dst)] = (kind, memory)
-
-    graph = nx.DiGraph()
+    page_size = {memory: _page_size(options, memory) for memory in (birutil.SBUF, birutil.PSUM, birutil.HBM)}
+    # (memory, region, page) -> [reads, writes], each a list of (p0, p1, b0, b1, instruction id)
+    pages: dict[tuple[int, str, int], tuple[list, list]] = {}
+    graph = DepGraph()
     names: dict[str, int] = {}
+    retired = 0
+    by_kind = dict.fromkeys(KIND_CODE, 0)
+    flow, output, anti = KIND_CODE[FLOW] * 4, KIND_CODE[OUTPUT] * 4, KIND_CODE[ANTI] * 4
     for instr in program.instructions:
-        if instr.id in graph:
-            raise CompileError("E405", f"instruction id {instr.id} is used twice ({instr.name})", instr.name)
-        graph.add_node(instr.id)
-        names[instr.name] = instr.id
-        ordered_after = instr.attributes.get("order_after", "")
+        node = instr.id
+        if node in graph:
+            raise CompileError("E405", f"instruction id {node} is used twice ({instr.name})", instr.name)
+        incoming: dict[int, int] = {}
+        ordered_after = instr.attributes.get("order_after", "") if instr.attributes else ""
         for other in filter(None, (n.strip() for n in ordered_after.split(","))):
             if other not in names:
                 raise CompileError(
                     "E405", f"{instr.name}: order_after names {other!r}, which is not an earlier instruction"
                 )
-            add_edge(names[other], instr.id, ORDERED, 0)
+            incoming[names[other]] = edge_code(ORDERED, 0)
+        names[instr.name] = node
 
         boxes = birutil.footprints(instr, buffers, use_addresses)
-        for box in boxes:  # reads first: conflicts with earlier writes
-            if box.write:
-                continue
-            for key in _keys(box, options):
-                for other, src in pages[key].writes:
-                    if other.overlaps(box):
-                        add_edge(src, instr.id, FLOW, box.memory)
-        for box in boxes:  # then writes: conflicts with earlier reads and writes
-            if not box.write:
-                continue
-            for key in _keys(box, options):
-                active = pages[key]
-                for other, src in active.writes:
-                    if other.overlaps(box):
-                        add_edge(src, instr.id, OUTPUT, box.memory)
-                for other, src in active.reads:
-                    if other.overlaps(box):
-                        add_edge(src, instr.id, ANTI, box.memory)
+        touched = []
         for box in boxes:
-            for key in _keys(box, options):
-                active = pages[key]
-                if box.write:
-                    before = len(active.reads) + len(active.writes)
-                    active.reads = [(b, i) for b, i in active.reads if not box.covers(b)]
-                    active.writes = [(b, i) for b, i in active.writes if not box.covers(b)]
-                    ctx.count("retired_entries", before - len(active.reads) - len(active.writes))
-                    active.writes.append((box, instr.id))
-                else:
-                    active.reads.append((box, instr.id))
+            size = page_size[box.memory]
+            region = (box.memory, box.region)
+            keys = [(*region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+            lists = []
+            for key in keys:
+                active = pages.get(key)
+                if active is None:
+                    active = pages[key] = ([], [])
+                lists.append(active)
+            touched.append((box, lists))
+        # Reads first (conflicts with earlier writes), then writes (earlier reads and writes).
+        for box, lists in touched:
+            p0, p1, b0, b1 = box.p0, box.p1, box.b0, box.b1
+            memory = box.memory
+            if box.write:
+                checks = ((1, output + memory), (0, anti + memory))
+            else:
+                checks = ((1, flow + memory),)
+            for which, code in checks:
+                for active in lists:
+                    for q0, q1, c0, c1, src in active[which]:
+                        if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1 and src != node:
+                            old = incoming.get(src)
+                            if old is None or old >> 2 < code >> 2:
+                                incoming[src] = code
+        for box, lists in touched:
+            entry = (box.p0, box.p1, box.b0, box.b1, node)
+            if not box.write:
+                for active in lists:
+                    active[0].append(entry)
+                continue
+            p0, p1, b0, b1 = box.p0, box.p1, box.b0, box.b1
+            for active in lists:  # a write retires every access it covers
+                for which in (0, 1):
+                    entries = active[which]
+                    kept = [
+                        e for e in entries if not (p0 <= e[0] and e[1] <= p1 and b0 <= e[2] and e[3] <= b1)
+                    ]
+                    if len(kept) != len(entries):
+                        retired += len(entries) - len(kept)
+                        active[which][:] = kept
+                active[1].append(entry)
+        graph.set_predecessors(node, incoming)
+        for code in incoming.values():
+            by_kind[KINDS[code >> 2]] += 1
 
-    by_kind: dict[str, int] = defaultdict(int)
-    for (src, dst), (kind, memory) in edges.items():
-        graph.add_edge(src, dst, kind=kind, memory=birutil.memory_name(memory) if memory else "")
-        by_kind[kind] += 1
     ctx.deps = graph
     ctx.deps_valid = True
     ctx.deps_valid_for_addresses = use_addresses
@@ -130,8 +132,4 @@ def run(ctx: PassContext) -> None:
     for kind in (FLOW, ANTI, OUTPUT, ORDERED):
         ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
     ctx.set_stat("address_mode", 1 if use_addresses else 0)
-
-
-def _keys(box: Footprint, options: Options) -> list[tuple[int, str, int]]:
-    size = _page_size(options, box.memory)
-    return [(box.memory, box.region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+    ctx.set_stat("retired_entries", retired)

@@ -26,13 +26,12 @@ import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-import networkx as nx
-
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
 from ncc.tools.walrus_driver import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.depgraph import DepGraph
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "pre_sched"
@@ -48,36 +47,42 @@ class Options:
 class _Machine:
     """Resource timelines of the cost model: engines and a pool of DMA queues."""
 
-    target: Target
+    table: costs.CostTable
     engine_free: dict[int, float]
     port_free: dict[str, float]
-    queue_free: list[float]
+    queue_free: list[tuple[float, int]]  # a heap of (free at, queue)
 
     @classmethod
-    def fresh(cls, target: Target) -> _Machine:
-        return cls(target, defaultdict(float), defaultdict(float), [0.0] * max(1, target.dma_queues))
+    def fresh(cls, table: costs.CostTable) -> _Machine:
+        queues = [(0.0, queue) for queue in range(max(1, table.target.dma_queues))]
+        return cls(table, defaultdict(float), defaultdict(float), queues)
 
     def start_time(self, instr: bir_pb2.Instruction, earliest: float) -> float:
-        ports = [self.port_free[port] for port in costs.ports(instr)]
-        return max(earliest, self.engine_free[instr.engine], *ports)
+        start = max(earliest, self.engine_free[instr.engine])
+        for port in self.table(instr).ports:
+            start = max(start, self.port_free[port])
+        return start
 
     def place(self, instr: bir_pb2.Instruction, start: float) -> float:
         """Occupy the resources from `start`; returns the completion time."""
-        issue_end = start + costs.engine_ns(instr, self.target)
+        cost = self.table(instr)
+        issue_end = start + cost.engine_ns
         self.engine_free[instr.engine] = issue_end
-        for port in costs.ports(instr):
+        for port in cost.ports:
             self.port_free[port] = issue_end
         if instr.op != "dma":
             return issue_end
-        queue = min(range(len(self.queue_free)), key=self.queue_free.__getitem__)
-        finish = max(issue_end, self.queue_free[queue]) + costs.transfer_ns(instr, self.target)
-        self.queue_free[queue] = finish
+        free, queue = self.queue_free[0]
+        finish = max(issue_end, free) + cost.transfer_ns
+        heapq.heapreplace(self.queue_free, (finish, queue))
         return finish
 
 
-def estimate_makespan(instructions: list[bir_pb2.Instruction], deps: nx.DiGraph, target: Target) -> float:
+def estimate_makespan(
+    instructions: list[bir_pb2.Instruction], deps: DepGraph, table: costs.CostTable
+) -> float:
     """Makespan of executing `instructions` in this order (in order per engine) under the cost model."""
-    machine = _Machine.fresh(target)
+    machine = _Machine.fresh(table)
     finish: dict[int, float] = {}
     for instr in instructions:
         ready = max((finish.get(p, 0.0) for p in deps.predecessors(instr.id)), default=0.0)
@@ -97,13 +102,14 @@ def run(ctx: PassContext) -> None:
         ctx.fail_needs("anti_dependency_analyzer (the graph does not match the instructions)")
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
 
-    latency = {i.id: costs.latency_ns(i, target) for i in instructions}
+    table = ctx.costs()
     priority: dict[int, float] = {}
-    for node in reversed(list(nx.topological_sort(deps))):
-        priority[node] = latency[node] + max((priority[s] for s in deps.successors(node)), default=0.0)
+    for node in reversed(deps.topological_order()):
+        own = table(by_id[node]).latency_ns
+        priority[node] = own + max((priority[s] for s in deps.successors(node)), default=0.0)
 
     pressure = _Pressure.build(program, instructions, target, options.pressure_fraction)
-    machine = _Machine.fresh(target)
+    machine = _Machine.fresh(table)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
@@ -157,16 +163,16 @@ def run(ctx: PassContext) -> None:
             if indegree[succ] == 0:
                 push(succ)
 
-    makespan_before = estimate_makespan(instructions, deps, target)
+    makespan_before = estimate_makespan(instructions, deps, table)
     new_order = [by_id[node] for node in order]
-    makespan_after = estimate_makespan(new_order, deps, target)
+    makespan_after = estimate_makespan(new_order, deps, table)
     moved = sum(1 for position, node in enumerate(order) if original_index[node] != position)
     del program.instructions[:]
     program.instructions.extend(new_order)
     ctx.scheduled = True
     ctx.order_changed()
 
-    bound = costs.lower_bound_ns(new_order, deps, target)
+    bound = costs.lower_bound_ns(new_order, deps, target, table)
     ctx.set_stat("instructions", len(order))
     ctx.set_stat("instructions_moved", moved)
     ctx.set_stat("pressured_picks", pressured_picks)
