@@ -97,7 +97,10 @@ def dma_bandwidth_bytes_per_ns(target: Target) -> float:
 
 
 def lower_bound_ns(
-    instructions: Iterable[bir_pb2.Instruction], deps: DepGraph | None, target: Target, table: CostTable | None = None
+    instructions: Iterable[bir_pb2.Instruction],
+    deps: DepGraph | None,
+    target: Target,
+    table: CostTable | None = None,
 ) -> dict[str, float]:
     """The lower bounds of any schedule and their maximum (key 'lower_bound_ns')."""
     table = table or CostTable(target)
