@@ -1,10 +1,17 @@
-"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report FILE.json]`: execute a NEFF.
+"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report FILE.json] [--trace FILE.json]`.
 
 Runs the NEFF on the simulator (ncc.tools.sim.api, the simulator's public API) with the arrays
 arg0..argN of IN.npz, writes out0..outM to OUT.npz and prints the simulated time. If IN.npz also
 holds reference outputs (out0.., as the models' NAME.io.npz do), the report says how far the
 NEFF's outputs are from them. A race or a deadlock is a failed check: [R001]/[R002], exit 5,
-after the outputs and the report were written so they can be inspected.
+after the outputs, the report and the trace were written so they can be inspected. `--trace`
+writes the simulated schedule in Chrome Trace Event Format (open it in ui.perfetto.dev or
+chrome://tracing): a track per engine and per DMA queue, each instruction a slice, semaphore
+stalls as "wait" slices (ncc.tools.sim.trace); without it nothing is recorded.
+
+Every file written (--output, --report, --trace) is checked before the simulation runs: its
+directory exists [U004], it is not a directory and not one of the files read or another output
+[U002], and its directory is writable [U005]; each is written atomically.
 """
 
 from __future__ import annotations
@@ -13,8 +20,10 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import re
 import sys
+import tempfile
 import time
 import zipfile
 from collections.abc import Mapping
@@ -34,15 +43,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--report", type=Path, metavar="FILE.json", help="write the simulation report as JSON"
     )
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="FILE.json",
+        help="write the simulated schedule as a Chrome Trace Event Format file (Perfetto, chrome://tracing)",
+    )
+
+
+def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
+    named = (("--output", args.output), ("--report", args.report), ("--trace", args.trace))
+    return [(flag, path) for flag, path in named if path is not None]
 
 
 def _check_paths(args: argparse.Namespace) -> None:
     for path, what in ((args.neff, "NEFF"), (args.inputs, "inputs")):
         if not path.is_file():
             raise NccError.of("U001", f"{what} file not found: {path}")
-    for path in filter(None, (args.output, args.report)):
+    taken = {args.neff.resolve(): "the NEFF", args.inputs.resolve(): "the inputs"}
+    for flag, path in _outputs(args):
         if not path.absolute().parent.is_dir():
             raise NccError.of("U004", f"the directory of {path} does not exist")
+        if path.is_dir():
+            raise NccError.of("U002", f"{flag} names a directory, not a file: {path}")
+        if path.resolve() in taken:
+            raise NccError.of("U002", f"{flag} {path} is {taken[path.resolve()]}: it would be overwritten")
+        taken[path.resolve()] = f"the {flag} file"
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=path.absolute().parent)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            raise NccError.of("U005", f"cannot write {flag} {path}: {err.strerror or err}") from None
+
+
+def _write(flag: str, path: Path, data: bytes) -> None:
+    """Write one output atomically; a failure (disk full, a directory appeared) is [U005]."""
+    from ncc.tools.common.protoio import write_bytes_atomic
+
+    try:
+        write_bytes_atomic(path, data)
+    except OSError as err:
+        raise NccError.of("U005", f"cannot write {flag} {path}: {err.strerror or err}") from None
 
 
 def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
@@ -107,9 +149,8 @@ def run(args: argparse.Namespace) -> int:
 
     from ncc.schemas import bir_pb2
     from ncc.tools.common.errors import CompileError
-    from ncc.tools.common.protoio import write_bytes_atomic
     from ncc.tools.packager.neff import read_neff
-    from ncc.tools.sim.api import simulate_neff
+    from ncc.tools.sim.api import chrome_trace, simulate_neff
 
     inputs, reference, others = load_inputs(args.inputs)
     try:
@@ -124,14 +165,14 @@ def run(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     started = time.monotonic()
     try:
-        result = simulate_neff(neff, inputs)
+        result = simulate_neff(neff, inputs, record_schedule=args.trace is not None)
     except CompileError as err:
         raise _compile_error(err) from None
     wall = time.monotonic() - started
 
     arrays = io.BytesIO()
     np.savez(arrays, **result.outputs)
-    write_bytes_atomic(args.output, arrays.getvalue())
+    _write("--output", args.output, arrays.getvalue())
     report = {
         **result.report(),
         "neff": str(args.neff),
@@ -141,13 +182,23 @@ def run(args: argparse.Namespace) -> int:
         "metadata": dict(neff.metadata),
         "inputs": str(args.inputs),
         "output": str(args.output),
+        **({"trace": str(args.trace)} if args.trace else {}),
         "reference_comparison": compare_with_reference(result.outputs, reference),
         **schedule_quality(result.simulated_ns, neff.metadata),
         "host_wall_s": wall,
         "ncc_version": ncc_version(),
     }
     if args.report:
-        write_bytes_atomic(args.report, json.dumps(report, indent=1).encode() + b"\n")
+        _write("--report", args.report, json.dumps(report, indent=1).encode() + b"\n")
+    if args.trace and result.schedule is not None:
+        about = {
+            "neff": str(args.neff),
+            "name": neff.name,
+            "target": neff.target,
+            "ncc_version": ncc_version(),
+        }
+        trace = chrome_trace(result.schedule, about)
+        _write("--trace", args.trace, json.dumps(trace, separators=(",", ":")).encode() + b"\n")
 
     names = ", ".join(result.outputs) or "none"
     bound = ""
@@ -158,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         f"ncc: simulated time {result.simulated_ns:.0f} ns ({result.simulated_ns / 1000:.3f} us){bound}, "
         f"{result.instruction_count} instructions; outputs {names} -> {args.output}"
     )
+    if args.trace:
+        print(f"ncc: schedule trace -> {args.trace} (open it in ui.perfetto.dev or chrome://tracing)")
     for row in report["reference_comparison"]:
         if row["max_abs_error"] is not None:
             error = row["max_abs_error"]

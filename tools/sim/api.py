@@ -6,6 +6,8 @@ CONSTANT tensors start from their data, INTERNAL and OUTPUT tensors and all on-c
 zeros. A missing or misshapen input is CompileError E602; static problems in the program are
 E601 (out of bounds) / E603 (malformed), raised before anything runs. Races and deadlocks are
 not errors here: they are findings in the SimResult (the CLI turns them into E611/E612).
+With `record_schedule=True` the result also holds the `Schedule` (when each instruction waited,
+ran and moved data), which `chrome_trace` turns into a Perfetto / chrome://tracing trace.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from ncc.tools.sim.hb import Race
 from ncc.tools.sim.memory import DeviceMemory, shape_text
 from ncc.tools.sim.program import load_streams, streams_of_program
 from ncc.tools.sim.simulator import Simulator
+from ncc.tools.sim.trace import Schedule, ScheduleRecorder, chrome_trace
 from ncc.tools.target import Target, load_target
 
-__all__ = ["Race", "SimResult", "simulate_neff", "simulate_program"]
+__all__ = ["Race", "Schedule", "SimResult", "chrome_trace", "simulate_neff", "simulate_program"]
 
 
 @dataclass
@@ -38,6 +41,7 @@ class SimResult:
     engine_busy_ns: dict[str, float]
     instruction_count: int
     race_count: int = 0  # distinct racing pairs found (`races` holds at most the first 10000)
+    schedule: Schedule | None = None  # only when asked for (record_schedule=True)
 
     def report(self) -> dict:
         """A JSON-able summary."""
@@ -60,10 +64,19 @@ def simulate_neff(
     inputs: Mapping[str, np.ndarray],
     check_races: bool = True,
     target: Target | None = None,
+    record_schedule: bool = False,
 ) -> SimResult:
     """Execute a NEFF's streams on `inputs` ("arg0".."argN")."""
     return _simulate(
-        neff.target, neff.hbm, neff.buffers, neff.streams, neff.num_semaphores, inputs, check_races, target
+        neff.target,
+        neff.hbm,
+        neff.buffers,
+        neff.streams,
+        neff.num_semaphores,
+        inputs,
+        check_races,
+        target,
+        record_schedule,
     )
 
 
@@ -72,6 +85,7 @@ def simulate_program(
     inputs: Mapping[str, np.ndarray],
     check_races: bool = True,
     target: Target | None = None,
+    record_schedule: bool = False,
 ) -> SimResult:
     """Execute a BIR program: its streams if codegen filled them, else its instructions grouped
     by engine in order. Buffers not yet allocated (address -1) get private storage each."""
@@ -84,6 +98,7 @@ def simulate_program(
         inputs,
         check_races,
         target,
+        record_schedule,
     )
 
 
@@ -103,12 +118,17 @@ def _simulate(
     inputs: Mapping[str, np.ndarray],
     check_races: bool,
     target: Target | None,
+    record_schedule: bool = False,
 ) -> SimResult:
     target = target or _load_target(target_name)
     memory = DeviceMemory(target, hbm, buffers)
     _bind_inputs(memory, inputs)
+    streams = list(streams)
     ops = load_streams(streams, memory, target, num_semaphores)
-    outcome = Simulator(ops, target, num_semaphores, check_races).run()
+    recorder = ScheduleRecorder() if record_schedule else None
+    outcome = Simulator(ops, target, num_semaphores, check_races, recorder).run()
+    if recorder is not None:  # load_streams numbers ops (uid) in stream order
+        recorder.schedule.ids = [int(i.id) for stream in streams for i in stream.instructions]
     return SimResult(
         outputs=_collect_outputs(memory),
         simulated_ns=outcome.simulated_ns,
@@ -117,6 +137,7 @@ def _simulate(
         engine_busy_ns=outcome.engine_busy_ns,
         instruction_count=outcome.instruction_count,
         race_count=outcome.race_count,
+        schedule=recorder.schedule if recorder is not None else None,
     )
 
 

@@ -12,6 +12,9 @@ is processed once.
 
 Happens-before is tracked alongside (hb.py) when race checking is on: one thread per engine and
 per queue, clocks ticked as instructions start and transfers are queued.
+
+A `ScheduleRecorder` (trace.py), when given, is told when each instruction's waits held, when it
+started and ended and when each transfer moved; without one the loop records nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from ncc.tools.sim import semantics
 from ncc.tools.sim.deadlock import BlockedWait, PendingUpdate, describe_deadlock
 from ncc.tools.sim.hb import Race, RaceDetector, SemaphoreLog, VectorClocks
 from ncc.tools.sim.instruction import Op, engine_name, queue_name
+from ncc.tools.sim.trace import ScheduleRecorder
 from ncc.tools.target import ENGINES, Target
 
 _COMPLETE, _TRIGGERED, _TRANSFERRED = "complete", "triggered", "transferred"
@@ -61,9 +65,15 @@ class Simulator:
     """Runs decoded per-engine streams to completion (or deadlock)."""
 
     def __init__(
-        self, streams: dict[int, list[Op]], target: Target, num_semaphores: int, check_races: bool
+        self,
+        streams: dict[int, list[Op]],
+        target: Target,
+        num_semaphores: int,
+        check_races: bool,
+        recorder: ScheduleRecorder | None = None,
     ) -> None:
         self.target = target
+        self.recorder = recorder
         engine_ids = list(ENGINES.values())
         self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
         self.queue_thread = {q: len(engine_ids) + q for q in range(target.dma_queues)}
@@ -94,6 +104,9 @@ class Simulator:
                 _, _, kind, payload = heapq.heappop(self.events)
                 self._handle(kind, payload)
         deadlock = self._deadlock() if any(e.live for e in self.engines) else None
+        if self.recorder is not None:
+            stuck = [e.ops[e.pc] for e in self.engines if e.running is None and e.pc < len(e.ops)]
+            self.recorder.finished(self.now, stuck)
         busy = {engine_name(e.engine): e.busy_ns for e in self.engines}
         for queue, used in enumerate(self.queue_used):
             if used:
@@ -117,6 +130,8 @@ class Simulator:
             op = engine.ops[engine.pc]
             if any(self.counts[s] < v for s, v in op.waits):
                 continue
+            if self.recorder is not None:
+                self.recorder.waits_met(engine.engine, self.now)
             if any(self.port_free_ns.get(p, 0.0) > self.now for p in op.ports):
                 continue
             self._start(engine, op)
@@ -129,6 +144,8 @@ class Simulator:
         end = self.now + op.cost_ns
         for port in op.ports:
             self.port_free_ns[port] = end
+        if self.recorder is not None:
+            self.recorder.started(op, self.now, end)
         clock = None
         if self.clocks is not None:
             joins = [c for c in (self.sem_log.cause(s, v) for s, v in op.waits) if c is not None]
@@ -156,6 +173,8 @@ class Simulator:
             self.queue_free_ns[op.queue] = end
             self.queue_busy_ns[op.queue] += op.transfer_ns
             self.queue_used[op.queue] = True
+            if self.recorder is not None:
+                self.recorder.transferred(op, self.now, start, end)
             self._push(end, _TRANSFERRED, (op, transfer_clock))
         else:
             op, clock = payload
