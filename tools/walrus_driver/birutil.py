@@ -7,7 +7,7 @@ range hull for HBM. Dependence analysis, allocation and the verifier all reason 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
@@ -47,6 +47,9 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "select": (3, 1),
     "nop": (0, 0),
 }
+
+
+_ITEMSIZE = {dtype: dtypes.itemsize(dtype) for dtype in (common_pb2.F32, common_pb2.BF16, common_pb2.S32)}
 
 
 def engine_name(engine: int) -> str:
@@ -90,9 +93,15 @@ def operand_bytes(ap: bir_pb2.AccessPattern) -> int:
     return element_count(ap) * dtypes.itemsize(ap.dtype)
 
 
-@dataclass(frozen=True)
-class Footprint:
-    """A box of memory touched by one operand: partitions [p0, p1) x bytes (or HBM elements) [b0, b1)."""
+class Footprint(NamedTuple):
+    """A box of memory touched by one operand: [p0, p1) x [b0, b1).
+
+    On chip: partitions [p0, p1) x bytes [b0, b1). In HBM the tensor is seen as rows of its last
+    dimension's width W: columns [p0, p1) x rows [b0, b1) (rows second, so that the lookup pages
+    of the analyzer cut along rows). A strided access is modelled by its exact box when it is
+    one (a tile, a column block, a transposed tile), else by a box that contains it; every
+    user compares boxes only with boxes of the same model, so a superset costs an edge, never a
+    missed conflict."""
 
     memory: int
     region: str  # buffer name (virtual), "" (allocated on-chip address space) or HBM tensor name
@@ -109,46 +118,94 @@ class Footprint:
         return self.p0 <= other.p0 and other.p1 <= self.p1 and self.b0 <= other.b0 and other.b1 <= self.b1
 
 
+def hbm_box(ap: bir_pb2.AccessPattern, width: int) -> tuple[int, int, int, int] | None:
+    """(col0, col1, row0, row1) of an HBM access in its tensor seen as rows of `width` elements;
+    None if it touches nothing. Exact when the access is a box in that view: one dim of stride 1
+    within a row, every other stride a multiple of the width (so transposed and column tiles are
+    exact); else every column of the rows its element range spans."""
+    offset = ap.offset
+    lo = hi = 0
+    unit_count = 0
+    aligned = True
+    for d in ap.dims:
+        count, stride = d.count, d.stride
+        if count <= 0:
+            return None
+        if count == 1:
+            continue
+        reach = stride * (count - 1)
+        if reach < 0:
+            lo += reach
+        else:
+            hi += reach
+        if stride == 1 and not unit_count:
+            unit_count = count
+        elif stride % width:
+            aligned = False
+    width = max(1, width)
+    col = offset % width
+    if aligned:
+        inner = unit_count or 1
+        if col + inner <= width:
+            outer_lo, outer_hi = lo, hi - (inner - 1)
+            return col, col + inner, (offset + outer_lo) // width, (offset + outer_hi) // width + 1
+    return 0, width, (offset + lo) // width, (offset + hi) // width + 1
+
+
 def operand_box(
-    ap: bir_pb2.AccessPattern, buffers: dict[str, bir_pb2.Buffer], use_addresses: bool, where: str
+    ap: bir_pb2.AccessPattern,
+    buffers: dict[str, bir_pb2.Buffer],
+    use_addresses: bool,
+    where: str,
+    widths: dict[str, int] | None = None,
 ) -> tuple[str, int, int, int, int] | None:
-    """(region, p0, p1, b0, b1) of one operand; None if it touches nothing."""
+    """(region, p0, p1, b0, b1) of one operand; None if it touches nothing. HBM boxes use the
+    tensor's row width from `widths` (absent: the whole tensor is one row)."""
+    memory = ap.memory
+    if memory == HBM:
+        width = widths.get(ap.tensor, 0) if widths else 0
+        box = hbm_box(ap, width or (1 << 62))
+        return None if box is None else (ap.tensor, *box)
+    if memory != SBUF and memory != PSUM:
+        raise CompileError("E405", f"{where}: operand {ap.tensor!r} has no memory class", where)
+    buffer = buffers.get(ap.tensor)
+    if buffer is None:
+        raise CompileError("E405", f"{where}: operand names unknown buffer {ap.tensor!r}", where)
     span = element_span(ap)
-    if span is None:
+    if span is None or ap.partition_count <= 0:
         return None
     lo, hi = span
-    if ap.memory in ONCHIP:
-        buffer = buffers.get(ap.tensor)
-        if buffer is None:
-            raise CompileError("E405", f"{where}: operand names unknown buffer {ap.tensor!r}", where)
-        if ap.partition_count <= 0:
-            return None
-        size = dtypes.itemsize(ap.dtype)
-        base, region = (buffer.address, "") if use_addresses else (0, ap.tensor)
-        return (
-            region,
-            ap.partition_start,
-            ap.partition_start + ap.partition_count,
-            base + ap.offset + lo * size,
-            base + ap.offset + (hi + 1) * size,
-        )
-    if ap.memory == HBM:
-        return ap.tensor, 0, 1, ap.offset + lo, ap.offset + hi + 1
-    raise CompileError("E405", f"{where}: operand {ap.tensor!r} has no memory class", where)
+    size = _ITEMSIZE.get(ap.dtype) or dtypes.itemsize(ap.dtype)
+    base, region = (buffer.address, "") if use_addresses else (0, ap.tensor)
+    start = ap.partition_start
+    first = base + ap.offset
+    return region, start, start + ap.partition_count, first + lo * size, first + (hi + 1) * size
+
+
+def hbm_widths(program: bir_pb2.Program) -> dict[str, int]:
+    """Row width (last dimension) of every HBM tensor, the view hbm_box cuts accesses in."""
+    return {t.name: (t.shape[-1] if len(t.shape) else 1) or 1 for t in program.hbm}
 
 
 def footprints(
-    instr: bir_pb2.Instruction, buffers: dict[str, bir_pb2.Buffer], use_addresses: bool
+    instr: bir_pb2.Instruction,
+    buffers: dict[str, bir_pb2.Buffer],
+    use_addresses: bool,
+    widths: dict[str, int] | None = None,
 ) -> list[Footprint]:
     """Every box the instruction reads or writes (a matmul that accumulates also reads its output)."""
     result = []
-    operands = [(ap, False) for ap in instr.inputs] + [(ap, True) for ap in instr.outputs]
-    if instr.op == "matmul" and instr.accumulate:
-        operands += [(ap, False) for ap in instr.outputs]
-    for ap, write in operands:
-        box = operand_box(ap, buffers, use_addresses and ap.memory in ONCHIP, instr.name)
+    name = instr.name
+    for ap in instr.inputs:
+        box = operand_box(ap, buffers, use_addresses, name, widths)
         if box is not None:
-            result.append(Footprint(ap.memory, *box, write=write))
+            result.append(Footprint(ap.memory, *box, False))
+    for ap in instr.outputs:
+        box = operand_box(ap, buffers, use_addresses, name, widths)
+        if box is not None:
+            result.append(Footprint(ap.memory, *box, True))
+            if instr.accumulate and instr.op == "matmul":
+                result.append(Footprint(ap.memory, *box, False))
     return result
 
 

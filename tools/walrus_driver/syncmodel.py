@@ -22,10 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from ncc.schemas import bir_pb2
 from ncc.tools.walrus_driver import birutil
 
 Thread = tuple[str, int, int]  # ("E", engine, 0) or ("Q", queue, trigger engine)
+Clock = np.ndarray  # int32 per thread of a ClockSpace: the last position known complete, -1 none
 
 
 def engine_thread(engine: int) -> Thread:
@@ -60,18 +63,16 @@ class ClockSpace:
             threads.add(access_thread(instr))
         return cls(threads)
 
-    def zero(self) -> list[int]:
-        return [-1] * len(self.threads)
+    def zero(self) -> Clock:
+        return np.full(len(self.threads), -1, dtype=np.int32)
 
 
-def join(a: list[int], b: list[int]) -> list[int]:
-    return [x if x >= y else y for x, y in zip(a, b, strict=True)]
+def join(a: Clock, b: Clock) -> Clock:
+    return np.maximum(a, b)
 
 
-def join_into(a: list[int], b: list[int]) -> None:
-    for position, value in enumerate(b):
-        if value > a[position]:
-            a[position] = value
+def join_into(a: Clock, b: Clock) -> None:
+    np.maximum(a, b, out=a)
 
 
 class ClockWalk:
@@ -83,50 +84,59 @@ class ClockWalk:
 
     def __init__(self, space: ClockSpace):
         self.space = space
-        self.engine_clock: dict[int, list[int]] = {}
-        self.queue_clock: dict[Thread, list[int]] = {}
+        self.engine_clock: dict[int, Clock] = {}
+        self.queue_clock: dict[Thread, Clock] = {}
         self.next_position: dict[Thread, int] = {}
         self.position: dict[int, int] = {}  # instruction id -> position in its access thread
-        self.access_clock: dict[int, list[int]] = {}
-        self.completion_clock: dict[int, list[int]] = {}
+        self.thread_index: dict[int, int] = {}  # instruction id -> its access thread's index
+        self.access_clock: dict[int, Clock] = {}
+        self.completion_clock: dict[int, Clock] = {}
 
-    def base_clock(self, instr: bir_pb2.Instruction) -> list[int]:
+    def _engine_clock(self, engine: int) -> Clock:
+        clock = self.engine_clock.get(engine)
+        return self.space.zero() if clock is None else clock.copy()
+
+    def base_clock(self, instr: bir_pb2.Instruction) -> Clock:
         """What the instruction's access is ordered after without any wait of its own."""
-        clock = list(self.engine_clock.get(instr.engine) or self.space.zero())
+        clock = self._engine_clock(instr.engine)
         if instr.op == "dma":
             queue = self.queue_clock.get(access_thread(instr))
             if queue is not None:
                 join_into(clock, queue)
         return clock
 
-    def covered(self, clock: list[int], producer: bir_pb2.Instruction) -> bool:
-        return clock[self.space.index[access_thread(producer)]] >= self.position[producer.id]
+    def covered(self, clock: Clock, producer: bir_pb2.Instruction) -> bool:
+        return clock[self.thread_index[producer.id]] >= self.position[producer.id]
 
-    def step(self, instr: bir_pb2.Instruction, wait_clocks: Iterable[list[int]]) -> None:
-        start = list(self.engine_clock.get(instr.engine) or self.space.zero())
+    def step(self, instr: bir_pb2.Instruction, wait_clocks: Iterable[Clock]) -> None:
+        start = self._engine_clock(instr.engine)
         for clock in wait_clocks:
             join_into(start, clock)
         engine = engine_thread(instr.engine)
         engine_position = self.next_position.get(engine, 0)
         self.next_position[engine] = engine_position + 1
-        after_issue = list(start)
-        after_issue[self.space.index[engine]] = engine_position
+        after_issue = start.copy()
+        engine_index = self.space.index[engine]
+        after_issue[engine_index] = engine_position
         self.engine_clock[instr.engine] = after_issue
         if instr.op != "dma":
             self.position[instr.id] = engine_position
+            self.thread_index[instr.id] = engine_index
             self.access_clock[instr.id] = start
             self.completion_clock[instr.id] = after_issue
             return
         queue = access_thread(instr)
         queue_position = self.next_position.get(queue, 0)
         self.next_position[queue] = queue_position + 1
-        transfer = list(after_issue)
+        transfer = after_issue.copy()
         previous = self.queue_clock.get(queue)
         if previous is not None:
             join_into(transfer, previous)
-        done = list(transfer)
-        done[self.space.index[queue]] = queue_position
+        done = transfer.copy()
+        queue_index = self.space.index[queue]
+        done[queue_index] = queue_position
         self.queue_clock[queue] = done
         self.position[instr.id] = queue_position
+        self.thread_index[instr.id] = queue_index
         self.access_clock[instr.id] = transfer
         self.completion_clock[instr.id] = done

@@ -3,13 +3,13 @@
 Walks program.instructions in order (the sequential reference) and, per memory class, keeps the
 accesses that are still "active" for each region: SBUF/PSUM boxes are partition range x byte
 range, per virtual buffer before allocation and in the one address space of the memory once every
-buffer of that class has an address (then two buffers that share bytes conflict too). HBM boxes
-are element-range hulls per tensor. A read gets a FLOW edge from every active overlapping write;
+buffer of that class has an address (then two buffers that share bytes conflict too). An HBM
+access is a box of columns x rows of its tensor (birutil.hbm_box: exact for tiles, column blocks
+and transposed tiles, so a column tile does not wait for every store of its producer). A read gets a FLOW edge from every active overlapping write;
 a write gets OUTPUT edges from active overlapping writes and ANTI edges from active overlapping
 reads, and then retires every access it covers (later conflicts with a retired access are implied
 through the covering write), which keeps the active lists short. Regions are cut into pages so
-a lookup scans only the accesses near its bytes: linear in practice for programs of thousands
-of instructions.
+a lookup scans only the accesses near its bytes (or rows): linear in the program in practice.
 
 An instruction attribute `order_after` (comma-separated instruction names) adds ORDERED edges:
 an explicit ordering the frontend wants kept although no memory conflict implies it.
@@ -33,7 +33,7 @@ NAME = "anti_dependency_analyzer"
 class Options:
     sbuf_page_bytes: int = 4096  # region page size for SBUF lookups
     psum_page_bytes: int = 2048  # one PSUM bank
-    hbm_page_elements: int = 16384
+    hbm_page_rows: int = 16  # rows of an HBM tensor (its last dimension) per lookup page
 
 
 def _page_size(options: Options, memory: int) -> int:
@@ -41,7 +41,7 @@ def _page_size(options: Options, memory: int) -> int:
         return max(1, options.sbuf_page_bytes)
     if memory == birutil.PSUM:
         return max(1, options.psum_page_bytes)
-    return max(1, options.hbm_page_elements)
+    return max(1, options.hbm_page_rows)
 
 
 @register(NAME, Options)
@@ -49,6 +49,7 @@ def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
     program = ctx.program
     buffers = birutil.buffer_map(program)
+    widths = birutil.hbm_widths(program)
     use_addresses = ctx.allocated and all(
         b.address >= 0 for b in program.buffers if b.memory in birutil.ONCHIP
     )
@@ -74,7 +75,7 @@ def run(ctx: PassContext) -> None:
             incoming[names[other]] = edge_code(ORDERED, 0)
         names[instr.name] = node
 
-        boxes = birutil.footprints(instr, buffers, use_addresses)
+        boxes = birutil.footprints(instr, buffers, use_addresses, widths)
         touched = []
         for box in boxes:
             size = page_size[box.memory]
