@@ -5,7 +5,8 @@ accesses that are still "active" for each region: SBUF/PSUM boxes are partition 
 range, per virtual buffer before allocation and in the one address space of the memory once every
 buffer of that class has an address (then two buffers that share bytes conflict too). An HBM
 access is a box of columns x rows of its tensor (birutil.hbm_box: exact for tiles, column blocks
-and transposed tiles, so a column tile does not wait for every store of its producer). A read gets a FLOW edge from every active overlapping write;
+and transposed tiles, so a column tile does not wait for every store of its producer). A read
+gets a FLOW edge from every active overlapping write;
 a write gets OUTPUT edges from active overlapping writes and ANTI edges from active overlapping
 reads, and then retires every access it covers (later conflicts with a retired access are implied
 through the covering write), which keeps the active lists short. Regions are cut into pages so
