@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench schemas clean
+.PHONY: setup demo test lint bench bench-scale schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/run_bench.py
+
+# Compile generated HLO of growing size; time and memory of the backend, per pass, vs XLA:CPU.
+bench-scale: setup
+	$(BIN)/python bench/run_scale.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

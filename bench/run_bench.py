@@ -10,8 +10,10 @@ per model:
   NEFF instrs  instructions in the NEFF after the backend (what `ncc run` executes)
   simulated    the NEFF's simulated time
   max |err|    vs JAX's out0, when the inputs file has it
-  XLA:CPU      how long XLA's CPU compiler took on the machine that made the model (index.json
-               "xla_cpu_compile_s"), and ours/XLA, the ratio of our median compile to it
+  XLA:CPU      how long XLA's CPU compiler takes on the same HLO module (NAME.hlo.pb, else the
+               HLO text), compiled in this run through the installed JAX: median of REPS fresh
+               compiles, XLA's one-time start-up not counted; n/a without JAX. ours/XLA is the
+               ratio of our median compile to it
 
 then a second table with the median wall of each job.
 
@@ -31,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,7 +55,7 @@ class ModelResult:
     neff_instructions: int | None = None  # what `ncc run` executed
     simulated_ns: float | None = None
     max_abs_error: float | None = None  # vs JAX's out0, when the inputs file has it
-    xla_cpu_compile_s: float | None = None  # from index.json beside the model
+    xla_cpu_compile_s: float | None = None  # timed in this run (None without JAX)
     error: str = ""
 
     @property
@@ -89,14 +92,66 @@ def bundled_models(models_dir: Path | None) -> list[str]:
     return []
 
 
-def xla_compile_time(model: Path) -> float | None:
-    """XLA:CPU's compile time for the model, from the index.json beside it."""
-    index = model.parent / "index.json"
-    if not index.is_file():
+def jax_installed() -> bool:
+    """JAX is an optional extra: without it every XLA column is n/a."""
+    try:
+        import jax  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def median_seconds(action: Callable[[], object], reps: int) -> float:
+    """The median wall of `reps` calls of `action`."""
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        action()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def hlo_module_proto(model: Path) -> bytes:
+    """The model's serialized HloModuleProto: NAME.hlo.pb beside it, else its HLO text parsed by XLA."""
+    proto = model.parent / f"{model.name.split('.', 1)[0]}.hlo.pb"
+    if proto.is_file():
+        return proto.read_bytes()
+    from jaxlib import xla_client
+
+    return xla_client.hlo.hlo_module_from_text(model.read_text()).as_serialized_hlo_module_proto()
+
+
+def xla_cpu_compile_time(model: Path, reps: int) -> float | None:
+    """XLA:CPU's compile time of exactly this HLO module, measured now: the median of `reps` compiles.
+
+    jax.jit cannot take HLO, so the module goes the way jax.jit's own lowering goes: HLO ->
+    StableHLO (jax.extend.mlir.hlo_to_stablehlo, once, untimed), then the CPU client compiles it
+    (Client.compile_and_load, which caches nothing: each call is a full XLA compile). One untimed
+    compile first keeps XLA's one-time start-up (LLVM, thread pools) out of the median, as in a
+    running JAX program. None without JAX.
+    """
+    if not jax_installed():
         return None
-    name = model.name.split(".", 1)[0]
-    value = json.loads(index.read_text()).get(name, {}).get("xla_cpu_compile_s")
-    return float(value) if value is not None else None
+    from jax.extend import backend as jax_backend
+    from jax.extend import mlir as jax_mlir
+    from jaxlib import xla_client
+
+    stablehlo = jax_mlir.hlo_to_stablehlo(hlo_module_proto(model))
+    cpu = jax_backend.get_backend("cpu")
+    devices = xla_client.DeviceList(tuple(cpu.local_devices()[:1]))
+    options = jax_backend.get_compile_options(num_replicas=1, num_partitions=1)
+
+    def compile_once() -> object:
+        return cpu.compile_and_load(stablehlo, executable_devices=devices, compile_options=options)
+
+    compile_once()
+    return median_seconds(compile_once, reps)
+
+
+def one_line(err: BaseException) -> str:
+    """An exception as one line (XLA's messages span several)."""
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def ncc(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -137,7 +192,10 @@ def bench_model(name: str, reps: int, models_dir: Path | None, scratch: Path) ->
     except FileNotFoundError as err:
         result.error = str(err)
         return result
-    result.xla_cpu_compile_s = xla_compile_time(model)
+    try:
+        result.xla_cpu_compile_s = xla_cpu_compile_time(model, reps)
+    except Exception as err:  # XLA refusing a module must not cost the rest of the table
+        result.error = f"XLA:CPU: {one_line(err)}"
     walls: list[float] = []
     ratios: list[float] = []
     per_job: dict[str, list[float]] = {}
@@ -178,7 +236,7 @@ def bench_model(name: str, reps: int, models_dir: Path | None, scratch: Path) ->
             ]
             result.max_abs_error = max(errors) if errors else None
         if proc.returncode != 0:
-            result.error = last_line(proc, "ncc run")
+            result.error = "; ".join(filter(None, [result.error, last_line(proc, "ncc run")]))
     return result
 
 
@@ -201,14 +259,29 @@ def render(results: list[ModelResult]) -> str:
     """The summary table, the per-job table, then any failures."""
     ok = [r for r in results if r.job_wall_s]
     reps = sorted({r.reps for r in ok})
-    header = [f"model (median of {'/'.join(map(str, reps)) or '-'})", "compile", "overhead", "BIR instrs",
-              "NEFF instrs", "simulated", "max |err|", "XLA:CPU", "ours/XLA"]
+    header = [
+        f"model (median of {'/'.join(map(str, reps)) or '-'})",
+        "compile",
+        "overhead",
+        "BIR instrs",
+        "NEFF instrs",
+        "simulated",
+        "max |err|",
+        "XLA:CPU",
+        "ours/XLA",
+    ]
     rows = [
-        [r.model, _fmt(r.wall_s, ".3f", " s"), _fmt(r.overhead_ratio, ".2f"), _fmt(r.bir_instructions, ","),
-         _fmt(r.neff_instructions, ","),
-         _fmt(None if r.simulated_ns is None else r.simulated_ns / 1000, ".2f", " us"),
-         _fmt(r.max_abs_error, ".2g"), _fmt(r.xla_cpu_compile_s, ".4f", " s"),
-         _fmt(r.ratio_to_xla, ".0f", "x")]
+        [
+            r.model,
+            _fmt(r.wall_s, ".3f", " s"),
+            _fmt(r.overhead_ratio, ".2f"),
+            _fmt(r.bir_instructions, ","),
+            _fmt(r.neff_instructions, ","),
+            _fmt(None if r.simulated_ns is None else r.simulated_ns / 1000, ".2f", " us"),
+            _fmt(r.max_abs_error, ".2g"),
+            _fmt(r.xla_cpu_compile_s, ".4f", " s"),
+            _fmt(r.ratio_to_xla, ".0f", "x"),
+        ]
         for r in ok
     ]
     lines = _table(header, rows) if ok else []
@@ -216,8 +289,10 @@ def render(results: list[ModelResult]) -> str:
     jobs += sorted({job for r in ok for job in r.job_wall_s} - set(jobs))
     if ok:
         lines.append("")
-        lines += _table(["median job wall (s)", *jobs],
-                        [[r.model, *(_fmt(r.job_wall_s.get(job), ".3f") for job in jobs)] for r in ok])
+        lines += _table(
+            ["median job wall (s)", *jobs],
+            [[r.model, *(_fmt(r.job_wall_s.get(job), ".3f") for job in jobs)] for r in ok],
+        )
     failures = [r for r in results if r.error]
     if failures:
         lines.append("")

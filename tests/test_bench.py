@@ -1,0 +1,125 @@
+"""The benchmarks (bench/run_scale.py, bench/run_bench.py) and bench/hlo_gen.py, at tiny sizes.
+
+JAX is optional: the benchmark runs below hide it (XLA columns must read n/a), and only the tests
+of the XLA:CPU timing itself need it (pytest.importorskip).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from orchestrator_support import ROOT, ncc
+
+sys.path.insert(0, str(ROOT / "bench"))
+import hlo_gen  # noqa: E402
+import run_bench  # noqa: E402
+import run_scale  # noqa: E402
+
+TINY = {
+    "chain": {"n": 3, "rows": 128, "cols": 128},
+    "mlp": {"batch": 128, "d": 128, "layers": 1},
+    "attention": {"seq": 128, "d": 128, "layers": 1},
+    "bdot": {"batch": 2, "m": 128, "k": 128, "n": 128},
+}
+
+
+@pytest.fixture
+def without_jax(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import jax` fails as if JAX were not installed."""
+    for name in ("jax", "jax.numpy", "jaxlib"):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_run_scale_reports_every_size_and_the_growth_exponent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], without_jax: None
+) -> None:
+    out = tmp_path / "scale.json"
+    sizes = "n=3,rows=128,cols=128; n=1,rows=12800000,cols=2048; n=6,rows=128,cols=128"
+    code = run_scale.main(["--family", "chain", "--sizes", sizes, "--reps", "1", "--json", str(out)])
+    assert code == 1  # the middle size is refused by the first job
+    printed = capsys.readouterr().out
+
+    data = json.loads(out.read_text())
+    small, refused, larger = data["results"]
+    for row in (small, larger):
+        assert row["error"] == ""
+        assert row["bir_instructions"] > 0 and row["neff_instructions"] > 0
+        assert row["compile_wall_s"] > 0 and row["walrus_wall_s"] > 0
+        assert row["walrus_cpu_s"] == pytest.approx(row["walrus_user_s"] + row["walrus_sys_s"])
+        assert row["walrus_peak_rss_bytes"] > 0
+        assert {"pre_sched", "allocation", "codegen"} <= set(row["pass_wall_s"])
+        assert row["xla_cpu_compile_s"] is None and row["ratio_to_xla"] is None
+    assert larger["bir_instructions"] > small["bir_instructions"]
+    assert refused["compile_wall_s"] is None and refused["error"].startswith("ncc: error: [E")
+
+    growth = data["growth"]["chain"]
+    assert growth["sizes"] == 2
+    assert isinstance(growth["overall"], float)
+    assert [step["exponent"] for step in growth["steps"]] == [pytest.approx(growth["overall"])]
+    assert set(growth["passes"]) == set(small["pass_wall_s"])
+
+    table = printed.splitlines()
+    assert any(
+        line.startswith("chain") and "n=1,rows=12800000" in line and "FAILED: ncc: error: [E" in line
+        for line in table
+    )
+    assert any("n=6,rows=128,cols=128" in line and "n/a" in line for line in table)
+    assert any(line.strip().startswith("chain: overall ") for line in table)
+
+
+def test_a_compile_over_the_timeout_is_one_failed_row(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], without_jax: None
+) -> None:
+    out = tmp_path / "scale.json"
+    args = ["--family", "chain", "--sizes", "n=3,rows=128,cols=128", "--timeout", "0.05", "--json", str(out)]
+    assert run_scale.main(args) == 1
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["compile_wall_s"] is None and "time limit" in row["error"]
+    assert "FAILED: ncc: error: [F" in capsys.readouterr().out
+
+
+def test_sizes_parse_in_hlo_gen_parameter_order() -> None:
+    assert run_scale.parse_sizes("mlp", "256; d=64,batch=8") == [
+        {"batch": 256, "d": 1024},
+        {"batch": 8, "d": 64},
+    ]
+    assert run_scale.parse_sizes("attention", "3") == [{"seq": 512, "d": 512, "layers": 3}]
+    with pytest.raises(ValueError):
+        run_scale.parse_sizes("chain", "n=three")
+
+
+def test_slope_is_the_log_log_exponent() -> None:
+    assert run_scale.slope([(10, 1.0), (20, 4.0)]) == pytest.approx(2.0)
+    assert run_scale.slope([(10, 3.0), (100, 30.0), (1000, 300.0)]) == pytest.approx(1.0)
+    assert run_scale.slope([(10, 1.0)]) is None
+
+
+@pytest.mark.parametrize("family", sorted(TINY))
+def test_every_generated_family_compiles(tmp_path: Path, family: str) -> None:
+    model = tmp_path / f"{family}.hlo"
+    model.write_text(hlo_gen.hlo_text(family, **TINY[family]))
+    neff = tmp_path / f"{family}.neff"
+    result = ncc("compile", model, "--output", neff, "--workdir", tmp_path / "work", "--verbose", "0")
+    assert result.returncode == 0, result.stderr
+    assert neff.is_file()
+
+
+def test_run_bench_xla_time_is_none_without_jax(without_jax: None) -> None:
+    assert not run_bench.jax_installed()
+    assert run_bench.xla_cpu_compile_time(run_bench.find_model("add_mul", None), 1) is None
+    assert run_scale.xla_cpu_compile_time("chain", TINY["chain"], 1) is None
+
+
+def test_xla_cpu_compile_time_is_measured_in_this_run(tmp_path: Path) -> None:
+    pytest.importorskip("jax")
+    # run_scale: the family's JAX twin through jax.jit(...).lower(...).compile()
+    assert run_scale.xla_cpu_compile_time("chain", TINY["chain"], 2) > 0
+    # run_bench: the bundled model's own HloModuleProto ...
+    assert run_bench.xla_cpu_compile_time(run_bench.find_model("add_mul", None), 1) > 0
+    # ... or, with only HLO text beside it, the text parsed by XLA
+    text_only = tmp_path / "chain.hlo"
+    text_only.write_text(hlo_gen.hlo_text("chain", **TINY["chain"]))
+    assert run_bench.xla_cpu_compile_time(text_only, 1) > 0
