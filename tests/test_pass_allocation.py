@@ -100,8 +100,88 @@ def test_out_of_memory_names_the_buffer_and_sizes():
     with pytest.raises(CompileError) as err:
         run_passes(b.build(), "allocation")
     assert err.value.code == "E403"
+    assert "needs 65536 bytes per partition" in err.value.message
+    assert "uses a.reload1, c, d at once: 196608 bytes per partition together" in err.value.message
+    with pytest.raises(CompileError) as err:
+        run_passes(b.build(), "allocation{spill=false}")
     assert "'d' needs 65536 bytes per partition" in err.value.message
-    assert "49152 contiguous bytes of 180224 are free" in err.value.message
+    assert "only 49152 contiguous bytes of 180224 free" in err.value.message
+
+
+BACKEND = "anti_dependency_analyzer,assign_hwdge_engine,alloc_semaphores,birverifier,codegen,bir_sim"
+
+
+def spilling_program(tiles: int = 6) -> bir_pb2.Program:
+    """Loads `tiles` 32 KiB tiles first and uses them only at the end, in reverse: more than SBUF
+    holds is live at once, although every instruction needs at most three tiles."""
+    b = Bir("spill")
+    cols = 8192
+    b.hbm("x", [128 * tiles, cols], index=0)
+    b.hbm("out", [128, cols], role=bir_pb2.OUTPUT, index=0)
+    for t in range(tiles):
+        b.buffer(f"in{t}", cols * 4)
+        b.load(f"in{t}", "x", 128, cols, row0=128 * t, name=f"load{t}")
+    b.buffer("acc0", cols * 4)
+    b.act("acc0", f"in{tiles - 1}", 128, cols, func="tanh", name="first")
+    for t in reversed(range(tiles - 1)):
+        b.buffer(f"acc{tiles - t - 1}", cols * 4)
+        b.tt(f"acc{tiles - t - 1}", f"acc{tiles - t - 2}", f"in{t}", 128, cols, name=f"add{t}")
+    b.store("out", f"acc{tiles - 1}", 128, cols, name="store")
+    return b.build()
+
+
+def test_spills_when_sbuf_is_full_and_keeps_the_result():
+    """bir_sim runs the allocated program with spills and compares it, bit for bit, with the
+    program as received executed one instruction at a time; races fail it too."""
+    ctx = run_passes(spilling_program(), "allocation," + BACKEND)
+    stats = ctx.stats["allocation"]
+    assert stats["spills"] >= 1 and stats["spilled_bytes_per_partition"] >= 32768
+    assert stats["sbuf_peak_bytes"] <= 180224
+    names = [i.name for i in ctx.program.instructions]
+    assert any(".store/" in n for n in names) and any(".reload/" in n for n in names)
+    spilled = [t for t in ctx.program.hbm if t.name.startswith("spill.")]
+    assert spilled and all(t.role == bir_pb2.INTERNAL for t in spilled)
+    assert_no_live_overlap(ctx.program)
+
+
+def test_no_spill_when_everything_fits():
+    ctx = run_passes(chain_program(4), "allocation," + BACKEND)
+    assert ctx.stats["allocation"]["spills"] == 0
+    assert "too_many_spills" not in ctx.program.attributes
+
+
+def test_many_spills_mark_the_program():
+    ctx = run_passes(spilling_program(8), "allocation{too_many_spills=1}," + BACKEND)
+    assert ctx.stats["allocation"]["spills"] > 1
+    assert ctx.program.attributes["too_many_spills"] == "1"
+
+
+def test_psum_overflow_after_scheduling_falls_back_to_program_order():
+    """Nine accumulation groups fit PSUM's eight banks one after another, not interleaved."""
+    b = Bir("groups")
+    b.hbm("x", [128, 128], index=0)
+    b.hbm("out", [128, 512 * 9], role=bir_pb2.OUTPUT, index=0)
+    b.buffer("s", 512)
+    b.load("s", "x", 128, 128)
+    for t in range(9):
+        b.buffer(f"p{t}", 2048, memory=PSUM)
+        b.buffer(f"o{t}", 2048)
+        b.matmul(f"p{t}", "s", "s", 128, 128, 128)
+        b.matmul(f"p{t}", "s", "s", 128, 128, 128, accumulate=True)
+        b.act(f"o{t}", f"p{t}", 128, 128, func="identity", in_memory=PSUM)
+    program = b.build()
+    ctx = run_passes(program, "anti_dependency_analyzer")
+    interleaved = sorted(
+        ctx.program.instructions, key=lambda i: (i.op != "dma", i.op != "matmul", i.accumulate)
+    )
+    ctx.order_before_schedule = [i.id for i in ctx.program.instructions]
+    del ctx.program.instructions[:]
+    ctx.program.instructions.extend(interleaved)
+    from ncc.tools.walrus_driver.pass_manager import Instruments, PassManager
+
+    PassManager("allocation", Instruments()).run(ctx)
+    assert ctx.stats["allocation"]["psum_fallback_to_program_order"] == 1
+    assert [i.id for i in ctx.program.instructions] == [i.id for i in program.instructions]
 
 
 def test_psum_out_of_memory():

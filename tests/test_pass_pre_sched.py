@@ -77,8 +77,14 @@ def test_pressure_keeps_the_live_set_allocatable():
     ctx = run_passes(big_tiles(), "anti_dependency_analyzer,pre_sched,allocation")
     assert ctx.stats["pre_sched"]["pressured_picks"] > 0
     assert ctx.stats["pre_sched"]["peak_live_sbuf_bytes"] <= ctx.target.sbuf_usable_bytes
-    with pytest.raises(CompileError) as err:  # without the pressure term every load goes first
-        run_passes(big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
+    assert ctx.stats["allocation"]["spills"] == 0
+    # Without the pressure term every load goes first: allocation must spill to fit the schedule.
+    ctx = run_passes(big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
+    assert ctx.stats["allocation"]["spills"] > 0
+    with pytest.raises(CompileError) as err:
+        run_passes(
+            big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation{spill=false}"
+        )
     assert err.value.code == "E403"
 
 

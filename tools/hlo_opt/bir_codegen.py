@@ -136,8 +136,12 @@ class BirCodeGenLoop:
         name = f"{tensor.name}[{key}]"
         size = itemsize(tensor.dtype)
         if name not in self.buffers:
+            # Sized to what the block can hold of the tensor: a block at the tensor's edge (or of a
+            # tensor narrower than a block) holds only the elements that exist, not a full block.
+            first = starts[-1] - starts[-1] % block[-1]
+            held = min(block[-1], tensor.shape[-1] - first)
             self.buffers[name] = self.bir.buffers.add(
-                name=name, memory=tensor.memory, partitions=block[-2], bytes_per_partition=block[-1] * size,
+                name=name, memory=tensor.memory, partitions=block[-2], bytes_per_partition=held * size,
                 address=-1,
             )
         return bir_pb2.AccessPattern(

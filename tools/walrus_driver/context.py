@@ -49,6 +49,7 @@ class PassContext:
     current_pass: str = ""
     current_label: str = ""
     options: Any = None
+    order_before_schedule: list[int] | None = None  # instruction ids in the order pre_sched received
     _cost_table: Any = None
 
     def costs(self) -> Any:
@@ -132,6 +133,7 @@ class PassContext:
         """Instructions were added or removed: the dependence graph and the schedule are stale."""
         self.deps = None
         self._cost_table = None
+        self.order_before_schedule = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False
         self.codegen_done = False

@@ -1,26 +1,39 @@
-"""Assign an address to every SBUF and PSUM buffer by linear scan over the current instruction order.
+"""Assign an address to every SBUF and PSUM buffer by linear scan, spilling to HBM when SBUF is full.
 
 A buffer is live from the first to the last instruction that touches it (in program.instructions
 order, so run this after the scheduler). Buffers are taken in order of their first use; buffers
-whose last use is strictly before that point are freed, and the new buffer gets the lowest
-address where it fits (first fit) among the live ones. Every buffer occupies
-[address, address + bytes_per_partition) in each of its partitions, and all buffers start at
-partition 0, so the problem is one-dimensional per memory.
+whose last use is before that point are freed, and the new buffer gets an aligned address where
+it fits among the live ones (next fit: the search starts after the last address handed out and
+wraps around, which spreads reuse; or first fit).
 
   SBUF  within target.sbuf_usable_bytes per partition, addresses aligned to `sbuf_align`.
   PSUM  within the PSUM bytes per partition; a buffer of at most one bank (2 KiB) never crosses a
         bank boundary, a larger one starts on a bank boundary.
 
-Running out of space is E403, naming the buffer and the bytes needed and free. Reusing freed
-space creates new WAR/WAW hazards between different buffers, so the dependence graph is no
-longer valid for addresses: anti_dependency_analyzer must run again before alloc_semaphores.
+Spilling. When an SBUF buffer X does not fit (too many bytes live, or no hole large enough), a
+live buffer V that the instruction starting X does not touch and whose next use is furthest away
+(Belady's choice) is split at that point: a store dma copies what V holds (the box its writes so
+far cover) to a new INTERNAL HBM tensor right after V's last use before X, and a reload dma brings
+it back into a new buffer V' right before V's next use; every later use of V reads V' instead.
+V' is allocated when the scan reaches it, like any buffer, and may be spilled again. Victims are
+taken until X fits, so the scan fails (E403) only when the buffers of one instruction cannot fit
+together, and the message then says which constraint failed (size, bank rule). More than
+`too_many_spills` spills mark the program `too_many_spills` (dep_reduction skips such programs).
+PSUM buffers are never spilled (the scheduler bounds PSUM pressure; a dma cannot read PSUM).
+
+Spilling adds instructions, and reusing freed space creates new WAR/WAW hazards between
+different buffers; either way the dependence graph is stale: anti_dependency_analyzer must run
+again before assign_hwdge_engine and alloc_semaphores.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import heapq
+from dataclasses import dataclass, field
 
-from ncc.schemas import bir_pb2
+from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
@@ -29,12 +42,18 @@ from ncc.tools.walrus_driver.registry import register
 NAME = "allocation"
 MAX_HOLDERS_SHOWN = 4  # a diagnostic is one line: name the largest live buffers, count the rest
 
+# A position in the final order: (original index, slot, sequence). Original instructions are
+# (i, 0, 0); a spill store after instruction i is (i, 1, seq); a reload before i is (i, -1, seq).
+Key = tuple[int, int, int]
+
 
 @dataclass
 class Options:
     sbuf_align: int = 64  # bytes
     psum_align: int = 4  # bytes (one fp32)
     policy: str = "next_fit"  # next_fit (rotate through free space) | first_fit (lowest address)
+    spill: bool = True  # spill SBUF buffers to HBM when they do not fit (else E403)
+    too_many_spills: int = 64  # more spills than this mark the program too_many_spills
 
 
 def _policy(text: str) -> bool:
@@ -46,89 +65,328 @@ def _policy(text: str) -> bool:
 @dataclass
 class _Live:
     name: str
-    start: int
-    end: int
+    start: Key
+    end: Key
     address: int
     size: int
+
+
+@dataclass
+class _Layout:
+    """Where instructions are in the final order and which buffers each touches."""
+
+    instructions: dict[Key, bir_pb2.Instruction]
+    uses: dict[str, list[Key]]  # buffer -> sorted keys of the instructions that touch it
+    touched: dict[Key, set[str]]
+    buffers: dict[str, bir_pb2.Buffer]
+    next_id: int
+    sequence: int = 0
+    spills: int = 0
+    spilled_bytes: int = 0
+    new_buffers: list[bir_pb2.Buffer] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, program: bir_pb2.Program) -> _Layout:
+        instructions: dict[Key, bir_pb2.Instruction] = {}
+        uses: dict[str, list[Key]] = {}
+        touched: dict[Key, set[str]] = {}
+        for position, instr in enumerate(program.instructions):
+            key = (position, 0, 0)
+            instructions[key] = instr
+            names = birutil.touched_buffers(instr)
+            touched[key] = names
+            for name in names:
+                uses.setdefault(name, []).append(key)
+        return cls(
+            instructions, uses, touched, birutil.buffer_map(program), birutil.next_instruction_id(program)
+        )
+
+    def next_key(self, anchor: Key, after: bool) -> Key:
+        """A key just after `anchor` (a store) or just before it (a reload)."""
+        self.sequence += 1
+        if after:
+            return (anchor[0], anchor[1] if anchor[1] else 1, self.sequence)
+        return (anchor[0], -1, self.sequence)
 
 
 @register(NAME, Options)
 def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
     ctx.forbid_after_sync()
-    program, target = ctx.program, ctx.target
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for position, instr in enumerate(program.instructions):
-        for name in birutil.touched_buffers(instr):
-            first.setdefault(name, position)
-            last[name] = position
-
-    for memory in birutil.ONCHIP:
-        buffers = [b for b in program.buffers if b.memory == memory]
-        if memory == birutil.SBUF:
-            capacity, align, bank = target.sbuf_usable_bytes, options.sbuf_align, 0
-        else:
-            capacity, align, bank = (
-                target.psum_bytes_per_partition,
-                options.psum_align,
-                target.psum_bank_bytes,
-            )
-        next_fit = _policy(options.policy)
-        _allocate(
-            ctx, birutil.memory_name(memory), buffers, first, last, capacity, max(1, align), bank, next_fit
-        )
-
+    program = ctx.program
+    try:
+        _allocate_psum(ctx, options)
+    except CompileError:
+        # The scheduler interleaved more accumulation groups than PSUM holds. The order it was
+        # given (the frontend's, one group at a time) is a valid order of the same program:
+        # fall back to it rather than refuse the program.
+        if not _restore_order_before_schedule(ctx):
+            raise
+        ctx.set_stat("psum_fallback_to_program_order", 1)
+        _allocate_psum(ctx, options)
+    layout = _Layout.of(program)
+    _scan(ctx, options, layout, birutil.SBUF, spill=options.spill).run(
+        [b for b in program.buffers if b.memory == birutil.SBUF], _policy(options.policy)
+    )
+    if layout.spills:
+        order = sorted(layout.instructions)
+        del program.instructions[:]
+        program.instructions.extend(layout.instructions[key] for key in order)
+        if layout.spills > options.too_many_spills:
+            program.attributes["too_many_spills"] = "1"
+        ctx.instructions_changed()
+    ctx.set_stat("spills", layout.spills)
+    ctx.set_stat("spilled_bytes_per_partition", layout.spilled_bytes)
     ctx.allocated = True
     ctx.addresses_changed()
 
 
-def _allocate(
-    ctx: PassContext,
-    memory: str,
-    buffers: list[bir_pb2.Buffer],
-    first: dict[str, int],
-    last: dict[str, int],
-    capacity: int,
-    align: int,
-    bank: int,
-    next_fit: bool,
-) -> None:
-    # Untouched buffers get a live range before everything, so they never constrain the others.
-    ordered = sorted(buffers, key=lambda b: (first.get(b.name, -1), -b.bytes_per_partition, b.name))
-    live: list[_Live] = []
-    used_ever: list[tuple[int, int]] = []
-    peak = reused = cursor = 0
-    for buffer in ordered:
-        start, end = first.get(buffer.name, -1), last.get(buffer.name, -1)
-        live = [entry for entry in live if entry.end >= start]
+def _scan(ctx: PassContext, options: Options, layout: _Layout, memory: int, spill: bool) -> _Scan:
+    target = ctx.target
+    if memory == birutil.SBUF:
+        capacity, align, bank = target.sbuf_usable_bytes, options.sbuf_align, 0
+    else:
+        capacity, align, bank = target.psum_bytes_per_partition, options.psum_align, target.psum_bank_bytes
+    return _Scan(ctx, ctx.program, layout, birutil.memory_name(memory), capacity, max(1, align), bank, spill)
+
+
+def _allocate_psum(ctx: PassContext, options: Options) -> None:
+    buffers = [b for b in ctx.program.buffers if b.memory == birutil.PSUM]
+    _scan(ctx, options, _Layout.of(ctx.program), birutil.PSUM, spill=False).run(
+        buffers, _policy(options.policy)
+    )
+
+
+def _restore_order_before_schedule(ctx: PassContext) -> bool:
+    """Put the instructions back in the order pre_sched received; False if there is none to go back to."""
+    saved = ctx.order_before_schedule
+    program = ctx.program
+    if not saved or len(saved) != len(program.instructions):
+        return False
+    by_id = {instr.id: instr for instr in program.instructions}
+    if [instr.id for instr in program.instructions] == saved or set(by_id) != set(saved):
+        return False
+    order = [by_id[node] for node in saved]
+    del program.instructions[:]
+    program.instructions.extend(order)
+    ctx.order_before_schedule = None
+    ctx.order_changed()
+    return True
+
+
+class _Scan:
+    """The linear scan of one memory."""
+
+    def __init__(
+        self,
+        ctx: PassContext,
+        program: bir_pb2.Program,
+        layout: _Layout,
+        memory: str,
+        capacity: int,
+        align: int,
+        bank: int,
+        spill: bool,
+    ):
+        self.ctx, self.program, self.layout = ctx, program, layout
+        self.memory, self.capacity, self.align, self.bank, self.spill = memory, capacity, align, bank, spill
+        self.pending: list[tuple[Key, int, str, bir_pb2.Buffer]] = []
+
+    def _push(self, buffer: bir_pb2.Buffer) -> None:
+        uses = self.layout.uses.get(buffer.name)
+        # Untouched buffers get a live range before everything, so they never constrain the others.
+        start = uses[0] if uses else (-1, 0, 0)
+        heapq.heappush(self.pending, (start, -buffer.bytes_per_partition, buffer.name, buffer))
+
+    def _range(self, name: str) -> tuple[Key, Key]:
+        uses = self.layout.uses.get(name)
+        return (uses[0], uses[-1]) if uses else ((-1, 0, 0), (-1, 0, 0))
+
+    def run(self, buffers: list[bir_pb2.Buffer], next_fit: bool) -> None:
+        for buffer in buffers:
+            self._push(buffer)
+        live: list[_Live] = []
+        used_ever: list[tuple[int, int]] = []
+        peak = reused = cursor = count = 0
+        while self.pending:
+            start, _, _, buffer = heapq.heappop(self.pending)
+            count += 1
+            live = [entry for entry in live if entry.end >= start]
+            size = buffer.bytes_per_partition
+            address = _fit(live, size, self.capacity, self.align, self.bank, cursor if next_fit else 0)
+            while address is None:
+                victim = self._victim(live, start) if self.spill else None
+                if victim is None:
+                    self._fail(buffer, live, start)
+                live.remove(victim)
+                self._spill(victim, start)
+                address = _fit(live, size, self.capacity, self.align, self.bank, cursor if next_fit else 0)
+            buffer.address = address
+            cursor = address + size
+            if any(a < address + size and address < b for a, b in used_ever):
+                reused += 1
+            used_ever.append((address, address + size))
+            end = self._range(buffer.name)[1]
+            live.append(_Live(buffer.name, start, end, address, size))
+            peak = max(peak, max(e.address + e.size for e in live))
+        prefix = self.memory.lower()
+        self.ctx.set_stat(f"{prefix}_buffers", count)
+        self.ctx.set_stat(f"{prefix}_peak_bytes", peak)
+        self.ctx.set_stat(f"{prefix}_reused_buffers", reused)
+        self.ctx.set_stat(f"{prefix}_total_bytes_unshared", sum(b.bytes_per_partition for b in buffers))
+
+    def _consumer(self, at: Key) -> Key:
+        """The original instruction a position serves: a reload serves the instruction it precedes."""
+        return (at[0], 0, 0) if at[1] < 0 else at
+
+    def _victim(self, live: list[_Live], at: Key) -> _Live | None:
+        """The live buffer that neither the instruction at `at` nor the one it serves uses, used
+        before and again after that, whose next use is furthest away."""
+        consumer = self._consumer(at)
+        busy = self.layout.touched.get(at, set()) | self.layout.touched.get(consumer, set())
+        best: tuple[Key, _Live] | None = None
+        for entry in live:
+            if entry.name in busy or entry.start >= at:
+                continue
+            uses = self.layout.uses[entry.name]
+            later = bisect.bisect_right(uses, consumer)
+            if later == len(uses):
+                continue
+            if best is None or uses[later] > best[0]:
+                best = (uses[later], entry)
+        return best[1] if best is not None else None
+
+    def _spill(self, victim: _Live, at: Key) -> None:
+        """Split `victim` at `at`: store after its last use before, reload before its next use."""
+        layout, program = self.layout, self.program
+        uses = layout.uses[victim.name]
+        before = [key for key in uses if key < at]
+        after = [key for key in uses if key > at]
+        buffer = layout.buffers[victim.name]
+        layout.spills += 1
+        reloaded = program.buffers.add()
+        reloaded.CopyFrom(buffer)
+        reloaded.name = f"{buffer.name}.reload{layout.spills}"
+        reloaded.address = -1
+        layout.buffers[reloaded.name] = reloaded
+        for key in after:  # later uses read the reloaded copy
+            instr = layout.instructions[key]
+            for ap in [*instr.inputs, *instr.outputs]:
+                if ap.memory in birutil.ONCHIP and ap.tensor == victim.name:
+                    ap.tensor = reloaded.name
+            layout.touched[key] = (layout.touched[key] - {victim.name}) | {reloaded.name}
+        box = _written_box(victim.name, [layout.instructions[key] for key in before])
+        reload_uses: list[Key] = []
+        if box is not None:
+            first_partition, partitions, offset, dtype, count = box
+            scratch = f"spill.{layout.spills}.{buffer.name}"
+            program.hbm.add(name=scratch, dtype=dtype, shape=[partitions, count], role=bir_pb2.INTERNAL)
+            hbm = bir_pb2.AccessPattern(
+                memory=common_pb2.HBM,
+                tensor=scratch,
+                dtype=dtype,
+                dims=[bir_pb2.Dim(stride=count, count=partitions), bir_pb2.Dim(stride=1, count=count)],
+            )
+
+            def onchip(name: str) -> bir_pb2.AccessPattern:
+                return bir_pb2.AccessPattern(
+                    memory=common_pb2.SBUF,
+                    tensor=name,
+                    dtype=dtype,
+                    offset=offset,
+                    partition_start=first_partition,
+                    partition_count=partitions,
+                    dims=[bir_pb2.Dim(stride=1, count=count)],
+                )
+
+            next_id = layout.next_id
+            layout.next_id += 2
+            store_key = layout.next_key(before[-1], after=True)
+            reload_key = layout.next_key(after[0], after=False)
+            store = bir_pb2.Instruction(
+                id=next_id, name=f"spill{layout.spills}.store/{buffer.name}", op="dma", engine=common_pb2.SP
+            )
+            store.inputs.append(onchip(buffer.name))
+            store.outputs.append(hbm)
+            store.attributes["inserted_by"] = NAME
+            reload = bir_pb2.Instruction(
+                id=next_id + 1,
+                name=f"spill{layout.spills}.reload/{buffer.name}",
+                op="dma",
+                engine=common_pb2.SP,
+            )
+            reload.inputs.append(hbm)
+            reload.outputs.append(onchip(reloaded.name))
+            reload.attributes["inserted_by"] = NAME
+            layout.instructions[store_key] = store
+            layout.instructions[reload_key] = reload
+            layout.touched[store_key] = {buffer.name}
+            layout.touched[reload_key] = {reloaded.name}
+            before.append(store_key)
+            reload_uses.append(reload_key)
+            layout.spilled_bytes += count * dtypes.itemsize(dtype)
+        layout.uses[victim.name] = before
+        layout.uses[reloaded.name] = reload_uses + after
+        victim.end = before[-1]
+        self._push(reloaded)
+
+    def _fail(self, buffer: bir_pb2.Buffer, live: list[_Live], at: Key) -> None:
         size = buffer.bytes_per_partition
-        address = _fit(live, size, capacity, align, bank, cursor if next_fit else 0)
-        if address is None:
-            free = _largest_gap(live, capacity)
+        free = _largest_gap(live, self.capacity)
+        consumer = self.layout.instructions.get(self._consumer(at))
+        together = sorted(self.layout.touched.get(self._consumer(at), set()) | {buffer.name})
+        needed = sum(self.layout.buffers[name].bytes_per_partition for name in together)
+        if size > self.capacity:
+            why = f"is larger than the {self.capacity} bytes of a partition"
+        elif self.spill and consumer is not None and needed > self.capacity:
+            why = (
+                f"instruction {consumer.name} uses {', '.join(together)} at once: {needed} bytes per "
+                f"partition together, more than the {self.capacity} bytes of {self.memory}"
+            )
+        elif self.bank and size <= self.bank and free >= size:
+            why = f"fits no free range without crossing a {self.bank}-byte bank boundary"
+        else:
             biggest = sorted(live, key=lambda e: -e.size)[:MAX_HOLDERS_SHOWN]
             holders = ", ".join(f"{e.name}@{e.address}+{e.size}" for e in biggest)
             if len(live) > len(biggest):
                 holders += f" and {len(live) - len(biggest)} more ({sum(e.size for e in live)} bytes in all)"
-            raise CompileError(
-                "E403",
-                f"allocation: {memory} buffer '{buffer.name}' needs {size} bytes per partition but only "
-                f"{free} contiguous bytes of {capacity} are free while it is live "
-                f"(live: {holders or 'none'})",
-                buffer.name,
+            kept = "that cannot be spilled " if self.spill else ""
+            why = (
+                f"finds only {free} contiguous bytes of {self.capacity} free beside the live buffers "
+                f"{kept}({holders or 'none'})"
             )
-        buffer.address = address
-        cursor = address + size
-        if any(a < address + size and address < b for a, b in used_ever):
-            reused += 1
-        used_ever.append((address, address + size))
-        live.append(_Live(buffer.name, start, end, address, size))
-        peak = max(peak, max(e.address + e.size for e in live))
-    prefix = memory.lower()
-    ctx.set_stat(f"{prefix}_buffers", len(buffers))
-    ctx.set_stat(f"{prefix}_peak_bytes", peak)
-    ctx.set_stat(f"{prefix}_reused_buffers", reused)
-    ctx.set_stat(f"{prefix}_total_bytes_unshared", sum(b.bytes_per_partition for b in buffers))
+        raise CompileError(
+            "E403",
+            f"allocation: {self.memory} buffer '{buffer.name}' needs {size} bytes per partition: {why}",
+            buffer.name,
+        )
+
+
+def _written_box(name: str, instructions: list[bir_pb2.Instruction]) -> tuple[int, int, int, int, int] | None:
+    """(first partition, partitions, byte offset, dtype, elements per partition) of the hull that
+    `instructions` wrote into buffer `name`; None if they wrote nothing. The dtype is the writes'
+    own when they agree and the hull is a whole number of its elements, else U8 (raw bytes)."""
+    p0 = b0 = 1 << 62
+    p1 = b1 = -1
+    kinds: set[int] = set()
+    for instr in instructions:
+        for ap in instr.outputs:
+            if ap.memory not in birutil.ONCHIP or ap.tensor != name:
+                continue
+            span = birutil.element_span(ap)
+            if span is None or ap.partition_count <= 0:
+                continue
+            size = dtypes.itemsize(ap.dtype)
+            p0, p1 = min(p0, ap.partition_start), max(p1, ap.partition_start + ap.partition_count)
+            b0, b1 = min(b0, ap.offset + span[0] * size), max(b1, ap.offset + (span[1] + 1) * size)
+            kinds.add(ap.dtype)
+    if p1 < 0:
+        return None
+    dtype = kinds.pop() if len(kinds) == 1 else common_pb2.U8
+    size = dtypes.itemsize(dtype)
+    if b0 % size or (b1 - b0) % size:
+        dtype, size = common_pb2.U8, 1
+    return p0, p1 - p0, b0, dtype, (b1 - b0) // size
 
 
 def _fit(live: list[_Live], size: int, capacity: int, align: int, bank: int, cursor: int) -> int | None:

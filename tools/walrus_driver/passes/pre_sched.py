@@ -167,6 +167,7 @@ def run(ctx: PassContext) -> None:
     new_order = [by_id[node] for node in order]
     makespan_after = estimate_makespan(new_order, deps, table)
     moved = sum(1 for position, node in enumerate(order) if original_index[node] != position)
+    ctx.order_before_schedule = [instr.id for instr in instructions]
     del program.instructions[:]
     program.instructions.extend(new_order)
     ctx.scheduled = True
