@@ -50,3 +50,37 @@ def test_large_program_compiles_quickly():
     ctx = run_passes(program, ",".join(default_pipeline(2)), verify_each=False)
     assert time.perf_counter() - begin < 20
     assert ctx.stats["birverifier"]["sync_coverage_checked"] == 1
+
+
+def test_every_wait_of_a_real_model_is_necessary():
+    """The JAX softmax model, compiled by the default pipeline: deleting any single one of its
+    waits makes the simulator report a race (every wait orders a real conflict of bytes)."""
+    from pathlib import Path
+
+    import numpy as np
+
+    from ncc.tools.hlo2penguin.hlo_reader import load_module
+    from ncc.tools.hlo2penguin.hlo_verify import verify_module
+    from ncc.tools.hlo2penguin.lower import lower_module
+    from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+
+    models = Path(__file__).resolve().parents[1] / "models"
+    module = load_module(str(models / "softmax.hlo.pb"))
+    verify_module(module)
+    program = lower_to_bir(lower_module(module))
+    run_passes(program, ",".join(default_pipeline(2)), verify_each=False)
+    inputs = {
+        key: value for key, value in np.load(models / "softmax.io.npz").items() if key.startswith("arg")
+    }
+    assert not simulate_program(program, inputs).races
+    waits = [(i, k) for i, instr in enumerate(program.instructions) for k in range(len(instr.waits))]
+    assert len(waits) > 10
+    missed = []
+    for i, k in waits:
+        broken = bir_pb2.Program()
+        broken.CopyFrom(program)
+        del broken.streams[:]
+        del broken.instructions[i].waits[k]
+        if not simulate_program(broken, inputs).races:
+            missed.append((program.instructions[i].name, k))
+    assert not missed, f"{len(missed)} of {len(waits)} waits are not needed: {missed[:5]}"
