@@ -30,8 +30,10 @@ def test_a_tile_load_is_cut_into_partition_ranges_reading_the_matching_rows() ->
 
 def test_split_program_computes_the_same_and_spreads_over_queues() -> None:
     rng = np.random.default_rng(3)
-    inputs = {"arg0": rng.standard_normal((128, 2048)).astype(np.float32),
-              "arg1": rng.standard_normal((128, 2048)).astype(np.float32)}
+    inputs = {
+        "arg0": rng.standard_normal((128, 2048)).astype(np.float32),
+        "arg1": rng.standard_normal((128, 2048)).astype(np.float32),
+    }
     whole = chain_program(tiles=1, cols=2048)
     run_passes(whole, BACKEND)
     pieces = chain_program(tiles=1, cols=2048)
@@ -69,3 +71,25 @@ def test_must_run_before_queues_are_assigned() -> None:
     with pytest.raises(CompileError) as err:
         run_passes(chain_program(1, 2048), "anti_dependency_analyzer,assign_hwdge_engine,split_dma")
     assert err.value.code == "E402" and "before assign_hwdge_engine" in err.value.message
+
+
+def test_the_budget_counts_the_program_split_dma_makes():
+    """penguin_budget.backend_instruction_count, computed before unrolling, is the instruction count
+    after split_dma (gelu: every tile is whole, so the bound is exact)."""
+    from pathlib import Path
+
+    from ncc.tools.common.penguin_budget import backend_instruction_count, instruction_count
+    from ncc.tools.hlo2penguin.hlo_reader import load_module
+    from ncc.tools.hlo2penguin.hlo_verify import verify_module
+    from ncc.tools.hlo2penguin.lower import lower_module
+    from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+
+    module = load_module(str(Path(__file__).resolve().parents[1] / "models" / "gelu.hlo.pb"))
+    verify_module(module)
+    penguin = lower_module(module)
+    bir = lower_to_bir(penguin)
+    backend, _, _ = backend_instruction_count(penguin)
+    unrolled = len(bir.instructions)
+    assert instruction_count(penguin)[0] == unrolled
+    ctx = run_passes(bir, "split_dma")
+    assert backend == len(ctx.program.instructions) > unrolled

@@ -82,8 +82,10 @@ def test_options_are_typed_and_checked():
 
 
 def test_default_pipelines():
-    assert default_pipeline(2) == DEFAULT_PASSES == default_pipeline(1) == default_pipeline(3)
+    assert default_pipeline(2) == DEFAULT_PASSES
     assert "pre_sched" not in default_pipeline(0) and "dep_reduction" not in default_pipeline(0)
+    assert "pre_sched" in default_pipeline(1) and "split_dma" not in default_pipeline(1)
+    assert "pre_sched{tries=4,pressure_window=128}" in default_pipeline(3)
     assert default_pipeline(0)[-1] == "codegen"
     with pytest.raises(CompileError):
         default_pipeline(7)
@@ -91,6 +93,9 @@ def test_default_pipelines():
         program = chain_program(2)
         ctx = run_passes(program, ",".join(default_pipeline(level)))
         assert ctx.codegen_done and ctx.synchronized
+        assert float(program.attributes["walrus.lower_bound_ns"]) > 0  # every level reports it
+        if level == 3:
+            assert ctx.stats["pre_sched"]["schedules_tried"] == 4
 
 
 def test_print_ir_after_and_timing():

@@ -23,6 +23,19 @@ ENGINES = {
 ENGINE_NAMES = {value: key for key, value in ENGINES.items()}
 
 
+# How the backend cuts a large tile DMA (walrus split_dma): into at most DMA_SPLIT_MAX_PARTS pieces
+# over partition ranges, each moving at least DMA_SPLIT_MIN_BYTES. The instruction budget
+# (tools/common/penguin_budget) counts with the same rule, so it sees the program the backend holds.
+DMA_SPLIT_MAX_PARTS = 8
+DMA_SPLIT_MIN_BYTES = 32768
+
+
+def dma_pieces(partitions: int, total_bytes: int, max_parts: int = DMA_SPLIT_MAX_PARTS,
+               min_bytes: int = DMA_SPLIT_MIN_BYTES) -> int:
+    """How many dmas split_dma makes of one moving `total_bytes` over `partitions` partitions."""
+    return max(1, min(max_parts, partitions, total_bytes // max(1, min_bytes)))
+
+
 @dataclass(frozen=True)
 class Target:
     name: str

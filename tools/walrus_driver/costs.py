@@ -101,8 +101,11 @@ def lower_bound_ns(
     deps: DepGraph | None,
     target: Target,
     table: CostTable | None = None,
+    flow_only: bool = False,
 ) -> dict[str, float]:
-    """The lower bounds of any schedule and their maximum (key 'lower_bound_ns')."""
+    """The lower bounds of any schedule and their maximum (key 'lower_bound_ns'). With `flow_only`
+    the critical path follows only FLOW (true data) edges: after allocation the graph also holds
+    WAR/WAW edges that address reuse made, which bind this allocation, not every schedule."""
     table = table or CostTable(target)
     work: dict[int, float] = defaultdict(float)
     port_work: dict[str, float] = defaultdict(float)
@@ -121,7 +124,8 @@ def lower_bound_ns(
         for node in deps.topological_order():
             if node not in latency:
                 continue
-            start = max((finish[p] for p in deps.predecessors(node) if p in finish), default=0.0)
+            preds = deps.predecessors_of_kind(node, "FLOW") if flow_only else deps.predecessors(node)
+            start = max((finish[p] for p in preds if p in finish), default=0.0)
             finish[node] = start + latency[node]
         critical = max(finish.values(), default=0.0)
     critical = max(critical, max(latency.values(), default=0.0))

@@ -135,6 +135,10 @@ class DepGraph:
     def predecessors(self, node: int) -> Iterable[int]:
         return self._pred[node].keys()
 
+    def predecessors_of_kind(self, node: int, kind: str) -> list[int]:
+        rank = KIND_CODE[kind]
+        return [pred for pred, code in self._pred[node].items() if code >> 2 == rank]
+
     def in_degree(self, node: int) -> int:
         return len(self._pred[node])
 

@@ -31,18 +31,22 @@ DEFAULT_PASSES = [
     "codegen",
 ]
 
-# Passes --optlevel 0 leaves out: they speed up the compiled program (split_dma, pre_sched) or
-# the compile (dep_reduction), and the program is correct without them.
-OPTIMIZING_PASSES = {"split_dma", "dep_reduction", "pre_sched"}
+# What each --optlevel runs (every level reports the schedule's lower bound through codegen):
+#   0  no reordering: the frontend's order, allocated and synchronized as it is
+#   1  scheduling: dep_reduction and the list scheduler, each tile DMA on one queue
+#   2  the default: 1 + split_dma (large tile DMAs spread over several queues)
+#   3  more effort: 2 with the scheduler trying several pressure settings and a wider
+#      ready window, keeping the schedule of least estimated makespan
+_LEVEL_DROPS = {0: {"split_dma", "dep_reduction", "pre_sched"}, 1: {"split_dma"}, 2: set(), 3: set()}
+_LEVEL_OPTIONS = {3: {"pre_sched": "pre_sched{tries=4,pressure_window=128}"}}
 
 
 def default_pipeline(optlevel: int = 2) -> list[str]:
     """The pass list used when --walrus-passes is not given."""
     if not 0 <= optlevel <= 3:
         raise CompileError("E400", f"--optlevel must be 0..3, got {optlevel}")
-    if optlevel == 0:
-        return [name for name in DEFAULT_PASSES if name not in OPTIMIZING_PASSES]
-    return list(DEFAULT_PASSES)
+    options = _LEVEL_OPTIONS.get(optlevel, {})
+    return [options.get(name, name) for name in DEFAULT_PASSES if name not in _LEVEL_DROPS[optlevel]]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.dtypes import itemsize
+from ncc.tools.target import DMA_SPLIT_MAX_PARTS, DMA_SPLIT_MIN_BYTES, dma_pieces
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
@@ -27,8 +28,8 @@ NAME = "split_dma"
 
 @dataclass
 class Options:
-    max_parts: int = 8  # pieces per dma at most
-    min_bytes: int = 32768  # bytes each piece moves at least (smaller dmas are latency-bound anyway)
+    max_parts: int = DMA_SPLIT_MAX_PARTS  # pieces per dma at most
+    min_bytes: int = DMA_SPLIT_MIN_BYTES  # bytes each piece moves at least (smaller ones are latency-bound)
 
 
 @register(NAME, Options)
@@ -83,7 +84,7 @@ def _partition_ranges(instr: bir_pb2.Instruction, options: Options) -> list[tupl
     if not hbm.dims or hbm.dims[0].count != partitions or rest != free:
         return []
     total = partitions * free * itemsize(onchip.dtype)
-    parts = min(options.max_parts, partitions, total // max(1, options.min_bytes))
+    parts = dma_pieces(partitions, total, options.max_parts, options.min_bytes)
     if parts < 2:
         return []
     bounds = [partitions * k // parts for k in range(parts + 1)]
