@@ -80,8 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         choices=OPTLEVELS,
         default=DEFAULT_OPTLEVEL,
-        help="optimization level (default 2): 0 skips the backend's DMA splitting and scheduling; "
-        "1-3 run the same passes until Penguin optimization exists",
+        help="optimization level (default 2): 0 keeps the frontend's instruction order; 1 schedules; "
+        "2 also spreads large DMAs over several queues; 3 tries several schedules and keeps the fastest",
     )
     parser.add_argument(
         "--verify",

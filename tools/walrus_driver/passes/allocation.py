@@ -21,9 +21,10 @@ together, and the message then says which constraint failed (size, bank rule). M
 `too_many_spills` spills mark the program `too_many_spills` (dep_reduction skips such programs).
 PSUM buffers are never spilled (the scheduler bounds PSUM pressure; a dma cannot read PSUM).
 
-Spilling adds instructions, and reusing freed space creates new WAR/WAW hazards between
-different buffers; either way the dependence graph is stale: anti_dependency_analyzer must run
-again before assign_hwdge_engine and alloc_semaphores.
+Reusing freed space creates new WAR/WAW hazards between different buffers, so the dependence
+graph is no longer valid for addresses: anti_dependency_analyzer must run again before
+alloc_semaphores. When spills added instructions, the graph between virtual buffers is rebuilt
+here (with the spills), so that passes before that second analysis can still read it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.passes import anti_dependency_analyzer
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "allocation"
@@ -135,6 +137,9 @@ def run(ctx: PassContext) -> None:
         if layout.spills > options.too_many_spills:
             program.attributes["too_many_spills"] = "1"
         ctx.instructions_changed()
+        # Passes between here and the analyzer's next run (assign_hwdge_engine) read the graph
+        # between virtual buffers: rebuild it for the program with its spills.
+        anti_dependency_analyzer.analyze(ctx, use_addresses=False)
     ctx.set_stat("spills", layout.spills)
     ctx.set_stat("spilled_bytes_per_partition", layout.spilled_bytes)
     ctx.allocated = True

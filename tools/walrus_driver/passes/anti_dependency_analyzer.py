@@ -49,11 +49,19 @@ def _page_size(options: Options, memory: int) -> int:
 def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
     program = ctx.program
-    buffers = birutil.buffer_map(program)
-    widths = birutil.hbm_widths(program)
     use_addresses = ctx.allocated and all(
         b.address >= 0 for b in program.buffers if b.memory in birutil.ONCHIP
     )
+    analyze(ctx, use_addresses, options)
+
+
+def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = None) -> None:
+    """Build ctx.deps for the current program: between buffers' final addresses (use_addresses)
+    or between virtual buffers. allocation calls it too, after adding spill instructions."""
+    options = options or Options()
+    program = ctx.program
+    buffers = birutil.buffer_map(program)
+    widths = birutil.hbm_widths(program)
     page_size = {memory: _page_size(options, memory) for memory in (birutil.SBUF, birutil.PSUM, birutil.HBM)}
     # (memory, region, page) -> [reads, writes], each a list of (p0, p1, b0, b1, instruction id)
     pages: dict[tuple[int, str, int], tuple[list, list]] = {}
