@@ -159,11 +159,20 @@ def test_random_programs_are_race_free_with_at_most_two_waits():
 
 def test_too_many_threads_is_E404():
     program = chain_program(tiles=3)
-    small = dataclasses.replace(load_target("trn1"), num_semaphores=2)
+    small = dataclasses.replace(load_target("trn1"), num_semaphores=1)
     ctx = PassContext.for_program(program, small)
     with pytest.raises(CompileError) as err:
         PassManager(PIPE).run(ctx)
-    assert err.value.code == "E404" and "but target trn1 has 2" in err.value.message
+    assert err.value.code == "E404" and "but target trn1 has 1" in err.value.message
+
+
+def test_queue_pools_fit_the_semaphores():
+    """With few semaphores assign_hwdge_engine narrows the queue pools instead of failing."""
+    program = chain_program(tiles=3)
+    small = dataclasses.replace(load_target("trn1"), num_semaphores=4)
+    ctx = PassContext.for_program(program, small)
+    PassManager(PIPE).run(ctx)
+    assert program.num_semaphores <= 4
 
 
 def test_prerequisites():

@@ -41,11 +41,11 @@ def test_compiles_with_the_default_pipeline_and_writes_stats(tmp_path):
     program = read_proto(out, bir_pb2.Program, "program")
     assert program.streams and program.num_semaphores > 0 and all(b.address >= 0 for b in program.buffers)
     assert program.attributes["walrus.pipeline"].startswith(
-        "split_dma,anti_dependency_analyzer,dep_reduction,pre_sched"
+        "split_dma,anti_dependency_analyzer,dep_reduction,assign_hwdge_engine,pre_sched"
     )
     report = json.loads(stats.read_text())
     assert [p["name"] for p in report["passes"]][-1] == "codegen"
-    assert report["passes"][3]["stats"]["est_makespan_ns"] > 0
+    assert report["passes"][4]["stats"]["est_makespan_ns"] > 0
     assert not (tmp_path / "d.pb").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
 

@@ -50,6 +50,7 @@ class PassContext:
     current_label: str = ""
     options: Any = None
     order_before_schedule: list[int] | None = None  # instruction ids in the order pre_sched received
+    queue_pools: dict[int, list[int]] | None = None  # trigger engine -> its DMA queues (assign_hwdge_engine)
     _cost_table: Any = None
 
     def costs(self) -> Any:

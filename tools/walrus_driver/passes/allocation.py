@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections import Counter
 from dataclasses import dataclass, field
 
 from ncc.schemas import bir_pb2, common_pb2
@@ -38,7 +39,7 @@ from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
-from ncc.tools.walrus_driver.passes import anti_dependency_analyzer
+from ncc.tools.walrus_driver.passes import anti_dependency_analyzer, assign_hwdge_engine
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "allocation"
@@ -82,6 +83,7 @@ class _Layout:
     touched: dict[Key, set[str]]
     buffers: dict[str, bir_pb2.Buffer]
     next_id: int
+    queue_load: Counter[int] = field(default_factory=Counter)  # bytes per dma queue, for spill dmas
     sequence: int = 0
     spills: int = 0
     spilled_bytes: int = 0
@@ -99,8 +101,17 @@ class _Layout:
             touched[key] = names
             for name in names:
                 uses.setdefault(name, []).append(key)
+        queue_load: Counter[int] = Counter()
+        for instr in program.instructions:
+            if instr.op == "dma":
+                queue_load[instr.dma_queue] += birutil.transfer_bytes(instr)
         return cls(
-            instructions, uses, touched, birutil.buffer_map(program), birutil.next_instruction_id(program)
+            instructions,
+            uses,
+            touched,
+            birutil.buffer_map(program),
+            birutil.next_instruction_id(program),
+            queue_load,
         )
 
     def next_key(self, anchor: Key, after: bool) -> Key:
@@ -323,6 +334,9 @@ class _Scan:
             reload.inputs.append(hbm)
             reload.outputs.append(onchip(reloaded.name))
             reload.attributes["inserted_by"] = NAME
+            if self.ctx.queues_assigned:
+                assign_hwdge_engine.queue_new_dma(self.ctx, store, layout.queue_load)
+                assign_hwdge_engine.queue_new_dma(self.ctx, reload, layout.queue_load)
             layout.instructions[store_key] = store
             layout.instructions[reload_key] = reload
             layout.touched[store_key] = {buffer.name}

@@ -10,12 +10,17 @@ Every other dma is triggered on SP. If that leaves a single trigger engine for t
 the issue work is spread: stores (or, without stores, every other load) move to the less busy of
 ACT and DVE, so at least two engines issue dmas.
 
-Queues. Loads (and on-chip copies) and stores get separate halves of the target's queues when the
-program has both, so write-back never queues behind prefetch. Within a half, each trigger engine
-gets its own queues, in proportion to its dma count; an engine's dmas take its queues round-robin.
-Keeping one trigger engine per queue keeps the queue's FIFO order equal to that engine's program
-order. Needs the dependence graph (any, for the predecessor engines); must run before
-alloc_semaphores, since it changes which thread every transfer runs on.
+Queues. Each trigger engine gets a pool of the target's queues, in proportion to the bytes its
+dmas move (ctx.queue_pools); within its pool a dma takes the queue that has moved the fewest
+bytes so far. A (queue, trigger engine) pair is a transfer thread with a semaphore of its own, so
+the pools hold at most `max_transfer_threads` pairs together (27: with the 5 engines' own, the
+target's 32 semaphores); within that budget pools overlap, and a queue fed by two engines
+interleaves their transfers in issue order.
+Run before pre_sched (the default pipeline), the scheduler then plans each dma on the queue of
+its pool that frees first and writes its choice back; dmas added later (spills) take the least
+loaded queue of their engine's pool (`queue_new_dma`). Needs the dependence graph (any, for the
+predecessor engines); must run before alloc_semaphores, since it changes which thread every
+transfer runs on.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ class Options:
     trigger_engines: str = "SP,ACT,DVE"  # hardware-DGE engines, the first is the default trigger
     follow_producer: bool = True  # trigger on the latest compute predecessor's engine
     min_trigger_engines: int = 2
+    max_transfer_threads: int = 27  # (queue, trigger engine) pairs; with the 5 engines, <= 32 semaphores
 
 
 @register(NAME, Options)
@@ -72,7 +78,10 @@ def run(ctx: PassContext) -> None:
                 followed += 1
 
     spread = _spread(program, dmas, engines, default, options.min_trigger_engines, target)
-    queues_used = _assign_queues(dmas, target.dma_queues)
+    # Semaphores: one per engine that others wait for, one per (queue, trigger engine) pair.
+    budget = max(1, min(options.max_transfer_threads, target.num_semaphores - len(ENGINES)))
+    ctx.queue_pools = _assign_queues(dmas, target.dma_queues, budget)
+    queues_used = len({d.dma_queue for d in dmas})
 
     ctx.queues_assigned = True
     ctx.order_changed()
@@ -113,41 +122,51 @@ def _spread(
     return len(movers)
 
 
-def _assign_queues(dmas: list[bir_pb2.Instruction], num_queues: int) -> int:
-    """Separate load and store queue pools, one set of queues per trigger engine, round-robin."""
-    num_queues = max(1, num_queues)
-    classes: dict[str, list[bir_pb2.Instruction]] = defaultdict(list)
+def _assign_queues(dmas: list[bir_pb2.Instruction], num_queues: int, budget: int) -> dict[int, list[int]]:
+    """Give each trigger engine a pool of queues in proportion to its bytes, and each dma the
+    least loaded queue (by bytes) of its engine's pool; returns the pools."""
+    demand: Counter[int] = Counter()
     for dma in dmas:
-        classes["store" if birutil.dma_direction(dma) == "store" else "load"].append(dma)
-    if len(classes) == 2 and num_queues >= 2:
-        half = num_queues // 2
-        pools = {"load": list(range(half)), "store": list(range(half, num_queues))}
-    else:
-        pools = {name: list(range(num_queues)) for name in classes}
-    used: set[int] = set()
-    for name, members in classes.items():
-        binding = _bind(pools[name], Counter(d.engine for d in members))
-        turn: Counter[int] = Counter()
-        for dma in members:
-            queues = binding[dma.engine]
-            dma.dma_queue = queues[turn[dma.engine] % len(queues)]
-            turn[dma.engine] += 1
-            used.add(dma.dma_queue)
-    return len(used)
+        demand[dma.engine] += max(1, birutil.transfer_bytes(dma))
+    pools = _bind(list(range(max(1, num_queues))), demand, budget)
+    load: Counter[int] = Counter()
+    for dma in dmas:
+        dma.dma_queue = min(pools[dma.engine], key=lambda q: (load[q], q))
+        load[dma.dma_queue] += max(1, birutil.transfer_bytes(dma))
+    return pools
 
 
-def _bind(pool: list[int], demand: Counter[int]) -> dict[int, list[int]]:
-    """Split a queue pool among trigger engines in proportion to their dma counts (≥1 each)."""
+def queue_new_dma(ctx: PassContext, dma: bir_pb2.Instruction, load: Counter[int]) -> None:
+    """Put a dma made after this pass ran on the least loaded queue of its trigger engine's pool
+    (`load`: bytes per queue so far, updated)."""
+    pools = ctx.queue_pools or {}
+    pool = pools.get(dma.engine) or next(iter(pools.values()), [0])
+    dma.dma_queue = min(pool, key=lambda q: (load[q], q))
+    load[dma.dma_queue] += max(1, birutil.transfer_bytes(dma))
+
+
+def _bind(pool: list[int], demand: Counter[int], budget: int | None = None) -> dict[int, list[int]]:
+    """Give each trigger engine a window of the queue pool, sized in proportion to its demand.
+
+    Every (queue, trigger engine) pair in use is a transfer thread with a semaphore of its own, so
+    the windows together hold at most `budget` pairs (default: one engine per queue); within that
+    budget windows may overlap, so a busy engine is not confined to a fraction of the queues. Each
+    engine gets at least one queue and at most all of them."""
     engines = sorted(demand, key=lambda e: (-demand[e], e))
-    if len(pool) < len(engines):  # too few queues: engines share them (still correct, see syncmodel)
-        return {e: [pool[i % len(pool)]] for i, e in enumerate(engines)}
+    if not engines:
+        return {}
+    size = len(pool)
+    budget = max(len(engines), min(budget if budget is not None else size, size * len(engines)))
     share = {e: 1 for e in engines}
-    for _ in range(len(pool) - len(engines)):
-        # give the next queue to the engine with the most dmas per queue
-        best = max(engines, key=lambda e: (demand[e] / share[e], -e))
+    for _ in range(budget - len(engines)):
+        # the next queue goes to the engine with the most demand per queue that can take one
+        open_ = [e for e in engines if share[e] < size]
+        if not open_:
+            break
+        best = max(open_, key=lambda e: (demand[e] / share[e], -e))
         share[best] += 1
     binding, cursor = {}, 0
     for engine in engines:
-        binding[engine] = pool[cursor : cursor + share[engine]]
-        cursor += share[engine]
+        binding[engine] = [pool[(cursor + k) % size] for k in range(share[engine])]
+        cursor = (cursor + share[engine]) % size
     return binding

@@ -2,10 +2,11 @@
 
 Kahn's algorithm over the dependence DAG with a model of the machine (costs.py): each engine runs
 one instruction at a time, DVE/POOL share the SBUF port and DVE/ACT the PSUM port, a dma occupies
-its trigger engine for the issue and then the earliest free DMA queue for the transfer (queues
-are only chosen later, so all of them are assumed usable). A
-ready instruction waits in its engine's ready list keyed by earliest start (the latest finish of
-its predecessors); the engine's next instruction is the ready one of highest priority among those
+its trigger engine for the issue and then, for the transfer, the queue of its trigger engine's
+pool (chosen by assign_hwdge_engine, which runs first) that frees first; that queue is written
+into the dma, so the program runs on the queues the schedule was planned with. A ready
+instruction waits in its engine's ready list keyed by earliest start (the latest finish of its
+predecessors); the engine's next instruction is the ready one of highest priority among those
 that can start when the engine is free, else the one that can start soonest, and the engine whose
 choice starts first is scheduled. Priority is the critical path to the end of the program.
 
@@ -51,17 +52,28 @@ EXTRA_FRACTIONS = (0.9, 0.65, 0.5)  # the other pressure limits that tries > 1 s
 
 @dataclass
 class _Machine:
-    """Resource timelines of the cost model: engines and a pool of DMA queues."""
+    """Resource timelines of the cost model: engines, shared ports and the DMA queues. A dma
+    transfers on the queue of its trigger engine's pool (ctx.queue_pools; every queue when no
+    pools were chosen yet) that frees first; `queue_of` records that choice."""
 
     table: costs.CostTable
     engine_free: dict[int, float]
     port_free: dict[str, float]
-    queue_free: list[tuple[float, int]]  # a heap of (free at, queue)
+    queue_free: list[float]
+    pools: dict[int, list[int]]
+    queue_of: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def fresh(cls, table: costs.CostTable) -> _Machine:
-        queues = [(0.0, queue) for queue in range(max(1, table.target.dma_queues))]
-        return cls(table, defaultdict(float), defaultdict(float), queues)
+    def fresh(cls, table: costs.CostTable, pools: dict[int, list[int]] | None = None) -> _Machine:
+        queues = max(1, table.target.dma_queues)
+        every = list(range(queues))
+        return cls(
+            table,
+            defaultdict(float),
+            defaultdict(float),
+            [0.0] * queues,
+            defaultdict(lambda: every, pools or {}),
+        )
 
     def start_time(self, instr: bir_pb2.Instruction, earliest: float) -> float:
         start = max(earliest, self.engine_free[instr.engine])
@@ -78,22 +90,36 @@ class _Machine:
             self.port_free[port] = issue_end
         if instr.op != "dma":
             return issue_end
-        free, queue = self.queue_free[0]
-        finish = max(issue_end, free) + cost.transfer_ns
-        heapq.heapreplace(self.queue_free, (finish, queue))
+        free = self.queue_free
+        queue = min(self.pools[instr.engine], key=free.__getitem__)
+        finish = max(issue_end, free[queue]) + cost.transfer_ns
+        free[queue] = finish
+        self.queue_of[instr.id] = queue
         return finish
 
 
 def estimate_makespan(
-    instructions: list[bir_pb2.Instruction], deps: DepGraph, table: costs.CostTable
+    instructions: list[bir_pb2.Instruction],
+    deps: DepGraph,
+    table: costs.CostTable,
+    pools: dict[int, list[int]] | None = None,
 ) -> float:
     """Makespan of executing `instructions` in this order (in order per engine) under the cost model."""
-    machine = _Machine.fresh(table)
+    return _place_in_order(instructions, deps, table, pools)[0]
+
+
+def _place_in_order(
+    instructions: list[bir_pb2.Instruction],
+    deps: DepGraph,
+    table: costs.CostTable,
+    pools: dict[int, list[int]] | None,
+) -> tuple[float, _Machine]:
+    machine = _Machine.fresh(table, pools)
     finish: dict[int, float] = {}
     for instr in instructions:
         ready = max((finish.get(p, 0.0) for p in deps.predecessors(instr.id)), default=0.0)
         finish[instr.id] = machine.place(instr, machine.start_time(instr, ready))
-    return max(finish.values(), default=0.0)
+    return max(finish.values(), default=0.0), machine
 
 
 @register(NAME, Options)
@@ -122,10 +148,22 @@ def run(ctx: PassContext) -> None:
     assert best is not None
 
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
-    makespan_before = estimate_makespan(instructions, deps, table)
+    makespan_before, unchanged = _place_in_order(instructions, deps, table, ctx.queue_pools)
+    if makespan_before < best.makespan:  # the list scheduler is a heuristic: never make it worse
+        pressure = _Pressure.build(program, instructions, ctx.target, best.fraction)
+        for instr in instructions:
+            pressure.scheduled(instr)
+        best = _Schedule(
+            [i.id for i in instructions], makespan_before, 0, pressure, best.fraction, unchanged.queue_of
+        )
+        ctx.set_stat("kept_input_order", 1)
     new_order = [by_id[node] for node in best.order]
     moved = sum(1 for position, node in enumerate(best.order) if original_index[node] != position)
     ctx.order_before_schedule = [instr.id for instr in instructions]
+    if ctx.queues_assigned:  # plan and program agree: each dma goes where the schedule put it
+        for instr in new_order:
+            if instr.op == "dma":
+                instr.dma_queue = best.queue_of[instr.id]
     del program.instructions[:]
     program.instructions.extend(new_order)
     ctx.scheduled = True
@@ -155,6 +193,7 @@ class _Schedule:
     pressured_picks: int
     pressure: _Pressure
     fraction: float
+    queue_of: dict[int, int]  # dma id -> the queue it was planned on
 
 
 def _list_schedule(
@@ -169,7 +208,7 @@ def _list_schedule(
     by_id = {instr.id: instr for instr in instructions}
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
     pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction)
-    machine = _Machine.fresh(table)
+    machine = _Machine.fresh(table, ctx.queue_pools)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
@@ -224,7 +263,7 @@ def _list_schedule(
             indegree[succ] -= 1
             if indegree[succ] == 0:
                 push(succ)
-    return _Schedule(order, makespan, pressured_picks, pressure, fraction)
+    return _Schedule(order, makespan, pressured_picks, pressure, fraction, machine.queue_of)
 
 
 @dataclass
