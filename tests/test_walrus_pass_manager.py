@@ -156,3 +156,11 @@ def test_errors_carry_the_pass_as_location():
     with pytest.raises(CompileError) as err:
         run_passes(chain_program(1), "anti_dependency_analyzer,dep_reduction,dep_reduction,codegen")
     assert err.value.location == "codegen"
+
+
+def test_a_list_of_pass_texts_may_carry_options():
+    manager = PassManager(default_pipeline(3))
+    assert "pre_sched{tries=4,pressure_window=128}" in manager.pipeline_text()
+    ctx = PassContext.for_program(chain_program(2), load_target("trn1"))
+    manager.run(ctx)
+    assert ctx.stats["pre_sched"]["schedules_tried"] == 4

@@ -117,7 +117,12 @@ class PassManager:
     def __init__(self, pipeline: list[PassSpec] | list[str] | str, instruments: Instruments | None = None):
         if isinstance(pipeline, str):
             pipeline = parse_pipeline(pipeline)
-        self.specs = [spec if isinstance(spec, PassSpec) else PassSpec(spec) for spec in pipeline]
+        # A list of texts may carry options too ("pre_sched{tries=4}"): each item is parsed.
+        self.specs = [
+            spec if isinstance(spec, PassSpec) else parsed
+            for spec in pipeline
+            for parsed in ([spec] if isinstance(spec, PassSpec) else parse_pipeline(spec))
+        ]
         self.instruments = instruments or Instruments()
         # Validate every name and option before anything runs.
         self.plan: list[tuple[PassSpec, PassInfo, Any]] = []
