@@ -52,6 +52,8 @@ class PassContext:
     order_before_schedule: list[int] | None = None  # instruction ids in the order pre_sched received
     queue_pools: dict[int, list[int]] | None = None  # trigger engine -> its DMA queues (assign_hwdge_engine)
     _cost_table: Any = None
+    # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
+    footprint_cache: dict[int, Any] = field(default_factory=dict)
 
     def costs(self) -> Any:
         """The shared memo of instruction costs (costs.CostTable), reset when instructions change."""
@@ -134,6 +136,7 @@ class PassContext:
         """Instructions were added or removed: the dependence graph and the schedule are stale."""
         self.deps = None
         self._cost_table = None
+        self.footprint_cache = {}
         self.order_before_schedule = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False

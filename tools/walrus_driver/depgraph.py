@@ -145,6 +145,9 @@ class DepGraph:
     def out_degree(self, node: int) -> int:
         return len(self._succ[node])
 
+    def edge_attributes(self, src: int, dst: int) -> dict[str, str]:
+        return edge_data(self._succ[src][dst])
+
     def edge_kind(self, src: int, dst: int) -> str:
         return KINDS[self._succ[src][dst] >> 2]
 

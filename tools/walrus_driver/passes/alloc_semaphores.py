@@ -47,29 +47,33 @@ def run(ctx: PassContext) -> None:
     new_order: list[bir_pb2.Instruction] = []
     wait_for: dict[int, list[int]] = {}  # instruction id -> producer ids it waits for
     nops = needed_total = implied = cross_covered = same_thread = 0
+    thread_index, position, completion = walk.thread_index, walk.position, walk.completion_clock
     for instr in program.instructions:
+        node = instr.id
         base = walk.base_clock(instr)
-        needed = []
-        for pred in deps.predecessors(instr.id) if instr.id in deps else ():
-            producer = by_id.get(pred)
-            if producer is None:
+        mine = space.index[syncmodel.access_thread(instr)]
+        needed: list[int] = []
+        for pred in deps.predecessors(node) if node in deps else ():
+            if pred not in by_id:
                 continue
-            if pred not in walk.position:
+            thread = thread_index.get(pred)
+            if thread is None:
                 ctx.fail_needs("anti_dependency_analyzer (the order is not a topological order of the graph)")
-            if syncmodel.access_thread(producer) == syncmodel.access_thread(instr):
+            if thread == mine:
                 same_thread += 1
-            if walk.covered(base, producer):
-                cross_covered += syncmodel.access_thread(producer) != syncmodel.access_thread(instr)
+            if base[thread] >= position[pred]:  # already ordered (program order, queue FIFO, waits)
+                cross_covered += thread != mine
                 continue
-            needed.append(producer)
+            needed.append(pred)
         needed_total += len(needed)
-        kept = [
+        kept_ids = [
             p
             for p in needed
-            if not any(q is not p and walk.covered(walk.completion_clock[q.id], p) for q in needed)
+            if not any(q != p and completion[q][thread_index[p]] >= position[p] for q in needed)
         ]
-        implied += len(needed) - len(kept)
-        kept.sort(key=lambda p: (space.index[syncmodel.access_thread(p)], walk.position[p.id]))
+        implied += len(needed) - len(kept_ids)
+        kept_ids.sort(key=lambda p: (thread_index[p], position[p]))
+        kept = [by_id[p] for p in kept_ids]
         groups = [kept[i : i + max_waits] for i in range(0, len(kept), max_waits)] or [[]]
         for group in groups[:-1]:  # extra waits ride on nops just before the instruction
             nop = bir_pb2.Instruction(

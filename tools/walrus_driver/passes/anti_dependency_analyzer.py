@@ -62,6 +62,8 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     program = ctx.program
     buffers = birutil.buffer_map(program)
     widths = birutil.hbm_widths(program)
+    address = {b.name: b.address for b in program.buffers}
+    cache = ctx.footprint_cache
     page_size = {memory: _page_size(options, memory) for memory in (birutil.SBUF, birutil.PSUM, birutil.HBM)}
     # (memory, region, page) -> [reads, writes], each a list of (p0, p1, b0, b1, instruction id)
     pages: dict[tuple[int, str, int], tuple[list, list]] = {}
@@ -84,7 +86,16 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
             incoming[names[other]] = edge_code(ORDERED, 0)
         names[instr.name] = node
 
-        boxes = birutil.footprints(instr, buffers, use_addresses, widths)
+        boxes = cache.get(node)
+        if boxes is None:  # boxes relative to their buffers, kept for the next run
+            boxes = cache[node] = birutil.footprints(instr, buffers, False, widths)
+        if use_addresses:
+            boxes = [
+                box._replace(region="", b0=box.b0 + address[box.region], b1=box.b1 + address[box.region])
+                if box.memory != birutil.HBM
+                else box
+                for box in boxes
+            ]
         touched = []
         for box in boxes:
             size = page_size[box.memory]

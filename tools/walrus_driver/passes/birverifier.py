@@ -309,22 +309,30 @@ def _check_buffers(ctx: PassContext, report: _Report, require_allocated: bool) -
                 )
         placed[buffer.memory].append(buffer)
     for buffers in placed.values():  # address overlap while both live
-        ordered = sorted(buffers, key=lambda b: b.address)
-        for index, a in enumerate(ordered):
+        _check_overlap(buffers, live, report)
+
+
+def _check_overlap(buffers: list[bir_pb2.Buffer], live: dict[str, tuple[int, int]], report: _Report) -> None:
+    """No two buffers share bytes while both are live: a sweep over live ranges, comparing each
+    buffer only with the buffers live when it starts (a set bounded by the memory's size)."""
+    used = sorted(
+        (live[b.name][0], live[b.name][1], b) for b in buffers if b.name in live and b.bytes_per_partition
+    )
+    active: list[tuple[int, bir_pb2.Buffer]] = []  # (last use, buffer)
+    for start, end, b in used:
+        active = [(last, a) for last, a in active if last >= start]
+        b_end = b.address + b.bytes_per_partition
+        for _, a in active:
             a_end = a.address + a.bytes_per_partition
-            for b in ordered[index + 1 :]:
-                if b.address >= a_end:
-                    break
-                if a.name in live and b.name in live:
-                    (a0, a1), (b0, b1) = live[a.name], live[b.name]
-                    if a0 <= b1 and b0 <= a1 and a.bytes_per_partition and b.bytes_per_partition:
-                        report.fail(
-                            "allocation_overlap",
-                            a.name,
-                            f"shares bytes [{b.address}, "
-                            f"{min(a_end, b.address + b.bytes_per_partition)}) with "
-                            f"{b.name!r} while both are live",
-                        )
+            if a.address < b_end and b.address < a_end:
+                first, second = (a, b) if a.address <= b.address else (b, a)
+                shared_end = min(a_end, b_end)
+                report.fail(
+                    "allocation_overlap",
+                    first.name,
+                    f"shares bytes [{second.address}, {shared_end}) with {second.name!r} while both are live",
+                )
+        active.append((end, b))
 
 
 def _check_sync_limits(ctx: PassContext, report: _Report) -> None:
@@ -463,11 +471,15 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
         return
     by_id = {instr.id: instr for instr in every}
     index = {instr.id: position for position, instr in enumerate(program.instructions)}
-    for src, dst, data in ctx.deps.edges(data=True):
-        producer, consumer = by_id.get(src), by_id.get(dst)
-        if producer is None or consumer is None:
+    thread_index, position, access = walk.thread_index, walk.position, walk.access_clock
+    for src, dst in ctx.deps.edges:
+        if src not in by_id or dst not in by_id:
             continue
         report.checks += 1
+        if index.get(src, -1) < index.get(dst, -1) and access[dst][thread_index[src]] >= position[src]:
+            continue  # ordered: the consumer's access clock covers the producer
+        producer, consumer = by_id[src], by_id[dst]
+        data = ctx.deps.edge_attributes(src, dst)
         if index.get(src, -1) >= index.get(dst, -1):
             report.fail(
                 "dependence_order", consumer.name, f"comes before {producer.name}, on which it depends"
