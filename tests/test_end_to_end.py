@@ -169,3 +169,16 @@ def test_deleting_a_semaphore_wait_is_reported_as_a_race(models_dir: Path, tmp_p
     assert races, ran.stderr
     assert any(victim.name in race for race in races)
     assert "race" in ran.stderr.lower()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optlevel", ["0", "1", "3"])
+@pytest.mark.parametrize("model", FP32_MODELS)
+def test_every_optlevel_matches_jax(models_dir: Path, tmp_path: Path, model: str, optlevel: str) -> None:
+    """-O2 is covered above; the other levels must be just as correct (race-free, JAX's answer)."""
+    got, report = compile_and_run(models_dir, tmp_path, model, ".hlo.pb", "--optlevel", optlevel)
+    expected = np.load(models_dir / f"{model}.io.npz")["out0"]
+    tolerance = 1e-3 if model == "block" else 1e-4
+    assert float(np.max(np.abs(got - expected))) <= tolerance
+    assert report["races"] == [] and not report["deadlock"]
+    assert report["makespan_over_lower_bound"] >= 0.99
