@@ -28,6 +28,8 @@ from ncc.tools.target import ENGINES
 
 PROCESS_NAME = "ncc sim"
 _PID = 1
+# Stalls shorter than the trace's resolution (times are kept to 0.001 ns) are not shown.
+MIN_SLICE_NS = 0.001
 
 
 @dataclass
@@ -137,14 +139,14 @@ def chrome_trace(schedule: Schedule, metadata: dict[str, Any] | None = None) -> 
             "op": op.op,
             "engine": engine_name(op.engine),
         }
-        if piece.waits_met_ns > piece.ready_ns or piece.end_ns is None:
+        if piece.waits_met_ns - piece.ready_ns >= MIN_SLICE_NS or piece.end_ns is None:
             stall = {**who, "waits": [{"semaphore": s, "value": v} for s, v in op.waits]}
             if piece.end_ns is None:
                 stall["deadlock"] = True
             events.append(_event("wait", "semaphore_wait", tid, piece.ready_ns, piece.waits_met_ns, stall))
         if piece.end_ns is None:
             continue
-        if piece.start_ns > piece.waits_met_ns:
+        if piece.start_ns - piece.waits_met_ns >= MIN_SLICE_NS:
             ports = {**who, "ports": list(op.ports)}
             events.append(_event("port wait", "port_wait", tid, piece.waits_met_ns, piece.start_ns, ports))
         args: dict[str, Any] = {"id": instruction_id(op), "op": op.op, "engine": engine_name(op.engine)}
