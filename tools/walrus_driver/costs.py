@@ -79,16 +79,17 @@ class CostTable:
         self._costs: dict[int, Cost] = {}
 
     def __call__(self, instr: bir_pb2.Instruction) -> Cost:
+        engine = instr.engine
         cost = self._costs.get(instr.id)
-        if cost is None or cost.engine != instr.engine:
-            moved = birutil.transfer_bytes(instr) if instr.op == "dma" else 0
-            cost = self._costs[instr.id] = Cost(
-                instr.engine,
-                engine_ns(instr, self.target),
-                self.target.dma_ns(moved) if instr.op == "dma" else 0.0,
-                ports(instr),
-                moved,
-            )
+        if cost is None or cost.engine != engine:
+            target = self.target
+            if instr.op == "dma":  # most instructions: the issue on the trigger, the bytes on a queue
+                moved = birutil.transfer_bytes(instr)
+                issue = target.cycles_to_ns(engine, float(target.dma_issue_cycles))
+                cost = Cost(engine, issue, target.dma_ns(moved), (), moved)
+            else:
+                cost = Cost(engine, engine_ns(instr, target), 0.0, ports(instr), 0)
+            self._costs[instr.id] = cost
         return cost
 
 

@@ -32,7 +32,9 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
@@ -90,7 +92,7 @@ class _Layout:
     new_buffers: list[bir_pb2.Buffer] = field(default_factory=list)
 
     @classmethod
-    def of(cls, program: bir_pb2.Program) -> _Layout:
+    def of(cls, program: bir_pb2.Program, costs: Callable[[bir_pb2.Instruction], Any]) -> _Layout:
         instructions: dict[Key, bir_pb2.Instruction] = {}
         uses: dict[str, list[Key]] = {}
         touched: dict[Key, set[str]] = {}
@@ -104,7 +106,7 @@ class _Layout:
         queue_load: Counter[int] = Counter()
         for instr in program.instructions:
             if instr.op == "dma":
-                queue_load[instr.dma_queue] += birutil.transfer_bytes(instr)
+                queue_load[instr.dma_queue] += costs(instr).moved_bytes
         return cls(
             instructions,
             uses,
@@ -127,8 +129,9 @@ def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
     ctx.forbid_after_sync()
     program = ctx.program
+    layout = _Layout.of(program, ctx.costs())
     try:
-        _allocate_psum(ctx, options)
+        _allocate_psum(ctx, options, layout)
     except CompileError:
         # The scheduler interleaved more accumulation groups than PSUM holds. The order it was
         # given (the frontend's, one group at a time) is a valid order of the same program:
@@ -136,8 +139,8 @@ def run(ctx: PassContext) -> None:
         if not _restore_order_before_schedule(ctx):
             raise
         ctx.set_stat("psum_fallback_to_program_order", 1)
-        _allocate_psum(ctx, options)
-    layout = _Layout.of(program)
+        layout = _Layout.of(program, ctx.costs())
+        _allocate_psum(ctx, options, layout)
     _scan(ctx, options, layout, birutil.SBUF, spill=options.spill).run(
         [b for b in program.buffers if b.memory == birutil.SBUF], _policy(options.policy)
     )
@@ -166,11 +169,10 @@ def _scan(ctx: PassContext, options: Options, layout: _Layout, memory: int, spil
     return _Scan(ctx, ctx.program, layout, birutil.memory_name(memory), capacity, max(1, align), bank, spill)
 
 
-def _allocate_psum(ctx: PassContext, options: Options) -> None:
+def _allocate_psum(ctx: PassContext, options: Options, layout: _Layout) -> None:
+    """PSUM first: it never spills, so the layout it reads is the one SBUF's scan starts from."""
     buffers = [b for b in ctx.program.buffers if b.memory == birutil.PSUM]
-    _scan(ctx, options, _Layout.of(ctx.program), birutil.PSUM, spill=False).run(
-        buffers, _policy(options.policy)
-    )
+    _scan(ctx, options, layout, birutil.PSUM, spill=False).run(buffers, _policy(options.policy))
 
 
 def _restore_order_before_schedule(ctx: PassContext) -> bool:

@@ -125,14 +125,16 @@ def _spread(
 def _assign_queues(dmas: list[bir_pb2.Instruction], num_queues: int, budget: int) -> dict[int, list[int]]:
     """Give each trigger engine a pool of queues in proportion to its bytes, and each dma the
     least loaded queue (by bytes) of its engine's pool; returns the pools."""
+    moved = [max(1, birutil.transfer_bytes(dma)) for dma in dmas]
     demand: Counter[int] = Counter()
-    for dma in dmas:
-        demand[dma.engine] += max(1, birutil.transfer_bytes(dma))
+    for dma, size in zip(dmas, moved, strict=True):
+        demand[dma.engine] += size
     pools = _bind(list(range(max(1, num_queues))), demand, budget)
     load: Counter[int] = Counter()
-    for dma in dmas:
-        dma.dma_queue = min(pools[dma.engine], key=lambda q: (load[q], q))
-        load[dma.dma_queue] += max(1, birutil.transfer_bytes(dma))
+    for dma, size in zip(dmas, moved, strict=True):
+        queue = min(pools[dma.engine], key=lambda q: (load[q], q))
+        dma.dma_queue = queue
+        load[queue] += size
     return pools
 
 
