@@ -122,3 +122,46 @@ def lock_held(workdir: Path, holder_text: str) -> Iterator[None]:
 
 
 DEFAULT_JOB_DIRS = ["01_HLOToTensorizer", "02_Frontend", "03_WalrusDriver", "04_Packager"]
+
+
+def _tiny_hbm(tensor: str):
+    from ncc.schemas import bir_pb2, common_pb2
+
+    return bir_pb2.AccessPattern(
+        memory=common_pb2.HBM, tensor=tensor, dtype=common_pb2.F32, dims=[bir_pb2.Dim(stride=1, count=4)]
+    )
+
+
+def write_tiny_neff(path: Path, second: str) -> Path:
+    """x → y by a DMA on SP, plus on ACT either a racing DMA ("race") or a wait nobody satisfies."""
+    from ncc.schemas import bir_pb2, common_pb2
+    from ncc.tools.packager.neff import write_neff
+
+    neff = bir_pb2.Neff(name=path.stem, target="trn1", num_semaphores=1)
+    neff.hbm.add(name="x", dtype=common_pb2.F32, shape=[4], role=bir_pb2.INPUT, index=0)
+    neff.hbm.add(name="y", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=0)
+    sp = neff.streams.add(engine=common_pb2.SP)
+    sp.instructions.add(
+        id=1, name="a", op="dma", engine=common_pb2.SP, inputs=[_tiny_hbm("x")], outputs=[_tiny_hbm("y")]
+    )
+    act = neff.streams.add(engine=common_pb2.ACT)
+    if second == "race":
+        act.instructions.add(
+            id=2,
+            name="b",
+            op="dma",
+            engine=common_pb2.ACT,
+            dma_queue=1,
+            inputs=[_tiny_hbm("x")],
+            outputs=[_tiny_hbm("y")],
+        )
+    else:
+        act.instructions.add(
+            id=2,
+            name="b",
+            op="nop",
+            engine=common_pb2.ACT,
+            waits=[bir_pb2.SemaphoreWait(semaphore=0, value=1)],
+        )
+    write_neff(path, neff)
+    return path

@@ -10,14 +10,11 @@ WalrusDriver job's counters must show the spills or the tile sizing that made it
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import hlo_gen
 import pytest
 from conftest import run_ncc
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-import hlo_gen  # noqa: E402
 
 
 def walrus_stats(workdir: Path) -> dict[str, dict]:

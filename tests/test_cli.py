@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from orchestrator_support import assert_one_line_error, find_model, lock_held, ncc
+from orchestrator_support import assert_one_line_error, find_model, lock_held, ncc, write_tiny_neff
 
 
 @pytest.fixture
@@ -237,56 +237,13 @@ def test_unknown_walrus_pass_is_the_backends_diagnostic(tmp_path: Path, model: P
 # -- `ncc run` checks on hand-made NEFFs ------------------------------------------------------------
 
 
-def _hbm(tensor: str):
-    from ncc.schemas import bir_pb2, common_pb2
-
-    return bir_pb2.AccessPattern(
-        memory=common_pb2.HBM, tensor=tensor, dtype=common_pb2.F32, dims=[bir_pb2.Dim(stride=1, count=4)]
-    )
-
-
-def _write_neff(path: Path, second: str) -> Path:
-    """x → y by a DMA on SP, plus on ACT either a racing DMA ("race") or a wait nobody satisfies."""
-    from ncc.schemas import bir_pb2, common_pb2
-    from ncc.tools.packager.neff import write_neff
-
-    neff = bir_pb2.Neff(name=path.stem, target="trn1", num_semaphores=1)
-    neff.hbm.add(name="x", dtype=common_pb2.F32, shape=[4], role=bir_pb2.INPUT, index=0)
-    neff.hbm.add(name="y", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=0)
-    sp = neff.streams.add(engine=common_pb2.SP)
-    sp.instructions.add(
-        id=1, name="a", op="dma", engine=common_pb2.SP, inputs=[_hbm("x")], outputs=[_hbm("y")]
-    )
-    act = neff.streams.add(engine=common_pb2.ACT)
-    if second == "race":
-        act.instructions.add(
-            id=2,
-            name="b",
-            op="dma",
-            engine=common_pb2.ACT,
-            dma_queue=1,
-            inputs=[_hbm("x")],
-            outputs=[_hbm("y")],
-        )
-    else:
-        act.instructions.add(
-            id=2,
-            name="b",
-            op="nop",
-            engine=common_pb2.ACT,
-            waits=[bir_pb2.SemaphoreWait(semaphore=0, value=1)],
-        )
-    write_neff(path, neff)
-    return path
-
-
 @pytest.mark.parametrize(
     ("kind", "code", "words"), [("race", "R001", "data race"), ("deadlock", "R002", "deadlock")]
 )
 def test_run_reports_races_and_deadlocks_after_writing_its_results(
     tmp_path: Path, kind: str, code: str, words: str
 ) -> None:
-    neff = _write_neff(tmp_path / f"{kind}.neff", kind)
+    neff = write_tiny_neff(tmp_path / f"{kind}.neff", kind)
     inputs = tmp_path / "in.npz"
     np.savez(inputs, arg0=np.arange(4, dtype=np.float32))
     report = tmp_path / "report.json"
@@ -297,7 +254,7 @@ def test_run_reports_races_and_deadlocks_after_writing_its_results(
 
 
 def test_run_with_inputs_that_do_not_match_is_the_simulators_diagnostic(tmp_path: Path) -> None:
-    neff = _write_neff(tmp_path / "m.neff", "race")
+    neff = write_tiny_neff(tmp_path / "m.neff", "race")
     inputs = tmp_path / "in.npz"
     np.savez(inputs, arg5=np.zeros(4, dtype=np.float32))
     result = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz")

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_ncc
+from hlo_gen import ADD, MAX
 
 from ncc.tools.common.penguin_budget import instruction_count
 from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
@@ -28,22 +29,6 @@ from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 
 Arrays = list[np.ndarray]
-
-ADD = """
-add {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT s = f32[] add(a, b)
-}
-"""
-MAX = """
-max {
-  a = f32[] parameter(0)
-  b = f32[] parameter(1)
-  ROOT m = f32[] maximum(a, b)
-}
-"""
-
 
 def bf16_round(x: np.ndarray) -> np.ndarray:
     """Round float32 values to the nearest bfloat16 (ties to even), returned widened to float32."""

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from orchestrator_support import assert_one_line_error, find_model, ncc
+from orchestrator_support import assert_one_line_error, find_model, ncc, write_tiny_neff
 from test_sim import elementwise_inputs, elementwise_program
 
 from ncc.tools.sim.api import chrome_trace, simulate_program
@@ -153,31 +153,8 @@ def test_a_bad_trace_path_is_one_line_and_writes_nothing(
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.is_file()]
 
 
-def _deadlocked_neff(path: Path) -> Path:
-    """x → y by a dma on SP; on ACT a nop waiting for a semaphore nobody increments."""
-    from ncc.schemas import bir_pb2, common_pb2
-    from ncc.tools.packager.neff import write_neff
-
-    def hbm(tensor: str) -> bir_pb2.AccessPattern:
-        dims = [bir_pb2.Dim(stride=1, count=4)]
-        return bir_pb2.AccessPattern(memory=common_pb2.HBM, tensor=tensor, dtype=common_pb2.F32, dims=dims)
-
-    neff = bir_pb2.Neff(name=path.stem, target="trn1", num_semaphores=1)
-    neff.hbm.add(name="x", dtype=common_pb2.F32, shape=[4], role=bir_pb2.INPUT, index=0)
-    neff.hbm.add(name="y", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=0)
-    sp = neff.streams.add(engine=common_pb2.SP)
-    sp.instructions.add(
-        id=1, name="copy", op="dma", engine=common_pb2.SP, inputs=[hbm("x")], outputs=[hbm("y")]
-    )
-    act = neff.streams.add(engine=common_pb2.ACT)
-    waits = [bir_pb2.SemaphoreWait(semaphore=0, value=1)]
-    act.instructions.add(id=2, name="stuck", op="nop", engine=common_pb2.ACT, waits=waits)
-    write_neff(path, neff)
-    return path
-
-
 def test_a_deadlocked_run_still_writes_its_trace_with_the_stuck_wait(tmp_path: Path) -> None:
-    neff = _deadlocked_neff(tmp_path / "dead.neff")
+    neff = write_tiny_neff(tmp_path / "dead.neff", "deadlock")
     inputs, trace = tmp_path / "in.npz", tmp_path / "t.json"
     np.savez(inputs, arg0=np.arange(4, dtype=np.float32))
     done = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz", "--trace", trace)
