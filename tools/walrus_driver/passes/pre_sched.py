@@ -149,14 +149,18 @@ def run(ctx: PassContext) -> None:
 
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
     makespan_before, unchanged = _place_in_order(instructions, deps, table, ctx.queue_pools)
-    if makespan_before < best.makespan:  # the list scheduler is a heuristic: never make it worse
+    if makespan_before < best.makespan:
+        # The list scheduler is a heuristic: keep the input order when the model says it is
+        # faster, unless it holds more on chip than the schedule does (the model does not count
+        # the spills that would cost).
         pressure = _Pressure.build(program, instructions, ctx.target, best.fraction)
         for instr in instructions:
             pressure.scheduled(instr)
-        best = _Schedule(
-            [i.id for i in instructions], makespan_before, 0, pressure, best.fraction, unchanged.queue_of
-        )
-        ctx.set_stat("kept_input_order", 1)
+        if all(pressure.peak[m] <= max(best.pressure.peak[m], pressure.limit[m]) for m in pressure.peak):
+            best = _Schedule(
+                [i.id for i in instructions], makespan_before, 0, pressure, best.fraction, unchanged.queue_of
+            )
+            ctx.set_stat("kept_input_order", 1)
     new_order = [by_id[node] for node in best.order]
     moved = sum(1 for position, node in enumerate(best.order) if original_index[node] != position)
     ctx.order_before_schedule = [instr.id for instr in instructions]
