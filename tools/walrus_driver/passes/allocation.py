@@ -423,6 +423,7 @@ def _fit(live: list[_Live], size: int, capacity: int, align: int, bank: int, cur
 def _search(
     occupied: list[tuple[int, int]], size: int, capacity: int, align: int, bank: int, candidate: int
 ) -> int | None:
+    ends = [hi for _, hi in occupied]
     while candidate + size <= capacity:
         candidate = _round_up(candidate, align)
         if bank:
@@ -432,10 +433,12 @@ def _search(
                 candidate = _round_up(candidate, bank)
         if candidate + size > capacity:
             return None
-        clash = next((hi for lo, hi in occupied if lo < candidate + size and candidate < hi), None)
-        if clash is None:
+        # Live buffers never share bytes, so sorted by start they are sorted by end too: the
+        # first one ending after the candidate is the only one that can clash first.
+        first = bisect.bisect_right(ends, candidate)
+        if first == len(occupied) or occupied[first][0] >= candidate + size:
             return candidate
-        candidate = clash
+        candidate = occupied[first][1]
     return None
 
 

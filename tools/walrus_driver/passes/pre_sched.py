@@ -265,6 +265,19 @@ def _list_schedule(
     return _Schedule(order, makespan, pressured_picks, pressure, fraction, machine.queue_of)
 
 
+def _first(heap: list[tuple], count: int, taken: set[int], node_at: int) -> list[tuple]:
+    """The `count` smallest entries of `heap` whose node is not taken, in O(count log n): popped
+    and pushed back (entries of taken nodes are dropped on the way, as the main loop would)."""
+    found: list[tuple] = []
+    while heap and len(found) < count:
+        entry = heapq.heappop(heap)
+        if entry[node_at] not in taken:
+            found.append(entry)
+    for entry in found:
+        heapq.heappush(heap, entry)
+    return found
+
+
 @dataclass
 class _Pressure:
     """Live on-chip bytes per partition as the schedule grows, and who would free or grow them."""
@@ -344,9 +357,9 @@ class _Pressure:
         best: tuple[float, float, float, int] | None = None
         for engine in available.keys() | waiting.keys():
             free = machine.engine_free[engine]
-            entries = [(free, p, i, n) for p, i, n in heapq.nsmallest(window, available.get(engine, []))]
+            entries = [(free, p, i, n) for p, i, n in _first(available.get(engine, []), window, taken, 2)]
             entries += [
-                (max(e, free), p, i, n) for e, p, i, n in heapq.nsmallest(window, waiting.get(engine, []))
+                (max(e, free), p, i, n) for e, p, i, n in _first(waiting.get(engine, []), window, taken, 3)
             ]
             for start, neg_prio, index, node in entries:
                 if node in taken:
