@@ -8,12 +8,11 @@ DMA). A program of more than MAX_INSTRUCTIONS backend instructions, or whose nes
 MAX_INSTRUCTIONS iteration points in all, is refused with E302 naming the largest nest and the HLO
 instruction it came from. A legal HLO shape (up to 16 GiB per array) could otherwise unroll to
 billions of instructions and run the compiler out of time and memory. The limit follows the
-backend's cost, measured on generated chains (`make bench-scale`): about 5 KB of peak memory and
-0.3-0.45 ms of CPU per backend instruction, so 1.5M keeps a compile within about 10 minutes and
-8 GB on a 2-core, 24 GB machine.
-
-Both the producer (hlo2penguin, so a too-large module fails before any later job spends time on
-it) and the consumer (hlo_opt, for Penguin files given directly) check it.
+backend's cost, measured here (`make bench-scale` and generated MLPs): an elementwise chain costs
+about 0.3 ms of CPU and 6 KB of peak memory per backend instruction (677k: 227 s, 4.2 GB); a
+spill-heavy matmul program (an MLP at D = 8192) about 0.8 ms and 12 KB. So 1M backend
+instructions keeps a compile within about 5 to 13 minutes and 6 to 12 GB on a 2-core, 24 GB
+machine.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import dma_pieces
 
-MAX_INSTRUCTIONS = 1_500_000  # backend instructions; E302 beyond this (the budget documented above)
+MAX_INSTRUCTIONS = 1_000_000  # backend instructions; E302 beyond this (the budget documented above)
 _ENUMERATE_LIMIT = 1 << 16     # predicates coupling several axes are counted by enumeration up to this
 
 
