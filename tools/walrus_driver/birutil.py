@@ -101,7 +101,7 @@ class Footprint(NamedTuple):
     of the analyzer cut along rows). A strided access is modelled by its exact box when it is
     one (a tile, a column block, a transposed tile), else by a box that contains it; every
     user compares boxes only with boxes of the same model, so a superset costs an edge, never a
-    missed conflict."""
+    missed conflict. anti_dependency_analyzer, the one user, compares boxes inline in its hot loop."""
 
     memory: int
     region: str  # buffer name (virtual), "" (allocated on-chip address space) or HBM tensor name
@@ -110,12 +110,6 @@ class Footprint(NamedTuple):
     b0: int
     b1: int
     write: bool
-
-    def overlaps(self, other: Footprint) -> bool:
-        return self.p0 < other.p1 and other.p0 < self.p1 and self.b0 < other.b1 and other.b0 < self.b1
-
-    def covers(self, other: Footprint) -> bool:
-        return self.p0 <= other.p0 and other.p1 <= self.p1 and self.b0 <= other.b0 and other.b1 <= self.b1
 
 
 def hbm_box(ap: bir_pb2.AccessPattern, width: int) -> tuple[int, int, int, int] | None:

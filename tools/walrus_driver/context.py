@@ -24,6 +24,7 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
 from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.costs import CostTable
 from ncc.tools.walrus_driver.depgraph import DepGraph
 
 # Edge kinds of the dependence graph (edge attribute "kind"); when a pair conflicts in several
@@ -51,15 +52,13 @@ class PassContext:
     options: Any = None
     order_before_schedule: list[int] | None = None  # instruction ids in the order pre_sched received
     queue_pools: dict[int, list[int]] | None = None  # trigger engine -> its DMA queues (assign_hwdge_engine)
-    _cost_table: Any = None
+    _cost_table: CostTable | None = None
     # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
     footprint_cache: dict[int, Any] = field(default_factory=dict)
 
-    def costs(self) -> Any:
-        """The shared memo of instruction costs (costs.CostTable), reset when instructions change."""
+    def costs(self) -> CostTable:
+        """The shared memo of instruction costs, reset when instructions change."""
         if self._cost_table is None:
-            from ncc.tools.walrus_driver.costs import CostTable
-
             self._cost_table = CostTable(self.target)
         return self._cost_table
 

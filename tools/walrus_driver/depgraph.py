@@ -148,9 +148,6 @@ class DepGraph:
     def edge_attributes(self, src: int, dst: int) -> dict[str, str]:
         return edge_data(self._succ[src][dst])
 
-    def edge_kind(self, src: int, dst: int) -> str:
-        return KINDS[self._succ[src][dst] >> 2]
-
     def topological_order(self) -> list[int]:
         """A topological order (Kahn's algorithm, first-in first-out from the insertion order)."""
         indegree = {node: len(preds) for node, preds in self._pred.items()}

@@ -67,10 +67,6 @@ class ClockSpace:
         return np.full(len(self.threads), -1, dtype=np.int32)
 
 
-def join(a: Clock, b: Clock) -> Clock:
-    return np.maximum(a, b)
-
-
 def join_into(a: Clock, b: Clock) -> None:
     np.maximum(a, b, out=a)
 

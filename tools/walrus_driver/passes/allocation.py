@@ -32,15 +32,14 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.costs import CostTable
 from ncc.tools.walrus_driver.passes import anti_dependency_analyzer, assign_hwdge_engine
 from ncc.tools.walrus_driver.registry import register
 
@@ -92,7 +91,7 @@ class _Layout:
     new_buffers: list[bir_pb2.Buffer] = field(default_factory=list)
 
     @classmethod
-    def of(cls, program: bir_pb2.Program, costs: Callable[[bir_pb2.Instruction], Any]) -> _Layout:
+    def of(cls, program: bir_pb2.Program, costs: CostTable) -> _Layout:
         instructions: dict[Key, bir_pb2.Instruction] = {}
         uses: dict[str, list[Key]] = {}
         touched: dict[Key, set[str]] = {}

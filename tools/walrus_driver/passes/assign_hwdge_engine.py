@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.target import ENGINES, Target
+from ncc.tools.target import ENGINES
 from ncc.tools.walrus_driver import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -77,10 +77,10 @@ def run(ctx: PassContext) -> None:
                 dma.engine = latest.engine
                 followed += 1
 
-    spread = _spread(program, dmas, engines, default, options.min_trigger_engines, target)
+    spread = _spread(program, dmas, engines, default, options.min_trigger_engines, ctx.costs())
     # Semaphores: one per engine that others wait for, one per (queue, trigger engine) pair.
     budget = max(1, min(options.max_transfer_threads, target.num_semaphores - len(ENGINES)))
-    ctx.queue_pools = _assign_queues(dmas, target.dma_queues, budget)
+    ctx.queue_pools = _assign_queues(dmas, target.dma_queues, budget, ctx.costs())
     queues_used = len({d.dma_queue for d in dmas})
 
     ctx.queues_assigned = True
@@ -102,7 +102,7 @@ def _spread(
     engines: list[int],
     default: int,
     wanted: int,
-    target: Target,
+    table: costs.CostTable,
 ) -> int:
     """Move some dmas off the only trigger engine so at least `wanted` engines issue dmas."""
     alternatives = [e for e in engines if e != default]
@@ -110,7 +110,7 @@ def _spread(
         return 0
     work: dict[int, float] = defaultdict(float)
     for instr in program.instructions:
-        work[instr.engine] += costs.engine_ns(instr, target)
+        work[instr.engine] += table(instr).engine_ns
     used = next(iter({d.engine for d in dmas}))
     other = min((e for e in alternatives if e != used), key=lambda e: work[e], default=default)
     if other == used:
@@ -122,10 +122,12 @@ def _spread(
     return len(movers)
 
 
-def _assign_queues(dmas: list[bir_pb2.Instruction], num_queues: int, budget: int) -> dict[int, list[int]]:
+def _assign_queues(
+    dmas: list[bir_pb2.Instruction], num_queues: int, budget: int, table: costs.CostTable
+) -> dict[int, list[int]]:
     """Give each trigger engine a pool of queues in proportion to its bytes, and each dma the
     least loaded queue (by bytes) of its engine's pool; returns the pools."""
-    moved = [max(1, birutil.transfer_bytes(dma)) for dma in dmas]
+    moved = [max(1, table(dma).moved_bytes) for dma in dmas]
     demand: Counter[int] = Counter()
     for dma, size in zip(dmas, moved, strict=True):
         demand[dma.engine] += size

@@ -98,22 +98,13 @@ class _Machine:
         return finish
 
 
-def estimate_makespan(
-    instructions: list[bir_pb2.Instruction],
-    deps: DepGraph,
-    table: costs.CostTable,
-    pools: dict[int, list[int]] | None = None,
-) -> float:
-    """Makespan of executing `instructions` in this order (in order per engine) under the cost model."""
-    return _place_in_order(instructions, deps, table, pools)[0]
-
-
 def _place_in_order(
     instructions: list[bir_pb2.Instruction],
     deps: DepGraph,
     table: costs.CostTable,
     pools: dict[int, list[int]] | None,
 ) -> tuple[float, _Machine]:
+    """(makespan, machine) of executing `instructions` in this order (in order per engine)."""
     machine = _Machine.fresh(table, pools)
     finish: dict[int, float] = {}
     for instr in instructions:
