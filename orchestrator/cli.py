@@ -38,6 +38,12 @@ COMMANDS: dict[str, CommandInfo] = {
     "run": CommandInfo(
         "ncc.orchestrator.cmd_run", "Execute a NEFF on the simulator: outputs, time, race check"
     ),
+    "farm": CommandInfo(
+        "ncc.orchestrator.cmd_farm", "Compile many models with Luigi workers (local scheduler or luigid)"
+    ),
+    "cache": CommandInfo(
+        "ncc.orchestrator.cmd_cache", "Stage cache statistics (stats) and eviction (gc --max-size)"
+    ),
     "inspect": CommandInfo(
         "ncc.orchestrator.cmd_inspect", "Show a NEFF's engine streams, tensors and metadata"
     ),

@@ -75,6 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where jobs keep their intermediates, logs and records; a compile resumes from it "
         "(default: <output stem>.ncc-work beside the output)",
     )
+    add_compile_flags(parser)
+
+
+def add_result_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that change what a compile produces (a farm's manifest lines may set them too)."""
     parser.add_argument(
         "--optlevel",
         type=int,
@@ -91,6 +96,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--walrus-passes", type=_pass_list, default=(), metavar="a,b,...", help="the backend pass list to run"
     )
+
+
+def add_compile_flags(parser: argparse.ArgumentParser) -> None:
+    """Result flags plus how jobs run: limits and the stage cache (shared with `ncc farm`)."""
+    add_result_flags(parser)
     parser.add_argument(
         "--timeout", type=_positive_float, metavar="S", help="wall-clock limit per job, seconds"
     )
@@ -99,6 +109,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive_int,
         metavar="MB",
         help="resident memory limit per job (whole process tree)",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        metavar="DIR",
+        help="stage cache shared by every work dir and farm that names it: a job whose cache key "
+        "(tool, version, flags, input digests) is there has its outputs restored, verified, instead of run",
     )
     parser.add_argument(
         "--verbose",
@@ -123,6 +140,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,
+        cache_dir=Path(os.path.abspath(args.cache_dir)) if args.cache_dir else None,
     )
 
 
@@ -136,8 +154,11 @@ def run(args: argparse.Namespace) -> int:
     elif options.verbose >= 1 and outcome.summary is not None:
         summary = outcome.summary
         jobs, ran = list(summary["jobs"]), list(summary["jobs_run"])
+        cached = list(summary.get("jobs_cached", []))
+        restored = f", {len(cached)} restored from the cache" if cached else ""
         print(
             f"ncc: compiled {options.model.name} -> {options.output} in {float(summary['wall_s']):.2f} s "
-            f"({len(ran)} of {len(jobs)} jobs run, {len(jobs) - len(ran)} reused); work dir {options.workdir}"
+            f"({len(ran) - len(cached)} of {len(jobs)} jobs run{restored}, {len(jobs) - len(ran)} reused); "
+            f"work dir {options.workdir}"
         )
     return outcome.exit_code

@@ -44,6 +44,7 @@ class CompileSummary:
     workdir: str
     jobs: list[str]
     jobs_run: list[str] = field(default_factory=list)
+    jobs_cached: list[str] = field(default_factory=list)  # of jobs_run: restored from the stage cache
     stale_removed: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -122,6 +123,7 @@ class CompileCommand:
             "run_id": self.run_id,
             "timeout_s": self.options.timeout_s,
             "mem_limit_mb": self.options.mem_limit_mb,
+            "cache_dir": str(self.options.cache_dir or ""),
         }
 
     def runPipeline(self, jobs: list[str]) -> None:  # noqa: N802
@@ -198,16 +200,18 @@ class CompileCommand:
             self.installOutput(jobs)
         finally:
             self.workdir.append_history("compile_end", run_id=self.run_id)
-        ran = [
-            str(event["job"])
+        ended = [
+            event
             for event in self.workdir.read_history()
             if event.get("event") == "job_end" and event.get("run_id") == self.run_id
         ]
+        ran = [str(event["job"]) for event in ended]
         return CompileSummary(
             output=str(self.options.output),
             workdir=str(self.workdir.root),
             jobs=jobs,
             jobs_run=ran,
+            jobs_cached=[str(event["job"]) for event in ended if event.get("cached")],
             stale_removed=removed,
             wall_s=time.monotonic() - started,
         )

@@ -24,6 +24,7 @@ class DriverSettings:
     poll_interval_s: float  # supervisor sampling period
     tool_env: tuple[tuple[str, str], ...]  # environment of every tool process
     driver_fault: str  # fault to inject into the compile child ("" = none)
+    fault_injection: bool  # NCC_FAULT_INJECT is set: tools may misbehave on purpose (no caching)
 
     def tool_command(self, tool: str) -> list[str]:
         return [self.python, "-m", f"{self.tool_package}.{tool}"]
@@ -48,4 +49,5 @@ def settings() -> DriverSettings:
         poll_interval_s=0.02,
         tool_env=tuple(sorted(env.items())),
         driver_fault=_driver_fault(os.environ.get(FAULT_ENV, "")),
+        fault_injection=bool(os.environ.get(FAULT_ENV)),
     )

@@ -102,6 +102,13 @@ class CommandDriver:
                 "U005", f"cannot write output in {output.parent}: {err.strerror or err}"
             ) from None
         self.workdir.ensure_usable()
+        if self.options.cache_dir is not None:
+            from ncc.orchestrator.stage_cache import CacheError, StageCache
+
+            try:
+                StageCache(self.options.cache_dir).ensure_usable()
+            except CacheError as err:
+                raise NccError.of("U009", str(err)) from None
 
     # -- the child ----------------------------------------------------------------------------
 

@@ -21,8 +21,11 @@ import abc
 import hashlib
 import json
 import logging
+import multiprocessing
 import shlex
+import socket
 import stat
+import time
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,6 +39,7 @@ from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
 from ncc.orchestrator.process_end import MB, classify_abnormal_end
 from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.stage_cache import StageCache
 from ncc.orchestrator.supervisor import Limits, run_supervised
 from ncc.orchestrator.versions import tool_version
 from ncc.orchestrator.workdir import (
@@ -51,12 +55,18 @@ from ncc.orchestrator.workdir import (
     write_message_json,
 )
 from ncc.schemas import diagnostic_pb2
+from ncc.tools.common.lifetime import die_with_parent
 
 log = logging.getLogger("ncc")
 
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 DRIVER_TOOL = "ncc"  # Diagnostic.tool of a failure of the driver itself while running a job
+
+
+def host_resource() -> str:
+    """The Luigi resource that caps the memory of concurrent jobs on this machine (in MB)."""
+    return f"mem_mb@{socket.gethostname()}"
 
 
 class JobFailed(Exception):
@@ -98,6 +108,13 @@ class ToolJob(luigi.Task):
     )
     mem_limit_mb = luigi.OptionalIntParameter(
         default=None, significant=False, description="RSS limit per job"
+    )
+    cache_dir = luigi.Parameter(
+        default="", significant=False, description="stage cache shared across work dirs ('' = none)"
+    )
+    retries = luigi.IntParameter(default=0, significant=False, description="reruns after a failure (farms)")
+    resources_mb = luigi.IntParameter(
+        default=0, significant=False, description="memory the job reserves on its host, MB (0 = none)"
     )
 
     tool: ClassVar[str]  # package under ncc.tools
@@ -175,6 +192,14 @@ class ToolJob(luigi.Task):
 
     # -- Luigi contract -----------------------------------------------------------------------
 
+    @property
+    def retry_count(self) -> int:  # type: ignore[override]  # Luigi: failures before it gives up
+        return self.retries + 1
+
+    @property
+    def resources(self) -> dict[str, int]:  # type: ignore[override]  # Luigi: capped per scheduler
+        return {host_resource(): self.resources_mb} if self.resources_mb else {}
+
     def requires(self) -> list[ToolJob]:
         if self.index == 0:
             return []
@@ -206,14 +231,22 @@ class ToolJob(luigi.Task):
         )
 
     def run(self) -> None:
+        forked = multiprocessing.parent_process()
+        if forked is not None:  # a Luigi worker's task process: do not outlive the worker
+            die_with_parent(forked.pid)
         workdir = WorkDir(self.root)
         workdir.append_history("job_start", job=self.name, run_id=self.run_id)
         try:
-            record = self._execute()
+            record = self._deterministic_failure() or self._execute()
         except Exception:
             record = self._record_driver_failure(traceback.format_exc())
         workdir.append_history(
-            "job_end", job=self.name, run_id=self.run_id, status=record.status, wall_s=record.wall_s
+            "job_end",
+            job=self.name,
+            run_id=self.run_id,
+            status=record.status,
+            wall_s=record.wall_s,
+            cached=record.cached,
         )
         if record.status != STATUS_OK:
             diagnostic = diagnostic_from_record(record, self.root)
@@ -229,6 +262,19 @@ class ToolJob(luigi.Task):
         )
 
     # -- running the tool ---------------------------------------------------------------------
+
+    def _deterministic_failure(self) -> diagnostic_pb2.JobRecord | None:
+        """The record of an earlier run that rejected these very inputs with a compile error (an
+        E-code from the tool), if there is one: same tool version, flags and inputs give the same
+        error, so a retry or a rerun reports it again without running the tool."""
+        record = read_job_record(self.record_path)
+        if record is None or record.status != STATUS_FAILED or record.diagnostic.tool == DRIVER_TOOL:
+            return None
+        if not record.diagnostic.code.startswith("E"):
+            return None
+        if not self._all_match(record.inputs, self.input_paths()):
+            return None
+        return record if record.cache_key == self.cache_key(record.inputs) else None
 
     def _prepare(self) -> None:
         """Make the folder and remove what an earlier attempt left (the record first)."""
@@ -253,11 +299,56 @@ class ToolJob(luigi.Task):
             poll_interval_s=settings().poll_interval_s,
         )
 
+    def _stage_cache(self) -> StageCache | None:
+        """The stage cache, unless none was given or a test injects faults into the tools (a
+        faulty tool's output must never be shared)."""
+        if not self.cache_dir or settings().fault_injection:
+            return None
+        return StageCache(Path(self.cache_dir))
+
+    def _restore_from_cache(
+        self, cache: StageCache, argv: list[str], inputs: list[diagnostic_pb2.FileDigest], key: str
+    ) -> diagnostic_pb2.JobRecord | None:
+        """The record of this job with its outputs restored from the cache, or None on a miss."""
+        started = time.monotonic()
+        if not cache.restore(key, self.name, self.output_names, self.directory):
+            return None
+        self.out(STDOUT).write_text(f"ncc: outputs restored from the stage cache {cache.root} (key {key})\n")
+        self.out(STDERR).write_text("")
+        record = diagnostic_pb2.JobRecord(
+            job=self.name,
+            index=self.index,
+            command=argv,
+            tool=self.tool,
+            tool_version=tool_version(self.tool),
+            wall_s=time.monotonic() - started,
+            inputs=inputs,
+            outputs=[digests.file_digest(path, self.root) for path in self.output_paths()],
+            status=STATUS_OK,
+            cache_key=key,
+            cached=True,
+        )
+        write_message_json(self.record_path, record)
+        return record
+
+    def _store_in_cache(self, cache: StageCache, key: str) -> None:
+        try:
+            cache.store(key, self.name, self.tool, tool_version(self.tool), self.output_paths())
+        except OSError as err:  # a full or read-only cache costs reuse, never the compile
+            log.warning("job %s: not stored in the stage cache %s: %s", self.name, cache.root, err)
+
     def _execute(self) -> diagnostic_pb2.JobRecord:
         self._prepare()
         inputs = [digests.file_digest(path, self.root) for path in self.input_paths()]
         argv = self.command()
         self._write_replay_script(argv)
+        key = self.cache_key(inputs)
+        cache = self._stage_cache()
+        if cache is not None:
+            restored = self._restore_from_cache(cache, argv, inputs, key)
+            if restored is not None:
+                log.info("job %s: restored from the stage cache", self.name)
+                return restored
         log.info("job %s: running %s", self.name, shlex.join(argv))
         end = run_supervised(
             argv,
@@ -279,13 +370,15 @@ class ToolJob(luigi.Task):
             sys_s=end.sys_s,
             peak_rss_bytes=end.peak_rss_bytes,
             inputs=inputs,
-            cache_key=self.cache_key(inputs),
+            cache_key=key,
         )
         tool_diagnostic = self._read_tool_diagnostic() if end.returncode == 1 else None
         missing = [name for name in self.output_names if not self.out(name).is_file()]
         if end.ok and not missing:
             record.outputs.extend(digests.file_digest(path, self.root) for path in self.output_paths())
             record.status = STATUS_OK
+            if cache is not None:
+                self._store_in_cache(cache, key)
         elif end.ok:
             record.status = STATUS_FAILED
             record.diagnostic.CopyFrom(

@@ -32,6 +32,7 @@ class CompileOptions:
     timeout_s: float | None = None  # per job
     mem_limit_mb: int | None = None  # per job, resident memory of the tool's process tree
     verbose: int = 1
+    cache_dir: Path | None = None  # the stage cache shared across work dirs (None: no cache)
 
     def canonical_flags(self) -> list[str]:
         """The flags that define the compile's result, in a fixed spelling and order."""
@@ -44,8 +45,8 @@ class CompileOptions:
 
     def to_json(self) -> str:
         data = asdict(self)
-        for key in ("model", "output", "workdir"):
-            data[key] = str(data[key])
+        for key in ("model", "output", "workdir", "cache_dir"):
+            data[key] = None if data[key] is None else str(data[key])
         data["walrus_passes"] = list(self.walrus_passes)
         return json.dumps(data, sort_keys=True)
 
@@ -62,4 +63,5 @@ class CompileOptions:
             timeout_s=data["timeout_s"],
             mem_limit_mb=data["mem_limit_mb"],
             verbose=int(data["verbose"]),
+            cache_dir=Path(data["cache_dir"]) if data.get("cache_dir") else None,
         )

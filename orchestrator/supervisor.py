@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from ncc.orchestrator.process_end import KILLED_FOR_MEMORY, KILLED_FOR_TIMEOUT, ProcessEnd
+from ncc.tools.common.lifetime import PARENT_ENV
 
 
 @dataclass(frozen=True)
@@ -103,7 +104,7 @@ def run_supervised(
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env=dict(env),
+            env={**env, PARENT_ENV: str(os.getpid())},  # the tool dies with us (tools/common/lifetime)
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cncc/schemas/diagnostic.proto\x12\x03ncc\"l\n\nDiagnostic\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x1f\n\x08severity\x18\x02 \x01(\x0e\x32\r.ncc.Severity\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x10\n\x08location\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\"8\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\"\xc1\x02\n\tJobRecord\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x14\n\x0ctool_version\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06wall_s\x18\x07 \x01(\x01\x12\x0e\n\x06user_s\x18\x08 \x01(\x01\x12\r\n\x05sys_s\x18\t \x01(\x01\x12\x16\n\x0epeak_rss_bytes\x18\n \x01(\x03\x12\x1f\n\x06inputs\x18\x0b \x03(\x0b\x32\x0f.ncc.FileDigest\x12 \n\x07outputs\x18\x0c \x03(\x0b\x32\x0f.ncc.FileDigest\x12\x0e\n\x06status\x18\r \x01(\t\x12#\n\ndiagnostic\x18\x0e \x01(\x0b\x32\x0f.ncc.Diagnostic\x12\x11\n\tcache_key\x18\x0f \x01(\t\"\xd2\x01\n\x0ePipelineRecord\x12\x0c\n\x04jobs\x18\x01 \x03(\t\x12\r\n\x05\x66lags\x18\x02 \x03(\t\x12\x13\n\x0bncc_version\x18\x03 \x01(\t\x12\x12\n\ninput_path\x18\x04 \x01(\t\x12\x14\n\x0cinput_sha256\x18\x05 \x01(\t\x12\x33\n\x08versions\x18\x06 \x03(\x0b\x32!.ncc.PipelineRecord.VersionsEntry\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*B\n\x08Severity\x12\x14\n\x10SEVERITY_INVALID\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\x0b\n\x07WARNING\x10\x02\x12\x08\n\x04NOTE\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cncc/schemas/diagnostic.proto\x12\x03ncc\"l\n\nDiagnostic\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x1f\n\x08severity\x18\x02 \x01(\x0e\x32\r.ncc.Severity\x12\x0f\n\x07message\x18\x03 \x01(\t\x12\x10\n\x08location\x18\x04 \x01(\t\x12\x0c\n\x04tool\x18\x05 \x01(\t\"8\n\nFileDigest\x12\x0c\n\x04path\x18\x01 \x01(\t\x12\x0e\n\x06sha256\x18\x02 \x01(\t\x12\x0c\n\x04size\x18\x03 \x01(\x03\"\xd1\x02\n\tJobRecord\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x0f\n\x07\x63ommand\x18\x03 \x03(\t\x12\x0c\n\x04tool\x18\x04 \x01(\t\x12\x14\n\x0ctool_version\x18\x05 \x01(\t\x12\x11\n\texit_code\x18\x06 \x01(\x05\x12\x0e\n\x06wall_s\x18\x07 \x01(\x01\x12\x0e\n\x06user_s\x18\x08 \x01(\x01\x12\r\n\x05sys_s\x18\t \x01(\x01\x12\x16\n\x0epeak_rss_bytes\x18\n \x01(\x03\x12\x1f\n\x06inputs\x18\x0b \x03(\x0b\x32\x0f.ncc.FileDigest\x12 \n\x07outputs\x18\x0c \x03(\x0b\x32\x0f.ncc.FileDigest\x12\x0e\n\x06status\x18\r \x01(\t\x12#\n\ndiagnostic\x18\x0e \x01(\x0b\x32\x0f.ncc.Diagnostic\x12\x11\n\tcache_key\x18\x0f \x01(\t\x12\x0e\n\x06\x63\x61\x63hed\x18\x10 \x01(\x08\"\xd2\x01\n\x0ePipelineRecord\x12\x0c\n\x04jobs\x18\x01 \x03(\t\x12\r\n\x05\x66lags\x18\x02 \x03(\t\x12\x13\n\x0bncc_version\x18\x03 \x01(\t\x12\x12\n\ninput_path\x18\x04 \x01(\t\x12\x14\n\x0cinput_sha256\x18\x05 \x01(\t\x12\x33\n\x08versions\x18\x06 \x03(\x0b\x32!.ncc.PipelineRecord.VersionsEntry\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*B\n\x08Severity\x12\x14\n\x10SEVERITY_INVALID\x10\x00\x12\t\n\x05\x45RROR\x10\x01\x12\x0b\n\x07WARNING\x10\x02\x12\x08\n\x04NOTE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,16 +33,16 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PIPELINERECORD_VERSIONSENTRY']._loaded_options = None
   _globals['_PIPELINERECORD_VERSIONSENTRY']._serialized_options = b'8\001'
-  _globals['_SEVERITY']._serialized_start=742
-  _globals['_SEVERITY']._serialized_end=808
+  _globals['_SEVERITY']._serialized_start=758
+  _globals['_SEVERITY']._serialized_end=824
   _globals['_DIAGNOSTIC']._serialized_start=37
   _globals['_DIAGNOSTIC']._serialized_end=145
   _globals['_FILEDIGEST']._serialized_start=147
   _globals['_FILEDIGEST']._serialized_end=203
   _globals['_JOBRECORD']._serialized_start=206
-  _globals['_JOBRECORD']._serialized_end=527
-  _globals['_PIPELINERECORD']._serialized_start=530
-  _globals['_PIPELINERECORD']._serialized_end=740
-  _globals['_PIPELINERECORD_VERSIONSENTRY']._serialized_start=693
-  _globals['_PIPELINERECORD_VERSIONSENTRY']._serialized_end=740
+  _globals['_JOBRECORD']._serialized_end=543
+  _globals['_PIPELINERECORD']._serialized_start=546
+  _globals['_PIPELINERECORD']._serialized_end=756
+  _globals['_PIPELINERECORD_VERSIONSENTRY']._serialized_start=709
+  _globals['_PIPELINERECORD_VERSIONSENTRY']._serialized_end=756
 # @@protoc_insertion_point(module_scope)

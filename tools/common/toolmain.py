@@ -9,6 +9,7 @@ Exit codes (the contract with the orchestrator, docs/diagnostics.md):
 Fault injection (test-only): NCC_FAULT_INJECT="TOOL:KIND[,TOOL:KIND]" makes the named tool
 misbehave as it starts, for real: abort (SIGABRT), segv (a real null-pointer read), kill (SIGKILL
 to itself), oom (allocates memory until something kills it), hang (sleeps forever), exit (exit 3).
+"TOOL:KIND@TEXT" misbehaves only when TEXT occurs in the tool's command line (one model of a farm).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable
 
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.lifetime import die_with_parent_from_env
 from ncc.tools.common.protoio import write_proto
 
 FAULT_ENV = "NCC_FAULT_INJECT"
@@ -34,7 +36,8 @@ def inject_fault(tool: str) -> None:
     """Misbehave as NCC_FAULT_INJECT asks for this tool, if it names it."""
     for item in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
         name, _, kind = item.partition(":")
-        if name != tool:
+        kind, _, only_if = kind.partition("@")
+        if name != tool or (only_if and only_if not in " ".join(sys.argv)):
             continue
         if kind == "abort":
             os.abort()
@@ -56,6 +59,7 @@ def inject_fault(tool: str) -> None:
 
 def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], None]) -> int:
     """Parse arguments, run `body`, and turn its CompileError into a diagnostic file and exit 1."""
+    die_with_parent_from_env()
     parser.add_argument("--diagnostics", help="where to write a Diagnostic proto on a compile error")
     args = parser.parse_args()
     inject_fault(tool)

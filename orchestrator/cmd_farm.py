@@ -1,0 +1,171 @@
+"""`ncc farm INPUTS...`: compile many models with many Luigi workers, locally or on a luigid.
+
+INPUTS are model files, folders of them, or manifests (one `path [compile flags]` per line).
+Prints progress while it runs and a table at the end; `--report FILE.json` keeps the outcome of
+every model. Exits 0 when every model compiled, otherwise with the exit code of the worst
+failure (1 for compile errors in inputs, 4 for crashes). The work is the farm module's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ncc.orchestrator import luigi_setup
+from ncc.orchestrator.cmd_compile import _positive_int, add_compile_flags, add_result_flags
+from ncc.orchestrator.diagnostics import ExitCode, NccError
+from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.workdir import write_json_atomic
+
+if TYPE_CHECKING:
+    from ncc.orchestrator import farm as farm_types
+
+DEFAULT_FARM_DIR = "ncc-farm"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "inputs", nargs="+", type=Path, metavar="INPUT", help="model files, folders, manifests"
+    )
+    parser.add_argument(
+        "--workers", type=_positive_int, default=1, metavar="N", help="Luigi workers in this process"
+    )
+    parser.add_argument(
+        "--scheduler-url",
+        default="",
+        metavar="URL",
+        help="join the farm coordinated by this luigid (e.g. http://127.0.0.1:8082); "
+        "default: a scheduler inside this process",
+    )
+    parser.add_argument(
+        "--farm-dir",
+        type=Path,
+        default=Path(DEFAULT_FARM_DIR),
+        metavar="DIR",
+        help="inputs, work dirs and NEFFs of the farm (shared by all its workers; default ./ncc-farm)",
+    )
+    parser.add_argument(
+        "--mem-per-job", type=_positive_int, metavar="MB", help="memory each job reserves on its machine"
+    )
+    parser.add_argument(
+        "--retries", type=int, default=0, metavar="N", help="reruns of a failed job (default 0)"
+    )
+    parser.add_argument("--report", type=Path, metavar="FILE.json", help="write every model's outcome here")
+    add_compile_flags(parser)
+
+
+def _manifest_flag_parser() -> argparse.ArgumentParser:
+    from ncc.orchestrator.cli import NccArgumentParser
+
+    parser = NccArgumentParser(prog="manifest line", add_help=False)
+    add_result_flags(parser)
+    return parser
+
+
+def _parse_manifest_flags(words: list[str] | tuple[str, ...]) -> dict[str, object]:
+    """The CompileOptions fields a manifest line overrides."""
+    parser = _manifest_flag_parser()
+    args = parser.parse_args(list(words))
+    given = {word.split("=", 1)[0] for word in words if word.startswith("--")}
+    overrides: dict[str, object] = {}
+    if "--optlevel" in given:
+        overrides["optlevel"] = args.optlevel
+    if "--verify" in given:
+        overrides["verify"] = True
+    if "--walrus-passes" in given:
+        overrides["walrus_passes"] = tuple(args.walrus_passes)
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from ncc.orchestrator import farm
+
+    farm_dir = Path(os.path.abspath(args.farm_dir))
+    try:
+        farm_dir.mkdir(parents=True, exist_ok=True)
+        (farm_dir / "neff").mkdir(exist_ok=True)
+    except OSError as err:
+        raise NccError.of("U003", f"cannot use farm directory {farm_dir}: {err.strerror or err}") from None
+    if args.report is not None and not Path(os.path.abspath(args.report)).parent.is_dir():
+        raise NccError.of("U004", f"the directory of the report does not exist: {args.report}")
+    cache_dir = Path(os.path.abspath(args.cache_dir)) if args.cache_dir else None
+    if cache_dir is not None:
+        from ncc.orchestrator.stage_cache import CacheError, StageCache
+
+        try:
+            StageCache(cache_dir).ensure_usable()
+        except CacheError as err:
+            raise NccError.of("U009", str(err)) from None
+    base = CompileOptions(
+        model=Path(),
+        output=Path(),
+        workdir=Path(),
+        optlevel=args.optlevel,
+        verify=args.verify,
+        walrus_passes=tuple(args.walrus_passes),
+        timeout_s=args.timeout,
+        mem_limit_mb=args.mem_limit,
+        verbose=args.verbose,
+    )
+    settings = farm.FarmSettings(
+        farm_dir=farm_dir,
+        workers=args.workers,
+        scheduler_url=args.scheduler_url,
+        cache_dir=cache_dir,
+        mem_per_job_mb=args.mem_per_job,
+        retries=max(0, args.retries),
+        base=base,
+    )
+    inputs = farm.collect_inputs(args.inputs)
+    models = farm.plan(inputs, settings, _parse_manifest_flags)
+
+    luigi_setup.isolate_config()
+    log_path = farm_dir / f"farm-{os.getpid()}.log"
+    luigi_setup.configure_logging(args.verbose, log_path, console=sys.stderr)
+    farm.configure_luigi(settings)
+    run_id = f"farm-{uuid.uuid4().hex[:12]}"
+    progress = farm.Progress(models, run_id, sys.stderr) if args.verbose >= 1 else None
+    farm.run_farm(models, settings, run_id, progress)
+
+    outcomes = [farm.model_outcome(model, run_id, farm_dir / "neff") for model in models]
+    entries = [entry for outcome in outcomes for entry in outcome.report_entries()]
+    if args.report is not None:
+        write_json_atomic(Path(os.path.abspath(args.report)), {"models": entries, "farm_dir": str(farm_dir)})
+    if args.verbose >= 1:
+        print_table(outcomes)
+    failed = [o for o in outcomes if o.diagnostic is not None]
+    if not failed:
+        return int(ExitCode.OK)
+    return max(int(o.diagnostic.exit_code) for o in failed if o.diagnostic is not None)
+
+
+def print_table(outcomes: list[farm_types.ModelOutcome]) -> None:
+    rows = []
+    for outcome in outcomes:
+        cached = sum(1 for job in outcome.jobs if job.cached or not job.ran_here)
+        detail = outcome.diagnostic.line() if outcome.diagnostic else str(outcome.neff)
+        for item in outcome.model.inputs:
+            rows.append(
+                (
+                    item.path.name,
+                    outcome.status,
+                    f"{outcome.wall_s:.2f}",
+                    f"{cached}/{len(outcome.model.jobs)}",
+                    detail,
+                )
+            )
+    header = ("model", "status", "wall s", "cached", "NEFF or diagnostic")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+    for row in [header, *rows]:
+        print(
+            "  ".join(str(cell).ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+            + "  "
+            + row[4]
+        )
+    failed = sum(1 for o in outcomes for _ in o.model.inputs if o.status != "ok")
+    total = sum(len(o.model.inputs) for o in outcomes)
+    print(f"ncc farm: {total - failed} of {total} models compiled, {failed} failed")

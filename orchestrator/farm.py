@@ -1,0 +1,482 @@
+"""A compile farm: many models' pipelines as one Luigi task graph, run by one or many workers.
+
+Each model becomes the job chain `ncc compile` would run (CompileCommand builds it), in a work
+directory under the farm dir that is named by content: the digest of the model's bytes and of its
+canonical flags. So the same model listed twice, or compiled by two workers on two machines that
+share the farm dir, is one set of Luigi tasks with one set of task ids: the scheduler runs each job
+once. Inputs are copied into the farm dir (`inputs/<digest>/<name>`), so every worker names them
+by the same path.
+
+Layout of a farm dir:
+    inputs/<digest>/<name>      the models, content-addressed
+    work/<digest>-<flags>/      one compile work directory per (model, flags)
+    neff/<name>.neff            the NEFF of every model that compiled
+
+Scheduling is Luigi's: the embedded local scheduler by default, or a `luigid` given by URL that
+any number of `ncc farm` processes join. Retries are Luigi's (a task's `retry_count`, the
+scheduler's `retry_delay`), memory caps are Luigi resources (`mem_mb@<host>`, so they bind per
+machine), and workers keep alive while any task of the farm is pending anywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import psutil
+
+from ncc.orchestrator import digests
+from ncc.orchestrator.compile_command import CompileCommand
+from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
+from ncc.orchestrator.job import STATUS_FAILED, STATUS_OK, diagnostic_from_record, host_resource
+from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
+from ncc.tools.common.protoio import write_bytes_atomic
+
+log = logging.getLogger("ncc")
+
+MODEL_SUFFIXES = (".hlo.pb", ".hlo")
+
+
+def model_suffix(path: Path) -> str | None:
+    return next((s for s in MODEL_SUFFIXES if path.name.endswith(s)), None)
+
+
+@dataclass(frozen=True)
+class FarmInput:
+    """One line of the farm's input list: a model file and its own compile flags."""
+
+    path: Path
+    flags: tuple[str, ...] = ()
+
+
+def _manifest_lines(manifest: Path) -> list[FarmInput]:
+    """`path [flags...]` per line; blank lines and `#` comments skipped; paths relative to the manifest."""
+    found = []
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise NccError.of("U001", f"cannot read manifest {manifest}: {err}") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as err:
+            raise NccError.of("U002", f"manifest {manifest} line {number}: {err}") from None
+        if not words:
+            continue
+        path = Path(words[0]) if Path(words[0]).is_absolute() else manifest.parent / words[0]
+        found.append(FarmInput(Path(os.path.abspath(path)), tuple(words[1:])))
+    return found
+
+
+def collect_inputs(arguments: Iterable[Path]) -> list[FarmInput]:
+    """Model files, folders of them (`*.hlo.pb`, and `*.hlo` without a `.hlo.pb` twin) and manifests."""
+    found: list[FarmInput] = []
+    for argument in arguments:
+        path = Path(os.path.abspath(argument))
+        if path.is_dir():
+            models = sorted(p for p in path.iterdir() if p.is_file() and model_suffix(p))
+            names = {p.name for p in models}
+            found.extend(
+                FarmInput(p) for p in models if not (p.name.endswith(".hlo") and f"{p.name}.pb" in names)
+            )
+        elif path.is_file() and model_suffix(path):
+            found.append(FarmInput(path))
+        elif path.is_file():
+            found.extend(_manifest_lines(path))
+        else:
+            raise NccError.of("U001", f"farm input not found: {path}")
+    for item in found:
+        if not item.path.is_file():
+            raise NccError.of("U001", f"model file not found: {item.path}")
+    if not found:
+        raise NccError.of("U001", "no models to compile (no .hlo.pb or .hlo file in the inputs)")
+    return found
+
+
+@dataclass
+class FarmModel:
+    """A (model content, flags) pair to compile, and every input line that asked for it."""
+
+    inputs: list[FarmInput]
+    options: CompileOptions
+    command: CompileCommand
+    jobs: list[str]
+    neff_name: str = ""  # under the farm's neff/: the model's name, made unique by its work dir if needed
+
+    @property
+    def workdir(self) -> Path:
+        return self.options.workdir
+
+
+def _flags_digest(flags: Sequence[str]) -> str:
+    return hashlib.sha256(json.dumps(list(flags)).encode()).hexdigest()[:8]
+
+
+def _content_copy(path: Path, inputs_dir: Path) -> Path:
+    """The model's content-addressed copy in the farm dir (made once, atomically)."""
+    digest = digests.sha256_file(path)
+    folder = inputs_dir / digest[:16]
+    existing = sorted(folder.iterdir()) if folder.is_dir() else []
+    if existing:
+        return existing[0]
+    target = folder / path.name
+    folder.mkdir(parents=True, exist_ok=True)
+    write_bytes_atomic(target, path.read_bytes())
+    return target
+
+
+@dataclass(frozen=True)
+class FarmSettings:
+    farm_dir: Path
+    workers: int = 1
+    scheduler_url: str = ""
+    cache_dir: Path | None = None
+    mem_per_job_mb: int | None = None
+    retries: int = 0
+    retry_delay_s: float = 1.0
+    base: CompileOptions | None = None  # flags every model gets unless its manifest line says otherwise
+
+
+def plan(
+    inputs: Sequence[FarmInput], settings: FarmSettings, parse_flags: Callable[[Sequence[str]], dict]
+) -> list[FarmModel]:
+    """One FarmModel per distinct (content, flags); duplicates join the first."""
+    inputs_dir = settings.farm_dir / "inputs"
+    models: dict[tuple[str, str], FarmModel] = {}
+    base = settings.base
+    assert base is not None
+    for item in inputs:
+        overrides = parse_flags(item.flags) if item.flags else {}
+        copy = _content_copy(item.path, inputs_dir)
+        options = replace(base, model=copy, **overrides)
+        flags = options.canonical_flags()
+        key = (copy.parent.name, _flags_digest(flags))
+        if key in models:
+            models[key].inputs.append(item)
+            continue
+        workdir = settings.farm_dir / "work" / f"{key[0]}-{key[1]}"
+        options = replace(
+            options, workdir=workdir, output=workdir / "model.neff", cache_dir=settings.cache_dir
+        )
+        command = CompileCommand(options)
+        models[key] = FarmModel([item], options, command, command.buildPipeline())
+    planned = list(models.values())
+    stems = [_stem(model.inputs[0].path) for model in planned]
+    for model, stem in zip(planned, stems, strict=True):
+        unique = stems.count(stem) == 1
+        model.neff_name = f"{stem}.neff" if unique else f"{stem}-{model.workdir.name}.neff"
+    return planned
+
+
+def _stem(path: Path) -> str:
+    return path.name[: -len(model_suffix(path) or "")]
+
+
+# -- outcome ------------------------------------------------------------------------------------
+
+
+@dataclass
+class JobOutcome:
+    name: str
+    wall_s: float
+    peak_rss_mb: float
+    cached: bool
+    ran_here: bool  # run (or restored) by this farm process, not found complete
+
+
+@dataclass
+class ModelOutcome:
+    model: FarmModel
+    status: str
+    jobs: list[JobOutcome] = field(default_factory=list)
+    diagnostic: NccDiagnostic | None = None
+    neff: Path | None = None
+
+    @property
+    def wall_s(self) -> float:
+        return sum(job.wall_s for job in self.jobs if job.ran_here)
+
+    def report_entries(self) -> list[dict[str, object]]:
+        """One report entry per input line that asked for this model."""
+        jobs = [
+            {
+                "name": job.name,
+                "wall_s": round(job.wall_s, 4),
+                "peak_rss_mb": round(job.peak_rss_mb, 1),
+                "cached": job.cached or not job.ran_here,
+            }
+            for job in self.jobs
+        ]
+        entries = []
+        for item in self.model.inputs:
+            entry: dict[str, object] = {
+                "input": str(item.path),
+                "flags": self.model.options.canonical_flags(),
+                "status": self.status,
+                "wall_s": round(self.wall_s, 4),
+                "workdir": str(self.model.workdir),
+                "jobs": jobs,
+            }
+            if self.neff is not None:
+                entry["neff"] = str(self.neff)
+            if self.diagnostic is not None:
+                entry["code"] = self.diagnostic.code
+                entry["message"] = self.diagnostic.line()
+            entries.append(entry)
+        return entries
+
+
+def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
+    return {
+        str(event.get("job"))
+        for event in workdir.read_history()
+        if event.get("event") == "job_end" and event.get("run_id") == run_id
+    }
+
+
+def model_outcome(model: FarmModel, run_id: str, neff_dir: Path) -> ModelOutcome:
+    """Read what happened to one model from its job records."""
+    workdir = WorkDir(model.workdir)
+    ran = _ran_by(workdir, run_id)
+    outcome = ModelOutcome(model, STATUS_OK)
+    for index, name in enumerate(model.jobs):
+        record = read_job_record(workdir.job_dir(index, name) / RECORD)
+        if record is None:
+            outcome.status = STATUS_FAILED
+            break
+        outcome.jobs.append(
+            JobOutcome(name, record.wall_s, record.peak_rss_bytes / (1 << 20), record.cached, name in ran)
+        )
+        if record.status != STATUS_OK:
+            outcome.status = STATUS_FAILED
+            outcome.diagnostic = diagnostic_from_record(record, model.workdir)
+            break
+    final = JobRegistry.get(model.jobs[-1])(**model.command.jobParameters(model.jobs))
+    if outcome.status == STATUS_OK and not final.complete():
+        outcome.status = STATUS_FAILED
+    if outcome.status == STATUS_FAILED and outcome.diagnostic is None:
+        outcome.diagnostic = NccDiagnostic(
+            "F134",
+            "the farm ended before this model's pipeline completed (a job was never run: "
+            "a worker died or the scheduler gave up on it)",
+            workdir=model.workdir,
+            log=workdir.driver_log,
+        )
+    if outcome.status == STATUS_OK:
+        outcome.neff = neff_dir / model.neff_name
+        try:
+            model.command.options = replace(model.options, output=outcome.neff)
+            model.command.installOutput(model.jobs)
+        except NccError as err:
+            outcome.status, outcome.diagnostic, outcome.neff = STATUS_FAILED, err.diagnostic, None
+    return outcome
+
+
+# -- progress -----------------------------------------------------------------------------------
+
+
+class Progress:
+    """Models done / failed / cached, jobs running, elapsed and ETA, from the work dirs' files.
+
+    On a terminal one status line is redrawn in place; otherwise a plain line is printed each time
+    a model finishes. Polling files (not Luigi events) works whichever process runs a job.
+    """
+
+    def __init__(self, models: Sequence[FarmModel], run_id: str, stream, interval_s: float = 0.5) -> None:
+        self.models = models
+        self.run_id = run_id
+        self.stream = stream
+        self.interval_s = interval_s
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.started = time.monotonic()
+        self.finished: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._poll()
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._poll()
+
+    def _state(self, model: FarmModel) -> tuple[str, int]:
+        """('ok' | 'cached' | 'failed' | 'pending', jobs running now) of one model."""
+        workdir = WorkDir(model.workdir)
+        events = [e for e in workdir.read_history() if e.get("event") in ("job_start", "job_end")]
+        running: set[str] = set()
+        any_ran = False
+        for event in events:
+            if event.get("event") == "job_start":
+                running.add(str(event.get("job")))
+            else:
+                running.discard(str(event.get("job")))
+                any_ran |= event.get("run_id") == self.run_id and not event.get("cached")
+        last = len(model.jobs) - 1
+        final = read_job_record(workdir.job_dir(last, model.jobs[last]) / RECORD)
+        if final is not None and final.status == STATUS_OK:
+            return ("ok" if any_ran else "cached"), 0
+        for index, name in enumerate(model.jobs):
+            record = read_job_record(workdir.job_dir(index, name) / RECORD)
+            if record is not None and record.status == STATUS_FAILED and name not in running:
+                return "failed", 0
+        return "pending", len(running)
+
+    def _poll(self) -> None:
+        running = 0
+        for number, model in enumerate(self.models):
+            if number in self.finished and self.finished[number] != "failed":
+                continue
+            state, jobs = self._state(model)
+            running += jobs
+            if state != "pending" and self.finished.get(number) != state:
+                self.finished[number] = state
+                if not self.tty:
+                    elapsed = time.monotonic() - self.started
+                    self.stream.write(
+                        f"ncc farm: [{len(self.finished)}/{len(self.models)}] {model.inputs[0].path.name}: "
+                        f"{state} ({elapsed:.1f} s)\n"
+                    )
+        if self.tty:
+            self.stream.write("\r\033[K" + self.line(running))
+        self.stream.flush()
+
+    def line(self, running: int) -> str:
+        counts = {
+            state: sum(1 for s in self.finished.values() if s == state)
+            for state in ("ok", "cached", "failed")
+        }
+        done = len(self.finished)
+        elapsed = time.monotonic() - self.started
+        eta = (
+            f", ETA {elapsed / done * (len(self.models) - done):.0f} s" if 0 < done < len(self.models) else ""
+        )
+        return (
+            f"ncc farm: {done}/{len(self.models)} models (ok {counts['ok']}, cached {counts['cached']}, "
+            f"failed {counts['failed']}), {running} jobs running, {elapsed:.0f} s elapsed{eta}"
+        )
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def configure_luigi(settings: FarmSettings) -> None:
+    """Worker and scheduler settings a farm relies on (after luigi_setup.isolate_config)."""
+    from luigi.configuration import get_config
+
+    config = get_config()
+    values = {
+        # Ride out a luigid restart of up to a minute instead of Luigi's default 3 tries 30 s apart.
+        "core": {"rpc-retry-attempts": "60", "rpc-retry-wait": "1"},
+        "worker": {
+            "keep_alive": "true",
+            "ping_interval": "1.0",
+            "wait_interval": "0.2",
+            "wait_jitter": "0.2",
+        },
+        "scheduler": {"retry_delay": str(settings.retry_delay_s), "retry_count": str(settings.retries + 1)},
+    }
+    if settings.mem_per_job_mb:
+        capacity = int(psutil.virtual_memory().total / (1 << 20))
+        values["resources"] = {host_resource(): str(capacity)}
+    for section, items in values.items():
+        if not config.has_section(section):
+            config.add_section(section)
+        for key, value in items.items():
+            config.set(section, key, value)
+
+
+def run_farm(
+    models: Sequence[FarmModel], settings: FarmSettings, run_id: str, progress: Progress | None
+) -> None:
+    """Prepare every work dir and let Luigi run every incomplete job of every model."""
+    import luigi
+
+    tasks = []
+    for model in models:
+        model.workdir.mkdir(parents=True, exist_ok=True)
+        model.command.run_id = run_id
+        model.command.prepareWorkDir(model.command.pipelineRecord(model.jobs))
+        parameters = model.command.jobParameters(model.jobs)
+        parameters["retries"] = settings.retries
+        parameters["resources_mb"] = settings.mem_per_job_mb or 0
+        tasks.append(JobRegistry.get(model.jobs[-1])(**parameters))
+    if settings.scheduler_url and settings.mem_per_job_mb:
+        from luigi.rpc import RemoteScheduler
+
+        capacity = int(psutil.virtual_memory().total / (1 << 20))
+        RemoteScheduler(settings.scheduler_url).update_resource(host_resource(), capacity)
+    if progress is not None:
+        progress.start()
+    try:
+        kwargs: dict[str, object] = {"workers": settings.workers, "detailed_summary": True}
+        if settings.scheduler_url:
+            kwargs["scheduler_url"] = settings.scheduler_url
+        else:
+            kwargs["local_scheduler"] = True
+        result = luigi.build(tasks, **kwargs)
+        log.info("luigi: %s", result.one_line_summary)
+        if settings.scheduler_url:
+            _wait_for_other_workers(tasks, settings.scheduler_url, kwargs)
+    finally:
+        if progress is not None:
+            progress.stop()
+
+
+def _chain(task: object) -> list[object]:
+    """A model's final job and every job it requires."""
+    found, pending = [], [task]
+    while pending:
+        job = pending.pop()
+        found.append(job)
+        pending.extend(job.requires())  # type: ignore[attr-defined]
+    return found
+
+
+_UNFINISHED = ("RUNNING", "PENDING", "FAILED")  # FAILED with retries left; out of retries is DISABLED
+
+
+def _wait_for_other_workers(
+    tasks: Sequence[object], scheduler_url: str, build_kwargs: dict[str, object]
+) -> None:
+    """Stay until no job of our models is running, pending or awaiting a retry anywhere.
+
+    A Luigi worker leaves once nothing is pending, even while another worker still runs a job our
+    models need, and a job of a worker that died becomes pending again only after luigid notices
+    (worker_disconnect_delay) and its retry_delay passes. So: while luigid lists such a job, wait,
+    and build again, which runs whatever became pending (a dead worker's job) here.
+    """
+    import luigi
+    from luigi.rpc import RemoteScheduler
+
+    scheduler = RemoteScheduler(scheduler_url)
+    while True:
+        incomplete = [task for task in tasks if not task.complete()]  # type: ignore[attr-defined]
+        if not incomplete:
+            return
+        ours = {job.task_id for task in incomplete for job in _chain(task)}  # type: ignore[attr-defined]
+        unfinished: set[str] = set()
+        for status in _UNFINISHED:
+            unfinished.update(scheduler.task_list(status, "") or {})
+        if not ours & unfinished:
+            return
+        time.sleep(1.0)
+        luigi.build(incomplete, **build_kwargs)

@@ -1,0 +1,305 @@
+"""`ncc farm`: many models as one Luigi task graph, with the local scheduler and with a real luigid.
+
+Everything runs for real: `ncc farm` processes, stage tools, a `luigid` on 127.0.0.1. What
+happened is read from the report, the job records and each work dir's history.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import psutil
+import pytest
+from orchestrator_support import find_model, history, ncc
+
+ADD_MUL_UNSUPPORTED = """HloModule bad, entry_computation_layout={(f32[128,512]{1,0})->f32[128,512]{1,0}}
+
+ENTRY main.1 {
+  x.1 = f32[128,512]{1,0} parameter(0)
+  ROOT y.1 = f32[128,512]{1,0} cholesky(x.1)
+}
+"""
+
+
+def _models(folder: Path, *names: str) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    copies = []
+    for name in names:
+        copies.append(folder / name)
+        shutil.copy(find_model(name), folder / name)
+    return copies
+
+
+def _runs_per_job(farm_dir: Path) -> Counter[tuple[str, str]]:
+    """(work dir, job) -> how many times a tool really ran for it (restored jobs do not count)."""
+    runs: Counter[tuple[str, str]] = Counter()
+    for workdir in (farm_dir / "work").iterdir():
+        for event in history(workdir):
+            if event["event"] == "job_end" and not event.get("cached"):
+                runs[(workdir.name, str(event["job"]))] += 1
+    return runs
+
+
+def _report(path: Path) -> dict[str, dict]:
+    return {Path(entry["input"]).name: entry for entry in json.loads(path.read_text())["models"]}
+
+
+def test_farm_isolates_bad_inputs_and_compiles_duplicates_once(tmp_path: Path) -> None:
+    inputs = tmp_path / "in"
+    _models(inputs, "add_mul.hlo.pb", "gelu.hlo", "softmax.hlo.pb")
+    shutil.copy(inputs / "add_mul.hlo.pb", inputs / "add_mul_copy.hlo.pb")  # same bytes, other name
+    (inputs / "truncated.hlo.pb").write_bytes((inputs / "softmax.hlo.pb").read_bytes()[:40])
+    (inputs / "unsupported.hlo").write_text(ADD_MUL_UNSUPPORTED)
+    shutil.copy(inputs / "gelu.hlo", inputs / "crashme.hlo")
+    (inputs / "crashme.hlo").write_text((inputs / "gelu.hlo").read_text() + "\n")  # other bytes
+    report = tmp_path / "report.json"
+    result = ncc(
+        "farm",
+        inputs,
+        "--farm-dir",
+        tmp_path / "farm",
+        "--workers",
+        "2",
+        "--report",
+        report,
+        env={"NCC_FAULT_INJECT": "hlo2penguin:segv@crashme"},
+    )
+    assert result.returncode == 4, result.stderr  # the worst failure is a crash (F139)
+    assert "Traceback" not in result.stderr + result.stdout
+    models = _report(report)
+    assert {name: m["status"] for name, m in models.items()} == {
+        "add_mul.hlo.pb": "ok",
+        "add_mul_copy.hlo.pb": "ok",
+        "gelu.hlo": "ok",
+        "softmax.hlo.pb": "ok",
+        "truncated.hlo.pb": "failed",
+        "unsupported.hlo": "failed",
+        "crashme.hlo": "failed",
+    }
+    assert models["truncated.hlo.pb"]["code"].startswith("E1")
+    assert models["unsupported.hlo"]["code"] == "E201"
+    assert models["crashme.hlo"]["code"] == "F139"
+    assert "cholesky" in models["unsupported.hlo"]["message"]
+    assert models["add_mul.hlo.pb"]["workdir"] == models["add_mul_copy.hlo.pb"]["workdir"]
+    for name in ("add_mul.hlo.pb", "gelu.hlo", "softmax.hlo.pb"):
+        entry = models[name]
+        assert Path(entry["neff"]).is_file()
+        assert [job["name"] for job in entry["jobs"]] == [
+            "HLOToTensorizer",
+            "Frontend",
+            "WalrusDriver",
+            "Packager",
+        ]
+        assert all(
+            job["wall_s"] > 0 and job["peak_rss_mb"] > 0 and not job["cached"] for job in entry["jobs"]
+        )
+    assert max(_runs_per_job(tmp_path / "farm").values()) == 1
+    run = ncc(
+        "run",
+        models["gelu.hlo"]["neff"],
+        "--inputs",
+        find_model("gelu.io.npz"),
+        "--output",
+        tmp_path / "o.npz",
+    )
+    assert run.returncode == 0, run.stderr
+
+
+def test_a_second_farm_with_the_same_cache_runs_no_tool(tmp_path: Path) -> None:
+    inputs = tmp_path / "in"
+    _models(inputs, "add_mul.hlo.pb", "matmul.hlo.pb")
+    cache = tmp_path / "cache"
+    first = ncc("farm", inputs, "--farm-dir", tmp_path / "farm1", "--cache-dir", cache, "--workers", "2")
+    assert first.returncode == 0, first.stderr
+    report = tmp_path / "r.json"
+    second = ncc("farm", inputs, "--farm-dir", tmp_path / "farm2", "--cache-dir", cache, "--report", report)
+    assert second.returncode == 0, second.stderr
+    assert all(job["cached"] for m in _report(report).values() for job in m["jobs"])
+    assert not _runs_per_job(tmp_path / "farm2")
+    neffs = sorted((tmp_path / "farm1" / "neff").iterdir())
+    assert [p.read_bytes() for p in neffs] == [
+        p.read_bytes() for p in sorted((tmp_path / "farm2" / "neff").iterdir())
+    ]
+
+
+def test_bad_farm_command_lines_are_one_line_errors(tmp_path: Path) -> None:
+    missing = ncc("farm", tmp_path / "nope.hlo.pb", "--farm-dir", tmp_path / "f")
+    assert missing.returncode == 2 and "[U001]" in missing.stderr
+    manifest = tmp_path / "list.txt"
+    manifest.write_text(f"{find_model('add_mul.hlo.pb')} --optlevel 9\n")
+    bad_flag = ncc("farm", manifest, "--farm-dir", tmp_path / "f")
+    assert bad_flag.returncode == 2 and "[U002]" in bad_flag.stderr and "Traceback" not in bad_flag.stderr
+
+
+# -- luigid -------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Luigid:
+    """A real luigid on 127.0.0.1 with its own state file, config and log folder."""
+
+    def __init__(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.folder = folder
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.config = folder / "luigi.cfg"
+        self.config.write_text(
+            "[scheduler]\nretry_delay = 1\nworker_disconnect_delay = 4\nprune_on_get_work = true\n"
+            f"state_path = {folder / 'state.pickle'}\n"
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {**os.environ, "LUIGI_CONFIG_PATH": str(self.config)}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from luigi.cmdline import luigid; luigid()",
+                "--address",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--state-path",
+                str(self.folder / "state.pickle"),
+                "--logdir",
+                str(self.folder),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.folder / "luigid.err", "wb"),  # noqa: SIM115 (lives as long as the process)
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("luigid did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGTERM)  # luigid saves its state file on SIGTERM
+            self.proc.wait(timeout=30)
+            self.proc = None
+
+
+def _farm_worker(
+    inputs: list[Path], farm_dir: Path, url: str, cwd: Path, *extra: str
+) -> subprocess.Popen[str]:
+    cwd.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "NCC_FAULT_INJECT"}
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ncc.orchestrator",
+            "farm",
+            *map(str, inputs),
+            "--farm-dir",
+            str(farm_dir),
+            "--scheduler-url",
+            url,
+            "--report",
+            str(cwd / "report.json"),
+            *extra,
+        ],
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _all_shared_models(folder: Path) -> list[Path]:
+    names = [p.name for p in find_model("add_mul.hlo.pb").parent.glob("*.hlo.pb")]
+    copies = _models(folder, *sorted(names))
+    duplicate = folder / "dup"
+    duplicate.mkdir()
+    for path in copies[:3]:
+        shutil.copy(path, duplicate / f"again_{path.name}")
+    return [folder, *sorted(duplicate.iterdir())]
+
+
+@pytest.mark.slow
+def test_two_workers_on_luigid_compile_every_model_once_and_survive_a_scheduler_restart(
+    tmp_path: Path,
+) -> None:
+    scheduler = Luigid(tmp_path / "luigid")
+    scheduler.start()
+    try:
+        inputs = _all_shared_models(tmp_path / "models")
+        farm_dir = tmp_path / "farm"
+        workers = [_farm_worker(inputs, farm_dir, scheduler.url, tmp_path / f"root{i}") for i in range(2)]
+        time.sleep(4)
+        scheduler.stop()  # restart luigid mid-farm: workers retry their RPCs; finished work is on disk
+        scheduler.start()
+        outputs = [w.communicate(timeout=600) for w in workers]
+    finally:
+        scheduler.stop()
+    for worker, (out, err) in zip(workers, outputs, strict=True):
+        assert worker.returncode == 0 and "Traceback" not in out + err, out + err
+    runs = _runs_per_job(farm_dir)
+    models = len(list((farm_dir / "work").iterdir()))
+    assert models == len(list(find_model("add_mul.hlo.pb").parent.glob("*.hlo.pb")))
+    assert sum(runs.values()) == 4 * models and max(runs.values()) == 1, runs  # every job ran, once
+    reports = [
+        _report(tmp_path / f"root{i}" / "report.json")
+        for i in range(2)
+        if (tmp_path / f"root{i}" / "report.json").exists()
+    ]
+    assert reports and all(entry["status"] == "ok" for report in reports for entry in report.values())
+
+
+def _tool_processes(farm_dir: Path) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline", "cwd"]):
+        try:
+            cmdline = " ".join(proc.info["cmdline"] or [])
+            if "ncc.tools." in cmdline and str(farm_dir) in str(proc.info["cwd"] or ""):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_farm_leaves_the_rest_to_the_other_and_no_orphan(tmp_path: Path) -> None:
+    scheduler = Luigid(tmp_path / "luigid")
+    scheduler.start()
+    try:
+        inputs = _all_shared_models(tmp_path / "models")
+        farm_dir = tmp_path / "farm"
+        victim = _farm_worker(
+            inputs, farm_dir, scheduler.url, tmp_path / "victim", "--workers", "2", "--retries", "3"
+        )
+        deadline = time.monotonic() + 60
+        while not _tool_processes(farm_dir) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        survivor = _farm_worker(inputs, farm_dir, scheduler.url, tmp_path / "survivor", "--retries", "3")
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate()
+        out, err = survivor.communicate(timeout=600)
+    finally:
+        scheduler.stop()
+    assert survivor.returncode == 0, err
+    assert not _tool_processes(farm_dir)
+    report = _report(tmp_path / "survivor" / "report.json")
+    assert all(entry["status"] == "ok" for entry in report.values())
