@@ -168,4 +168,11 @@ def print_table(outcomes: list[farm_types.ModelOutcome]) -> None:
         )
     failed = sum(1 for o in outcomes for _ in o.model.inputs if o.status != "ok")
     total = sum(len(o.model.inputs) for o in outcomes)
-    print(f"ncc farm: {total - failed} of {total} models compiled, {failed} failed")
+    lookups = [job.cache_lookup for o in outcomes for job in o.jobs if job.ran_here and job.cache_lookup]
+    cache = ""
+    if lookups:
+        cache = (
+            f"; stage cache: {lookups.count('hit')} hits, {lookups.count('miss')} misses, "
+            f"{lookups.count('corrupt')} corrupt entries discarded and recomputed"
+        )
+    print(f"ncc farm: {total - failed} of {total} models compiled, {failed} failed{cache}")

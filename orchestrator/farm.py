@@ -192,6 +192,7 @@ class JobOutcome:
     peak_rss_mb: float
     cached: bool
     ran_here: bool  # run (or restored) by this farm process, not found complete
+    cache_lookup: str  # "hit", "miss", "corrupt" or "" (no cache)
 
 
 @dataclass
@@ -214,6 +215,7 @@ class ModelOutcome:
                 "wall_s": round(job.wall_s, 4),
                 "peak_rss_mb": round(job.peak_rss_mb, 1),
                 "cached": job.cached or not job.ran_here,
+                "cache_lookup": job.cache_lookup if job.ran_here else "",
             }
             for job in self.jobs
         ]
@@ -255,7 +257,14 @@ def model_outcome(model: FarmModel, run_id: str, neff_dir: Path) -> ModelOutcome
             outcome.status = STATUS_FAILED
             break
         outcome.jobs.append(
-            JobOutcome(name, record.wall_s, record.peak_rss_bytes / (1 << 20), record.cached, name in ran)
+            JobOutcome(
+                name,
+                record.wall_s,
+                record.peak_rss_bytes / (1 << 20),
+                record.cached,
+                name in ran,
+                record.cache_lookup,
+            )
         )
         if record.status != STATUS_OK:
             outcome.status = STATUS_FAILED

@@ -39,7 +39,7 @@ from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
 from ncc.orchestrator.process_end import MB, classify_abnormal_end
 from ncc.orchestrator.registry import JobRegistry
-from ncc.orchestrator.stage_cache import StageCache
+from ncc.orchestrator.stage_cache import HIT, StageCache
 from ncc.orchestrator.supervisor import Limits, run_supervised
 from ncc.orchestrator.versions import tool_version
 from ncc.orchestrator.workdir import (
@@ -308,11 +308,12 @@ class ToolJob(luigi.Task):
 
     def _restore_from_cache(
         self, cache: StageCache, argv: list[str], inputs: list[diagnostic_pb2.FileDigest], key: str
-    ) -> diagnostic_pb2.JobRecord | None:
-        """The record of this job with its outputs restored from the cache, or None on a miss."""
+    ) -> tuple[str, diagnostic_pb2.JobRecord | None]:
+        """The lookup's outcome, and on a hit the record of this job with its outputs restored."""
         started = time.monotonic()
-        if not cache.restore(key, self.name, self.output_names, self.directory):
-            return None
+        lookup = cache.restore(key, self.name, self.output_names, self.directory)
+        if lookup != HIT:
+            return lookup, None
         self.out(STDOUT).write_text(f"ncc: outputs restored from the stage cache {cache.root} (key {key})\n")
         self.out(STDERR).write_text("")
         record = diagnostic_pb2.JobRecord(
@@ -327,9 +328,10 @@ class ToolJob(luigi.Task):
             status=STATUS_OK,
             cache_key=key,
             cached=True,
+            cache_lookup=HIT,
         )
         write_message_json(self.record_path, record)
-        return record
+        return lookup, record
 
     def _store_in_cache(self, cache: StageCache, key: str) -> None:
         try:
@@ -344,8 +346,9 @@ class ToolJob(luigi.Task):
         self._write_replay_script(argv)
         key = self.cache_key(inputs)
         cache = self._stage_cache()
+        lookup = ""
         if cache is not None:
-            restored = self._restore_from_cache(cache, argv, inputs, key)
+            lookup, restored = self._restore_from_cache(cache, argv, inputs, key)
             if restored is not None:
                 log.info("job %s: restored from the stage cache", self.name)
                 return restored
@@ -371,6 +374,7 @@ class ToolJob(luigi.Task):
             peak_rss_bytes=end.peak_rss_bytes,
             inputs=inputs,
             cache_key=key,
+            cache_lookup=lookup,
         )
         tool_diagnostic = self._read_tool_diagnostic() if end.returncode == 1 else None
         missing = [name for name in self.output_names if not self.out(name).is_file()]

@@ -38,6 +38,8 @@ from pathlib import Path
 ENTRY = "entry.json"
 EVENTS = "events.log"
 _CHUNK = 1 << 20
+HIT, MISS, CORRUPT = "hit", "miss", "corrupt"  # outcomes of a lookup
+STORE = "store"
 ABANDONED_AFTER_S = 3600.0  # a staging folder this old belongs to a writer that died
 
 
@@ -135,8 +137,8 @@ class StageCache:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def restore(self, key: str, job: str, names: Sequence[str], destination: Path) -> bool:
-        """Copy the outputs `names` of entry `key` into `destination`, verified; False on a miss.
+    def restore(self, key: str, job: str, names: Sequence[str], destination: Path) -> str:
+        """Copy the outputs `names` of entry `key` into `destination`, verified: HIT, MISS or CORRUPT.
 
         On success every file is in place with the digest recorded in the entry; on a miss or a
         corrupt entry nothing is left in `destination` (files are copied under temporary names
@@ -144,8 +146,8 @@ class StageCache:
         """
         directory = self.entry_dir(key)
         if not directory.is_dir():
-            self._event("miss", key, job)
-            return False
+            self._event(MISS, key, job)
+            return MISS
         outputs = self._read_entry(directory)
         by_name = {o.name: o for o in outputs or ()}
         if outputs is None or sorted(by_name) != sorted(names):
@@ -165,8 +167,8 @@ class StageCache:
             self._discard(copies)
             if directory.is_dir():  # a file of a present entry is missing: the entry is damaged
                 return self._corrupt(key, job, directory)
-            self._event("miss", key, job)  # removed by gc or another reader meanwhile
-            return False
+            self._event(MISS, key, job)  # removed by gc or another reader meanwhile
+            return MISS
         except OSError:
             self._discard(copies)
             raise
@@ -176,18 +178,18 @@ class StageCache:
             os.utime(directory / ENTRY)  # most recently used, for gc
         except OSError:
             pass
-        self._event("hit", key, job)
-        return True
+        self._event(HIT, key, job)
+        return HIT
 
     @staticmethod
     def _discard(copies: list[tuple[Path, Path]]) -> None:
         for temporary, _ in copies:
             temporary.unlink(missing_ok=True)
 
-    def _corrupt(self, key: str, job: str, directory: Path) -> bool:
+    def _corrupt(self, key: str, job: str, directory: Path) -> str:
         self._remove(directory)
-        self._event("corrupt", key, job)
-        return False
+        self._event(CORRUPT, key, job)
+        return CORRUPT
 
     def _remove(self, directory: Path) -> None:
         """Take an entry out of entries/ in one rename, then delete it."""
@@ -230,7 +232,7 @@ class StageCache:
         finally:
             if stage.exists():
                 shutil.rmtree(stage, ignore_errors=True)
-        self._event("store", key, job)
+        self._event(STORE, key, job)
         return True
 
     # -- maintenance --------------------------------------------------------------------------
@@ -264,10 +266,10 @@ class StageCache:
             pass
         entries = self._all_entries()
         return CacheStats(
-            hits=counts["hit"],
-            misses=counts["miss"],
-            corrupt=counts["corrupt"],
-            stores=counts["store"],
+            hits=counts[HIT],
+            misses=counts[MISS],
+            corrupt=counts[CORRUPT],
+            stores=counts[STORE],
             entries=len(entries),
             size_bytes=sum(size for _, size, _ in entries),
         )

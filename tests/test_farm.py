@@ -130,6 +130,20 @@ def test_a_second_farm_with_the_same_cache_runs_no_tool(tmp_path: Path) -> None:
         p.read_bytes() for p in sorted((tmp_path / "farm2" / "neff").iterdir())
     ]
 
+    # One flipped byte in matmul's cached BIR: a third farm finds it, recomputes that job only
+    # (the jobs after it hit again: the recomputed BIR has the same digest) and reports it.
+    bir = next(cache.glob("entries/*/*/bir.pb"))
+    data = bytearray(bir.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    bir.write_bytes(bytes(data))
+    third = ncc("farm", inputs, "--farm-dir", tmp_path / "farm3", "--cache-dir", cache, "--report", report)
+    assert third.returncode == 0, third.stderr
+    assert "1 corrupt entries discarded and recomputed" in third.stdout
+    lookups = {name: [job["cache_lookup"] for job in m["jobs"]] for name, m in _report(report).items()}
+    corrupted = [name for name, jobs in lookups.items() if "corrupt" in jobs]
+    assert len(corrupted) == 1 and lookups[corrupted[0]] == ["hit", "corrupt", "hit", "hit"]
+    assert sum(runs for runs in _runs_per_job(tmp_path / "farm3").values()) == 1
+
 
 def test_bad_farm_command_lines_are_one_line_errors(tmp_path: Path) -> None:
     missing = ncc("farm", tmp_path / "nope.hlo.pb", "--farm-dir", tmp_path / "f")

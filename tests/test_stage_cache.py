@@ -36,7 +36,7 @@ def test_store_then_restore_gives_the_same_bytes(tmp_path: Path) -> None:
     assert not cache.store(KEY, "Job", "tool", "1", files)  # present: the second writer drops its copy
     out = tmp_path / "restored"
     out.mkdir()
-    assert cache.restore(KEY, "Job", ["a", "b"], out)
+    assert cache.restore(KEY, "Job", ["a", "b"], out) == "hit"
     assert (out / "a").read_bytes() == b"alpha" and (out / "b").read_bytes() == b"beta" * 1000
     assert sorted(p.name for p in out.iterdir()) == ["a", "b"]  # no temporary left
     stats = cache.stats()
@@ -59,7 +59,7 @@ def test_a_damaged_entry_is_never_served_and_is_removed(tmp_path: Path, damage: 
         victim.unlink()
     out = tmp_path / "restored"
     out.mkdir()
-    assert not cache.restore(KEY, "Job", ["a", "b"], out)
+    assert cache.restore(KEY, "Job", ["a", "b"], out) == "corrupt"
     assert list(out.iterdir()) == []  # nothing half-restored
     assert not cache.entry_dir(KEY).exists()
     assert cache.stats().corrupt == 1
@@ -68,7 +68,7 @@ def test_a_damaged_entry_is_never_served_and_is_removed(tmp_path: Path, damage: 
 def test_a_missing_key_is_a_miss(tmp_path: Path) -> None:
     cache = StageCache(tmp_path / "cache")
     cache.ensure_usable()
-    assert not cache.restore(KEY, "Job", ["a"], tmp_path)
+    assert cache.restore(KEY, "Job", ["a"], tmp_path) == "miss"
     assert cache.stats().misses == 1
 
 
@@ -98,7 +98,7 @@ def test_concurrent_writers_of_the_same_keys_leave_whole_entries(tmp_path: Path)
     for index in range(20):
         out = tmp_path / f"r{index}"
         out.mkdir()
-        assert cache.restore(f"{index:02x}" + "f" * 62, "Job", ["a", "b"], out)
+        assert cache.restore(f"{index:02x}" + "f" * 62, "Job", ["a", "b"], out) == "hit"
     assert not [p for p in (root / "staging").iterdir()]
 
 
@@ -113,7 +113,7 @@ def test_gc_evicts_least_recently_used_first(tmp_path: Path) -> None:
         os.utime(cache.entry_dir(key) / "entry.json", (1000 + age, 1000 + age))
     out = tmp_path / "out"
     out.mkdir()
-    assert cache.restore(keys[0], "Job", ["a"], out)  # the oldest becomes the most recent
+    assert cache.restore(keys[0], "Job", ["a"], out) == "hit"  # the oldest becomes the most recent
     size = cache.stats().size_bytes
     removed, _ = cache.gc(size - 1)  # one entry must go: the least recently used is keys[1]
     assert removed == 1
