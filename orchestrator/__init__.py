@@ -10,9 +10,12 @@ ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside i
     driver          CommandDriver: checks, runs the compile in a child process, handleError
     compile_child   the child process: one CompileCommand, result to driver_result.json
     compile_command CompileCommand: buildPipeline, work dir staleness, runPipeline (Luigi), output
-    registry        JobRegistry: job name → Luigi task class
-    stages          the jobs, one per stage tool (files in, files out, flags)
-    job             ToolJob: the Luigi task behind every stage tool (run, record, completeness)
+    registry        JobRegistry: job name → its JobSpec class and its Luigi task class
+    stages          the jobs, one JobSpec per stage tool (files in, files out, flags)
+    jobspec         JobSpec: a job without Luigi (folder, record, completeness, cache key, restore)
+    job             ToolJob: a JobSpec as a Luigi task (runs and supervises the tool, the record)
+    stage_cache     the content-addressed stage cache shared across work dirs (cmd_cache: `ncc cache`)
+    farm, cmd_farm  `ncc farm`: many models' pipelines in one Luigi graph, local or on luigid
     supervisor      one tool as a supervised process tree (limits, rusage, peak RSS, no stragglers)
     process_end     how a process ended → F134 / F137 / F139
     diagnostics     every driver code and exit code (docs/diagnostics.md)
@@ -22,3 +25,5 @@ ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside i
     luigi_setup     Luigi configuration isolation and logging
     config          the driver's settings from its environment, read once
 """
+
+__version__ = "0.1.0"  # the one place the release is written (pyproject.toml reads it)

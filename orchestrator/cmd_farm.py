@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -127,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     log_path = farm_dir / f"farm-{os.getpid()}.log"
     luigi_setup.configure_logging(args.verbose, log_path, console=sys.stderr)
     farm.configure_luigi(settings)
-    run_id = f"farm-{uuid.uuid4().hex[:12]}"
+    run_id = f"farm-{os.urandom(6).hex()}"
     progress = farm.Progress(models, run_id, sys.stderr) if args.verbose >= 1 else None
     farm.run_farm(models, settings, run_id, progress)
 

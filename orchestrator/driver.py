@@ -22,8 +22,6 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-import psutil
-
 from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
@@ -55,6 +53,8 @@ def _set_subreaper(enabled: bool) -> None:
 
 def _kill_adopted(before: set[int]) -> None:
     """SIGKILL descendants that were not ours before the compile (tools orphaned by the child)."""
+    import psutil
+
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:
@@ -116,6 +116,9 @@ class CommandDriver:
         """Compile in a child process; the outcome to print and exit with."""
         self.validate()
         with self.workdir.locked():
+            summary = self._restore_without_tools()
+            if summary is not None:
+                return DriverOutcome(int(ExitCode.OK), summary=summary)
             self.workdir.driver_result.unlink(missing_ok=True)
             argv = [
                 settings().python,
@@ -126,6 +129,8 @@ class CommandDriver:
                 "--result",
                 str(self.workdir.driver_result),
             ]
+            import psutil  # here, not at the top: a compile finished without tools never needs it
+
             before = {proc.pid for proc in psutil.Process().children(recursive=True)}
             _set_subreaper(True)
             try:
@@ -134,6 +139,17 @@ class CommandDriver:
                 _kill_adopted(before)
                 _set_subreaper(False)
             return self.handleError(end)
+
+    def _restore_without_tools(self) -> dict[str, object] | None:
+        """The summary of a compile finished here, from the work dir and the stage cache alone
+        (CompileCommand.restoreWithoutTools), or None when a tool must run: then the child does."""
+        from ncc.orchestrator.compile_command import CompileCommand
+
+        try:
+            summary = CompileCommand(self.options).restoreWithoutTools()
+        except OSError:
+            return None
+        return summary.to_json() if summary is not None else None
 
     def _run_child(self, argv: list[str]) -> ProcessEnd:
         with open(self.workdir.driver_stderr, "wb") as stderr:

@@ -36,7 +36,8 @@ import psutil
 from ncc.orchestrator import digests
 from ncc.orchestrator.compile_command import CompileCommand
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
-from ncc.orchestrator.job import STATUS_FAILED, STATUS_OK, diagnostic_from_record, host_resource
+from ncc.orchestrator.job import host_resource
+from ncc.orchestrator.jobspec import STATUS_FAILED, STATUS_OK, diagnostic_from_record
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.registry import JobRegistry
 from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record

@@ -1,4 +1,4 @@
-"""ToolJob: the one Luigi task class behind every stage tool of a compile.
+"""ToolJob: the Luigi task that runs one stage tool of a compile (its JobSpec says which).
 
 A job forks its stage tool (`python -m ncc.tools.<tool>`, never an import), supervises it
 (ncc.orchestrator.supervisor), and leaves in its folder `NN_JobName/` everything needed to
@@ -13,23 +13,17 @@ Contract with Luigi:
 * run() never lets a tool failure look like a driver bug: it writes a record with status
   "failed" and the diagnostic, then raises JobFailed so Luigi stops the pipeline there.
 Instances are cached by Luigi per parameters, so a job keeps no state besides its parameters.
+The Luigi class of each stage is made from its spec by `task_class()`: the spec (stages.py) says
+what the job is, ToolJob how it runs under Luigi.
 """
 
 from __future__ import annotations
 
-import abc
-import hashlib
-import json
 import logging
 import multiprocessing
 import shlex
 import socket
-import stat
-import time
 import traceback
-from collections.abc import Sequence
-from pathlib import Path
-from typing import ClassVar
 
 import luigi
 from google.protobuf.message import DecodeError
@@ -37,31 +31,23 @@ from google.protobuf.message import DecodeError
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
+from ncc.orchestrator.jobspec import DRIVER_TOOL, STATUS_FAILED, STATUS_OK, JobSpec, diagnostic_from_record
 from ncc.orchestrator.process_end import MB, classify_abnormal_end
 from ncc.orchestrator.registry import JobRegistry
-from ncc.orchestrator.stage_cache import HIT, StageCache
 from ncc.orchestrator.supervisor import Limits, run_supervised
 from ncc.orchestrator.versions import tool_version
 from ncc.orchestrator.workdir import (
-    CMD,
     DIAGNOSTIC,
     DRIVER_ERROR,
-    RECORD,
     STDERR,
     STDOUT,
     WorkDir,
-    job_dir_name,
-    read_job_record,
     write_message_json,
 )
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.lifetime import die_with_parent
 
 log = logging.getLogger("ncc")
-
-STATUS_OK = "ok"
-STATUS_FAILED = "failed"
-DRIVER_TOOL = "ncc"  # Diagnostic.tool of a failure of the driver itself while running a job
 
 
 def host_resource() -> str:
@@ -77,22 +63,8 @@ class JobFailed(Exception):
         self.diagnostic = diagnostic
 
 
-def diagnostic_from_record(record: diagnostic_pb2.JobRecord, workdir: Path) -> NccDiagnostic:
-    """The user-facing diagnostic of a failed job, rebuilt from its record on disk."""
-    job_dir = workdir / job_dir_name(record.index, record.job)
-    log_name = DRIVER_ERROR if record.diagnostic.tool == DRIVER_TOOL else STDERR
-    return NccDiagnostic(
-        code=record.diagnostic.code or "F134",
-        message=record.diagnostic.message or f"job {record.job} failed without a message",
-        job=record.job,
-        workdir=workdir,
-        log=job_dir / log_name,
-        location=record.diagnostic.location,
-    )
-
-
-class ToolJob(luigi.Task):
-    """One stage of the pipeline; subclasses say which tool, which files and which flags."""
+class ToolJob(JobSpec, luigi.Task):
+    """A stage's spec as a Luigi task: parameters, completeness, running the tool, the record."""
 
     # Identity: these define what the job computes.
     workdir = luigi.Parameter(description="absolute path of the compile's work directory")
@@ -117,79 +89,6 @@ class ToolJob(luigi.Task):
         default=0, significant=False, description="memory the job reserves on its host, MB (0 = none)"
     )
 
-    tool: ClassVar[str]  # package under ncc.tools
-    output_names: ClassVar[tuple[str, ...]]
-
-    # -- what subclasses define ---------------------------------------------------------------
-
-    @abc.abstractmethod
-    def input_paths(self) -> list[Path]:
-        """The files the tool reads (the model, or outputs of earlier jobs)."""
-
-    @abc.abstractmethod
-    def flags(self) -> list[str]:
-        """The tool's flags other than file paths; they enter the cache key."""
-
-    @abc.abstractmethod
-    def tool_arguments(self) -> list[str]:
-        """The tool's full argument list, except --diagnostics which every job adds."""
-
-    # -- layout -------------------------------------------------------------------------------
-
-    @property
-    def name(self) -> str:
-        return type(self).__name__
-
-    @property
-    def root(self) -> Path:
-        return Path(self.workdir)
-
-    @property
-    def index(self) -> int:
-        return list(self.pipeline).index(self.name)
-
-    @property
-    def directory(self) -> Path:
-        return self.root / job_dir_name(self.index, self.name)
-
-    @property
-    def record_path(self) -> Path:
-        return self.directory / RECORD
-
-    def out(self, name: str) -> Path:
-        return self.directory / name
-
-    def output_paths(self) -> list[Path]:
-        return [self.out(name) for name in self.output_names]
-
-    def artifact(self, job: str, name: str) -> Path:
-        """A file written by an earlier job of this pipeline."""
-        pipeline = list(self.pipeline)
-        if job not in pipeline:
-            raise KeyError(f"job {self.name} needs {name} from job {job}, which is not in the pipeline")
-        return self.root / job_dir_name(pipeline.index(job), job) / name
-
-    def rel(self, path: Path) -> str:
-        """How a path appears on the tool's command line (the tool runs in the work directory)."""
-        return digests.relative_to_workdir(path, self.root)
-
-    def command(self) -> list[str]:
-        return [
-            *settings().tool_command(self.tool),
-            *self.tool_arguments(),
-            "--diagnostics",
-            self.rel(self.out(DIAGNOSTIC)),
-        ]
-
-    def cache_key(self, inputs: Sequence[diagnostic_pb2.FileDigest]) -> str:
-        identity = {
-            "tool": self.tool,
-            "version": tool_version(self.tool),
-            "flags": self.flags(),
-            "inputs": [item.sha256 for item in inputs],
-        }
-        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
-
     # -- Luigi contract -----------------------------------------------------------------------
 
     @property
@@ -209,26 +108,8 @@ class ToolJob(luigi.Task):
         return luigi.LocalTarget(str(self.record_path))
 
     def complete(self) -> bool:
-        record = read_job_record(self.record_path)
-        if (
-            record is None
-            or record.status != STATUS_OK
-            or record.job != self.name
-            or record.index != self.index
-        ):
-            return False
-        if not self._all_match(record.outputs, self.output_paths()):
-            return False
-        if not self._all_match(record.inputs, self.input_paths()):
-            return False
-        if record.cache_key != self.cache_key(record.inputs):
-            return False
-        return all(upstream.complete() for upstream in self.requires())
+        return self.recorded_complete() and all(upstream.complete() for upstream in self.requires())
 
-    def _all_match(self, recorded: Sequence[diagnostic_pb2.FileDigest], paths: list[Path]) -> bool:
-        return len(recorded) == len(paths) and all(
-            digests.matches(item, path, self.root) for item, path in zip(recorded, paths, strict=True)
-        )
 
     def run(self) -> None:
         forked = multiprocessing.parent_process()
@@ -263,81 +144,12 @@ class ToolJob(luigi.Task):
 
     # -- running the tool ---------------------------------------------------------------------
 
-    def _deterministic_failure(self) -> diagnostic_pb2.JobRecord | None:
-        """The record of an earlier run that rejected these very inputs with a compile error (an
-        E-code from the tool), if there is one: same tool version, flags and inputs give the same
-        error, so a retry or a rerun reports it again without running the tool."""
-        record = read_job_record(self.record_path)
-        if record is None or record.status != STATUS_FAILED or record.diagnostic.tool == DRIVER_TOOL:
-            return None
-        if not record.diagnostic.code.startswith("E"):
-            return None
-        if not self._all_match(record.inputs, self.input_paths()):
-            return None
-        return record if record.cache_key == self.cache_key(record.inputs) else None
-
-    def _prepare(self) -> None:
-        """Make the folder and remove what an earlier attempt left (the record first)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
-        for name in (RECORD, DIAGNOSTIC, DRIVER_ERROR, *self.output_names):
-            self.out(name).unlink(missing_ok=True)
-
-    def _write_replay_script(self, argv: Sequence[str]) -> None:
-        script = self.out(CMD)
-        script.write_text(
-            "#!/bin/sh\n"
-            f"# Replays job {self.name} of an ncc compile: the exact command the driver ran.\n"
-            f"cd {shlex.quote(str(self.root))} && exec {shlex.join(argv)}\n",
-            encoding="utf-8",
-        )
-        script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-
     def _limits(self) -> Limits:
         return Limits(
             timeout_s=self.timeout_s,
             mem_limit_bytes=self.mem_limit_mb * MB if self.mem_limit_mb is not None else None,
             poll_interval_s=settings().poll_interval_s,
         )
-
-    def _stage_cache(self) -> StageCache | None:
-        """The stage cache, unless none was given or a test injects faults into the tools (a
-        faulty tool's output must never be shared)."""
-        if not self.cache_dir or settings().fault_injection:
-            return None
-        return StageCache(Path(self.cache_dir))
-
-    def _restore_from_cache(
-        self, cache: StageCache, argv: list[str], inputs: list[diagnostic_pb2.FileDigest], key: str
-    ) -> tuple[str, diagnostic_pb2.JobRecord | None]:
-        """The lookup's outcome, and on a hit the record of this job with its outputs restored."""
-        started = time.monotonic()
-        lookup = cache.restore(key, self.name, self.output_names, self.directory)
-        if lookup != HIT:
-            return lookup, None
-        self.out(STDOUT).write_text(f"ncc: outputs restored from the stage cache {cache.root} (key {key})\n")
-        self.out(STDERR).write_text("")
-        record = diagnostic_pb2.JobRecord(
-            job=self.name,
-            index=self.index,
-            command=argv,
-            tool=self.tool,
-            tool_version=tool_version(self.tool),
-            wall_s=time.monotonic() - started,
-            inputs=inputs,
-            outputs=[digests.file_digest(path, self.root) for path in self.output_paths()],
-            status=STATUS_OK,
-            cache_key=key,
-            cached=True,
-            cache_lookup=HIT,
-        )
-        write_message_json(self.record_path, record)
-        return lookup, record
-
-    def _store_in_cache(self, cache: StageCache, key: str) -> None:
-        try:
-            cache.store(key, self.name, self.tool, tool_version(self.tool), self.output_paths())
-        except OSError as err:  # a full or read-only cache costs reuse, never the compile
-            log.warning("job %s: not stored in the stage cache %s: %s", self.name, cache.root, err)
 
     def _execute(self) -> diagnostic_pb2.JobRecord:
         self._prepare()
@@ -437,3 +249,8 @@ class ToolJob(luigi.Task):
         )
         write_message_json(self.record_path, record)
         return record
+
+
+def task_class(spec: type[JobSpec]) -> type[ToolJob]:
+    """The Luigi task class of a stage: named like its spec (Luigi's task family, the job's name)."""
+    return type(ToolJob)(spec.__name__, (spec, ToolJob), {"__module__": __name__, "__doc__": spec.__doc__})

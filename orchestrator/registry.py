@@ -1,8 +1,10 @@
-"""JobRegistry: job name (as it appears in a pipeline) → the Luigi task class that runs it.
+"""JobRegistry: job name (as it appears in a pipeline) → its JobSpec class and its Luigi task class.
 
 A pipeline is data — a flat list of job names from `CompileCommand.buildPipeline()` — and this
-registry is the one place that turns a name into code. The stage classes register themselves in
-`ncc.orchestrator.stages`, imported on first use so that importing the registry stays cheap.
+registry is the one place that turns a name into code. The stage specs register themselves in
+`ncc.orchestrator.stages`, imported on first use so that importing the registry stays cheap;
+the Luigi task class of a stage is made from its spec the first time it is asked for, so code
+that only needs specs (a compile restored entirely from the cache) never imports Luigi.
 """
 
 from __future__ import annotations
@@ -12,33 +14,45 @@ from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from ncc.orchestrator.job import ToolJob
+    from ncc.orchestrator.jobspec import JobSpec
 
-J = TypeVar("J", bound="type[ToolJob]")
+S = TypeVar("S", bound="type[JobSpec]")
 
 _STAGES_MODULE = "ncc.orchestrator.stages"
 
 
 class JobRegistry:
-    _jobs: dict[str, type[ToolJob]] = {}
+    _specs: dict[str, type[JobSpec]] = {}
+    _tasks: dict[str, type[ToolJob]] = {}
 
     @classmethod
-    def register(cls, job_class: J) -> J:
-        """Class decorator: make `job_class` available under its class name."""
-        name = job_class.__name__
-        if name in cls._jobs and cls._jobs[name] is not job_class:
+    def register(cls, spec_class: S) -> S:
+        """Class decorator: make the stage `spec_class` available under its class name."""
+        name = spec_class.__name__
+        if name in cls._specs and cls._specs[name] is not spec_class:
             raise ValueError(f"job {name} registered twice")
-        cls._jobs[name] = job_class
-        return job_class
+        cls._specs[name] = spec_class
+        return spec_class
+
+    @classmethod
+    def spec(cls, name: str) -> type[JobSpec]:
+        importlib.import_module(_STAGES_MODULE)
+        try:
+            return cls._specs[name]
+        except KeyError:
+            raise KeyError(f"no job named {name!r}; known jobs: {', '.join(sorted(cls._specs))}") from None
 
     @classmethod
     def get(cls, name: str) -> type[ToolJob]:
-        importlib.import_module(_STAGES_MODULE)
-        try:
-            return cls._jobs[name]
-        except KeyError:
-            raise KeyError(f"no job named {name!r}; known jobs: {', '.join(sorted(cls._jobs))}") from None
+        """The Luigi task class of job `name` (imports Luigi)."""
+        spec = cls.spec(name)
+        if name not in cls._tasks:
+            from ncc.orchestrator.job import task_class
+
+            cls._tasks[name] = task_class(spec)
+        return cls._tasks[name]
 
     @classmethod
     def names(cls) -> list[str]:
         importlib.import_module(_STAGES_MODULE)
-        return sorted(cls._jobs)
+        return sorted(cls._specs)

@@ -29,7 +29,6 @@ import json
 import os
 import shutil
 import time
-import uuid
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,7 +103,7 @@ class StageCache:
         try:
             self.entries.mkdir(parents=True, exist_ok=True)
             self.staging.mkdir(parents=True, exist_ok=True)
-            probe = self.staging / f".probe-{uuid.uuid4().hex}"
+            probe = self.staging / f".probe-{os.urandom(8).hex()}"
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
@@ -152,7 +151,7 @@ class StageCache:
         by_name = {o.name: o for o in outputs or ()}
         if outputs is None or sorted(by_name) != sorted(names):
             return self._corrupt(key, job, directory)
-        token = uuid.uuid4().hex[:8]
+        token = os.urandom(4).hex()
         copies: list[tuple[Path, Path]] = []
         try:
             for name in names:
@@ -193,7 +192,7 @@ class StageCache:
 
     def _remove(self, directory: Path) -> None:
         """Take an entry out of entries/ in one rename, then delete it."""
-        grave = self.staging / f"dead-{directory.name}-{uuid.uuid4().hex[:8]}"
+        grave = self.staging / f"dead-{directory.name}-{os.urandom(4).hex()}"
         try:
             os.rename(directory, grave)
         except OSError:
@@ -210,7 +209,7 @@ class StageCache:
         final = self.entry_dir(key)
         if final.is_dir():
             return False
-        stage = self.staging / f"new-{key[:16]}-{uuid.uuid4().hex[:8]}"
+        stage = self.staging / f"new-{key[:16]}-{os.urandom(4).hex()}"
         try:
             stage.mkdir(parents=True)
             outputs = []

@@ -2,7 +2,8 @@
 
 Each class says which tool it forks, which files it reads (the model or an earlier job's
 outputs), which files it writes into its own folder, and its flags. Everything else — folders,
-supervision, records, completeness — is ToolJob's.
+records, completeness, the cache — is JobSpec's, and running the tool under Luigi is ToolJob's.
+Nothing here imports Luigi.
 
     F0 HLOToTensorizer  hlo2penguin            model        → penguin.pb, module.pb
     F1 GoldenEvaluator  hlo_opt --evaluate     module.pb    → golden.pb          (--verify)
@@ -17,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ncc.orchestrator import digests
-from ncc.orchestrator.job import ToolJob
+from ncc.orchestrator.jobspec import JobSpec
 from ncc.orchestrator.registry import JobRegistry
 from ncc.orchestrator.versions import ncc_version
 
@@ -26,7 +27,7 @@ NEFF_NAME = "model.neff"
 
 
 @JobRegistry.register
-class HLOToTensorizer(ToolJob):
+class HLOToTensorizer(JobSpec):
     """F0: read and verify the HLO module, legalize it and lower it to Penguin IR."""
 
     tool = "hlo2penguin"
@@ -52,7 +53,7 @@ class HLOToTensorizer(ToolJob):
 
 
 @JobRegistry.register
-class GoldenEvaluator(ToolJob):
+class GoldenEvaluator(JobSpec):
     """F1: evaluate the HLO module on seeded inputs: the reference outputs NeffVerifier checks."""
 
     tool = "hlo_opt"
@@ -71,7 +72,7 @@ class GoldenEvaluator(ToolJob):
 
 
 @JobRegistry.register
-class Frontend(ToolJob):
+class Frontend(JobSpec):
     """F2: generate BIR from Penguin IR (BirCodeGenLoop). Penguin optimization (fusion, software
     pipelining) will run here first; until it exists --optlevel only reaches the backend."""
 
@@ -91,7 +92,7 @@ class Frontend(ToolJob):
 
 
 @JobRegistry.register
-class WalrusDriver(ToolJob):
+class WalrusDriver(JobSpec):
     """The backend: one process runs the --walrus-passes list over BIR (schedule, allocate, sync, ...)."""
 
     tool = "walrus_driver"
@@ -119,7 +120,7 @@ class WalrusDriver(ToolJob):
 
 
 @JobRegistry.register
-class Packager(ToolJob):
+class Packager(JobSpec):
     """Write the per-engine instruction streams and tables of the program into a NEFF."""
 
     tool = "packager"
@@ -148,7 +149,7 @@ class Packager(ToolJob):
 
 
 @JobRegistry.register
-class NeffVerifier(ToolJob):
+class NeffVerifier(JobSpec):
     """Execute the NEFF on the simulator with the golden inputs and compare with the golden outputs."""
 
     tool = "sim"

@@ -10,23 +10,21 @@ releases — and only the affected jobs rerun.
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import importlib.util
 import re
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 
 _SOURCE_SUFFIXES = (".py", ".json", ".proto")
-_ABSOLUTE_IMPORT = re.compile(r"\bncc\.(tools\.\w+|schemas)\b")
-_RELATIVE_IMPORT = re.compile(r"^\s*from\s+\.\.(\w+)", re.MULTILINE)
+# No leading \b: it would defeat the regex engine's literal-prefix scan (10x slower).
+_ABSOLUTE_IMPORT = re.compile(r"ncc\.(tools\.\w+|schemas)\b")
+_RELATIVE_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.\.(\w+)", re.MULTILINE)
 
 
-@lru_cache(maxsize=1)
 def ncc_version() -> str:
-    try:
-        return importlib.metadata.version("ncc")
-    except importlib.metadata.PackageNotFoundError:
-        return "0+unknown"
+    from ncc.orchestrator import __version__
+
+    return __version__
 
 
 def _package_dir(dotted: str) -> Path | None:
@@ -48,15 +46,13 @@ def _sources(directory: Path) -> list[Path]:
     )
 
 
-def _imported_packages(dotted: str, directory: Path) -> set[str]:
+def _imported_packages(dotted: str, text: str) -> set[str]:
+    """The ncc.tools.* / ncc.schemas packages a source file imports."""
     found: set[str] = set()
-    for path in _sources(directory):
-        if path.suffix != ".py":
-            continue
-        text = path.read_text(encoding="utf-8", errors="replace")
+    if "ncc." in text:
         found.update(f"ncc.{name}" for name in _ABSOLUTE_IMPORT.findall(text))
-        if dotted.startswith("ncc.tools."):
-            found.update(f"ncc.tools.{name}" for name in _RELATIVE_IMPORT.findall(text))
+    if dotted.startswith("ncc.tools.") and "from .." in text:
+        found.update(f"ncc.tools.{name}" for name in _RELATIVE_IMPORT.findall(text))
     return found
 
 
@@ -75,8 +71,12 @@ def tool_version(tool: str) -> str:
         if directory is None:
             digest.update(f"{dotted}:missing\n".encode())
             continue
+        imported: set[str] = set()
         for path in _sources(directory):
+            data = path.read_bytes()
             digest.update(f"{dotted}/{path.relative_to(directory)}\n".encode())
-            digest.update(path.read_bytes())
-        pending.extend(sorted(_imported_packages(dotted, directory) - done))
+            digest.update(data)
+            if path.suffix == ".py":
+                imported |= _imported_packages(dotted, data.decode("utf-8", errors="replace"))
+        pending.extend(sorted(imported - done))
     return f"{ncc_version()}+{digest.hexdigest()[:12]}"

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from orchestrator_support import DEFAULT_JOB_DIRS, assert_one_line_error, find_model, job_record, ncc
+from orchestrator_support import DEFAULT_JOB_DIRS, assert_one_line_error, find_model, history, job_record, ncc
 
 from ncc.orchestrator.stage_cache import StageCache
 
@@ -137,6 +137,12 @@ def test_a_second_work_dir_restores_every_job_and_a_corrupt_entry_is_recomputed(
     assert "0 of 4 jobs run, 4 restored from the cache" in second.stdout
     assert _cached_jobs(tmp_path / "b.ncc-work") == [True] * 4
     assert (tmp_path / "a.neff").read_bytes() == (tmp_path / "b.neff").read_bytes()
+    # Restored without Luigi, the compile child or any tool: the child's log was never written.
+    starts = [e for e in history(tmp_path / "b.ncc-work") if e["event"] == "compile_start"]
+    assert [e.get("without_tools") for e in starts] == [True]
+    assert not (tmp_path / "b.ncc-work" / "driver.log").exists()
+    again = ncc("compile", model, "-o", tmp_path / "b.neff", "--cache-dir", cache)  # a no-op resume
+    assert again.returncode == 0 and "0 of 4 jobs run" in again.stdout and "4 reused" in again.stdout
 
     # One flipped byte in the walrus job's cached program: that entry is discarded and recomputed;
     # the jobs before it are still restored and the job after it hits again (same bytes as before).
