@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,7 @@ from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.cmd_compile import _positive_int, add_compile_flags, add_result_flags
 from ncc.orchestrator.diagnostics import ExitCode, NccError
 from ncc.orchestrator.options import CompileOptions
-from ncc.orchestrator.workdir import write_json_atomic
+from ncc.orchestrator.workdir import WorkDir, write_json_atomic
 
 if TYPE_CHECKING:
     from ncc.orchestrator import farm as farm_types
@@ -122,15 +123,18 @@ def run(args: argparse.Namespace) -> int:
     inputs = farm.collect_inputs(args.inputs)
     models = farm.plan(inputs, settings, _parse_manifest_flags)
 
-    luigi_setup.isolate_config()
-    log_path = farm_dir / f"farm-{os.getpid()}.log"
-    luigi_setup.configure_logging(args.verbose, log_path, console=sys.stderr)
-    farm.configure_luigi(settings)
     run_id = f"farm-{os.urandom(6).hex()}"
-    progress = farm.Progress(models, run_id, sys.stderr) if args.verbose >= 1 else None
-    farm.run_farm(models, settings, run_id, progress)
-
-    outcomes = [farm.model_outcome(model, run_id, farm_dir / "neff") for model in models]
+    started = time.time()
+    luigi_setup.configure_logging(args.verbose, farm_dir / f"farm-{os.getpid()}.log", console=sys.stderr)
+    if settings.scheduler_url:  # workers coordinate through luigid
+        _run_with_luigi(models, settings, run_id, args.verbose)
+        outcomes = farm.outcomes(models, settings, run_id, started)
+    else:  # one farm process per farm dir; what the cache fully holds needs no Luigi at all
+        with WorkDir(farm_dir).locked():
+            remaining = farm.restore_without_tools(models, run_id)
+            if remaining:
+                _run_with_luigi(remaining, settings, run_id, args.verbose)
+            outcomes = farm.outcomes(models, settings, run_id, started)
     entries = [entry for outcome in outcomes for entry in outcome.report_entries()]
     if args.report is not None:
         write_json_atomic(Path(os.path.abspath(args.report)), {"models": entries, "farm_dir": str(farm_dir)})
@@ -140,6 +144,17 @@ def run(args: argparse.Namespace) -> int:
     if not failed:
         return int(ExitCode.OK)
     return max(int(o.diagnostic.exit_code) for o in failed if o.diagnostic is not None)
+
+
+def _run_with_luigi(
+    models: list[farm_types.FarmModel], settings: farm_types.FarmSettings, run_id: str, verbose: int
+) -> None:
+    from ncc.orchestrator import farm
+
+    luigi_setup.isolate_config()
+    farm.configure_luigi(settings)
+    progress = farm.Progress(models, run_id, sys.stderr) if verbose >= 1 else None
+    farm.run_farm(models, settings, run_id, progress)
 
 
 def print_table(outcomes: list[farm_types.ModelOutcome]) -> None:

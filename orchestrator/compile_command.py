@@ -196,15 +196,34 @@ class CompileCommand:
         removed = self.prepareWorkDir(self.pipelineRecord(jobs))
         parameters = self.jobParameters(jobs)
         restored: list[diagnostic_pb2.JobRecord] = []
-        for name in jobs:
-            spec = JobRegistry.spec(name).standalone(**parameters)
-            if spec.recorded_complete():
-                continue
-            record = spec.restore_without_tool()
-            if record is None:
-                return None
-            restored.append(record)
-        self.installOutput(jobs)
+        finished = False
+        try:
+            for name in jobs:
+                spec = JobRegistry.spec(name).standalone(**parameters)
+                if spec.recorded_complete():
+                    continue
+                record = spec.restore_without_tool()
+                if record is None:
+                    return None
+                restored.append(record)
+            self.installOutput(jobs)
+            finished = True
+        finally:
+            if restored or finished:
+                self._record_restored(jobs, restored)
+        names = [record.job for record in restored]
+        return CompileSummary(
+            output=str(self.options.output),
+            workdir=str(self.workdir.root),
+            jobs=jobs,
+            jobs_run=names,
+            jobs_cached=names,
+            stale_removed=removed,
+            wall_s=time.monotonic() - started,
+        )
+
+    def _record_restored(self, jobs: list[str], restored: list[diagnostic_pb2.JobRecord]) -> None:
+        """History of what restoreWithoutTools did, as one compile (also when it stopped early)."""
         self.workdir.append_history("compile_start", run_id=self.run_id, jobs=jobs, without_tools=True)
         for record in restored:
             for event in ("job_start", "job_end"):
@@ -217,16 +236,6 @@ class CompileCommand:
                     cached=True,
                 )
         self.workdir.append_history("compile_end", run_id=self.run_id)
-        names = [record.job for record in restored]
-        return CompileSummary(
-            output=str(self.options.output),
-            workdir=str(self.workdir.root),
-            jobs=jobs,
-            jobs_run=names,
-            jobs_cached=names,
-            stale_removed=removed,
-            wall_s=time.monotonic() - started,
-        )
 
     def execute(self) -> CompileSummary:
         """Prepare the work directory, run the pipeline, install the NEFF."""

@@ -27,6 +27,7 @@ import os
 import shlex
 import threading
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,10 +37,10 @@ import psutil
 from ncc.orchestrator import digests
 from ncc.orchestrator.compile_command import CompileCommand
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
-from ncc.orchestrator.job import host_resource
-from ncc.orchestrator.jobspec import STATUS_FAILED, STATUS_OK, diagnostic_from_record
+from ncc.orchestrator.jobspec import STATUS_FAILED, STATUS_OK, diagnostic_from_record, host_resource
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.stage_cache import CORRUPT, StageCache
 from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
 from ncc.tools.common.protoio import write_bytes_atomic
 
@@ -239,6 +240,36 @@ class ModelOutcome:
         return entries
 
 
+def pipeline_complete(model: FarmModel) -> bool:
+    """Every job of the model is complete by its record (what ToolJob.complete() checks, without Luigi)."""
+    parameters = model.command.jobParameters(model.jobs)
+    return all(JobRegistry.spec(name).standalone(**parameters).recorded_complete() for name in model.jobs)
+
+
+def outcomes(
+    models: Sequence[FarmModel], settings: FarmSettings, run_id: str, since: float
+) -> list[ModelOutcome]:
+    """Every model's outcome; NEFFs of the models that compiled installed under the farm's neff/."""
+    corrupt = StageCache(settings.cache_dir).corrupt_keys(since) if settings.cache_dir else set()
+    return [model_outcome(model, run_id, settings.farm_dir / "neff", corrupt) for model in models]
+
+
+def restore_without_tools(models: Sequence[FarmModel], run_id: str) -> list[FarmModel]:
+    """Finish every model whose jobs are all complete or cached without Luigi or a tool (as
+    `ncc compile` does); the models left for Luigi."""
+    remaining = []
+    for model in models:
+        model.workdir.mkdir(parents=True, exist_ok=True)
+        model.command.run_id = run_id
+        try:
+            done = model.command.restoreWithoutTools() is not None
+        except (OSError, NccError):
+            done = False
+        if not done:
+            remaining.append(model)
+    return remaining
+
+
 def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
     return {
         str(event.get("job"))
@@ -247,8 +278,9 @@ def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
     }
 
 
-def model_outcome(model: FarmModel, run_id: str, neff_dir: Path) -> ModelOutcome:
-    """Read what happened to one model from its job records."""
+def model_outcome(model: FarmModel, run_id: str, neff_dir: Path, corrupt_keys: set[str]) -> ModelOutcome:
+    """Read what happened to one model from its job records (`corrupt_keys`: cache entries found
+    corrupt during the farm, whichever process found them)."""
     workdir = WorkDir(model.workdir)
     ran = _ran_by(workdir, run_id)
     outcome = ModelOutcome(model, STATUS_OK)
@@ -264,15 +296,14 @@ def model_outcome(model: FarmModel, run_id: str, neff_dir: Path) -> ModelOutcome
                 record.peak_rss_bytes / (1 << 20),
                 record.cached,
                 name in ran,
-                record.cache_lookup,
+                CORRUPT if record.cache_key in corrupt_keys else record.cache_lookup,
             )
         )
         if record.status != STATUS_OK:
             outcome.status = STATUS_FAILED
             outcome.diagnostic = diagnostic_from_record(record, model.workdir)
             break
-    final = JobRegistry.get(model.jobs[-1])(**model.command.jobParameters(model.jobs))
-    if outcome.status == STATUS_OK and not final.complete():
+    if outcome.status == STATUS_OK and not pipeline_complete(model):
         outcome.status = STATUS_FAILED
     if outcome.status == STATUS_FAILED and outcome.diagnostic is None:
         outcome.diagnostic = NccDiagnostic(
@@ -391,7 +422,10 @@ class Progress:
 def configure_luigi(settings: FarmSettings) -> None:
     """Worker and scheduler settings a farm relies on (after luigi_setup.isolate_config)."""
     from luigi.configuration import get_config
+    from luigi.parameter import UnconsumedParameterWarning
 
+    # rpc-retry-* are read by Luigi's RPC client, not by its [core] task: Luigi would warn.
+    warnings.filterwarnings("ignore", category=UnconsumedParameterWarning)
     config = get_config()
     values = {
         # Ride out a luigid restart of up to a minute instead of Luigi's default 3 tries 30 s apart.

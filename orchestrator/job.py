@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import shlex
-import socket
 import traceback
 
 import luigi
@@ -31,7 +30,14 @@ from google.protobuf.message import DecodeError
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
-from ncc.orchestrator.jobspec import DRIVER_TOOL, STATUS_FAILED, STATUS_OK, JobSpec, diagnostic_from_record
+from ncc.orchestrator.jobspec import (
+    DRIVER_TOOL,
+    STATUS_FAILED,
+    STATUS_OK,
+    JobSpec,
+    diagnostic_from_record,
+    host_resource,
+)
 from ncc.orchestrator.process_end import MB, classify_abnormal_end
 from ncc.orchestrator.registry import JobRegistry
 from ncc.orchestrator.supervisor import Limits, run_supervised
@@ -48,11 +54,6 @@ from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.lifetime import die_with_parent
 
 log = logging.getLogger("ncc")
-
-
-def host_resource() -> str:
-    """The Luigi resource that caps the memory of concurrent jobs on this machine (in MB)."""
-    return f"mem_mb@{socket.gethostname()}"
 
 
 class JobFailed(Exception):

@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import shlex
+import socket
 import stat
 import time
 from collections.abc import Sequence
@@ -47,6 +48,11 @@ log = logging.getLogger("ncc")
 STATUS_OK = "ok"
 STATUS_FAILED = "failed"
 DRIVER_TOOL = "ncc"  # Diagnostic.tool of a failure of the driver itself while running a job
+
+
+def host_resource() -> str:
+    """The Luigi resource that caps the memory of concurrent jobs on this machine (in MB)."""
+    return f"mem_mb@{socket.gethostname()}"
 
 
 def diagnostic_from_record(record: diagnostic_pb2.JobRecord, workdir: Path) -> NccDiagnostic:

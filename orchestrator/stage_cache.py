@@ -66,8 +66,8 @@ class CacheStats:
         return dict(self.__dict__)
 
 
-def _copy_hashing(source: Path, target: Path) -> tuple[str, int]:
-    """Copy `source` to `target` (created new), fsync it; return the copy's sha256 and size."""
+def _copy_hashing(source: Path, target: Path, durable: bool) -> tuple[str, int]:
+    """Copy `source` to `target` (created new; fsynced if `durable`); the copy's sha256 and size."""
     digest = hashlib.sha256()
     size = 0
     with open(source, "rb") as src, open(target, "xb") as dst:
@@ -75,8 +75,9 @@ def _copy_hashing(source: Path, target: Path) -> tuple[str, int]:
             digest.update(chunk)
             dst.write(chunk)
             size += len(chunk)
-        dst.flush()
-        os.fsync(dst.fileno())
+        if durable:
+            dst.flush()
+            os.fsync(dst.fileno())
     return digest.hexdigest(), size
 
 
@@ -158,7 +159,8 @@ class StageCache:
                 expected = by_name[name]
                 temporary = destination / f".{name}.{token}.restore"
                 copies.append((temporary, destination / name))
-                digest, size = _copy_hashing(directory / name, temporary)
+                # Not fsynced: a work dir's files are verified by digest whenever they are used.
+                digest, size = _copy_hashing(directory / name, temporary, durable=False)
                 if digest != expected.sha256 or size != expected.size:
                     self._discard(copies)
                     return self._corrupt(key, job, directory)
@@ -214,7 +216,7 @@ class StageCache:
             stage.mkdir(parents=True)
             outputs = []
             for path in files:
-                digest, size = _copy_hashing(path, stage / path.name)
+                digest, size = _copy_hashing(path, stage / path.name, durable=True)
                 outputs.append({"name": path.name, "sha256": digest, "size": size})
             entry = {"key": key, "job": job, "tool": tool, "tool_version": tool_version, "outputs": outputs}
             with open(stage / ENTRY, "x", encoding="utf-8") as handle:
@@ -252,17 +254,31 @@ class StageCache:
                 found.append((used, _entry_size(directory), directory))
         return found
 
-    def stats(self) -> CacheStats:
-        counts: Counter[str] = Counter()
+    def _events(self) -> list[dict]:
+        events = []
         try:
             with open(self.root / EVENTS, encoding="utf-8") as handle:
                 for line in handle:
                     try:
-                        counts[json.loads(line).get("event", "")] += 1
-                    except (ValueError, AttributeError):
+                        event = json.loads(line)
+                    except ValueError:
                         continue
+                    if isinstance(event, dict):
+                        events.append(event)
         except OSError:
             pass
+        return events
+
+    def corrupt_keys(self, since: float) -> set[str]:
+        """Keys whose entry was found corrupt (and removed) at or after time `since`."""
+        return {
+            str(event.get("key"))
+            for event in self._events()
+            if event.get("event") == CORRUPT and float(event.get("time", 0)) >= since
+        }
+
+    def stats(self) -> CacheStats:
+        counts: Counter[str] = Counter(str(event.get("event", "")) for event in self._events())
         entries = self._all_entries()
         return CacheStats(
             hits=counts[HIT],

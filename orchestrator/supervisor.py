@@ -34,11 +34,48 @@ class Limits:
     poll_interval_s: float = 0.02
 
 
-def _tree(leader: psutil.Process) -> list[psutil.Process]:
+def _child_pids(pid: int) -> list[int] | None:
+    """The children of `pid` from /proc/PID/task/TID/children (Linux), or None where that file
+    does not exist. Why not psutil's children(): it reads /proc/*/stat of every process on the
+    machine, about 3 ms per sample on a quiet one, which at 50 samples a second was a tenth of a
+    farm's CPU."""
     try:
-        return [leader, *leader.children(recursive=True)]
-    except psutil.Error:
-        return [leader]
+        threads = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return [] if not os.path.exists("/proc/self/task") else None
+    children: list[int] = []
+    for thread in threads:
+        try:
+            with open(f"/proc/{pid}/task/{thread}/children", "rb") as handle:
+                children.extend(int(word) for word in handle.read().split())
+        except FileNotFoundError:
+            if os.path.isdir(f"/proc/{pid}/task/{thread}"):
+                return None  # the kernel does not provide the file
+        except OSError:
+            continue
+    return children
+
+
+def _tree(leader: psutil.Process, known: dict[int, psutil.Process] | None = None) -> list[psutil.Process]:
+    """The leader and every descendant, reusing the psutil handles of processes seen before."""
+    known = {} if known is None else known
+    pending, descendants = [leader.pid], []
+    while pending:
+        children = _child_pids(pending.pop())
+        if children is None:  # no /proc children files: ask psutil for the whole tree
+            try:
+                return [leader, *leader.children(recursive=True)]
+            except psutil.Error:
+                return [leader]
+        for pid in children:
+            if pid not in known:
+                try:
+                    known[pid] = psutil.Process(pid)
+                except psutil.Error:
+                    continue
+            descendants.append(known[pid])
+            pending.append(pid)
+    return [leader, *descendants]
 
 
 def _tree_rss(processes: Sequence[psutil.Process]) -> int:
@@ -117,9 +154,10 @@ def run_supervised(
     killed_for = ""
     reaped = False
     pidfd = _open_pidfd(pid)
+    known: dict[int, psutil.Process] = {}
     try:
         while not _exited(pid):
-            seen = _tree(leader)
+            seen = _tree(leader, known)
             rss = _tree_rss(seen)
             peak = max(peak, rss)
             elapsed = time.monotonic() - start
