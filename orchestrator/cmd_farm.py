@@ -120,6 +120,12 @@ def run(args: argparse.Namespace) -> int:
         retries=max(0, args.retries),
         base=base,
     )
+    if args.mem_per_job and args.mem_per_job > farm.host_memory_mb():
+        raise NccError.of(
+            "U002",
+            f"--mem-per-job {args.mem_per_job} MB is more than this machine has "
+            f"({farm.host_memory_mb()} MB): no job could ever start",
+        )
     inputs = farm.collect_inputs(args.inputs)
     models = farm.plan(inputs, settings, _parse_manifest_flags)
 

@@ -32,8 +32,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import psutil
-
 from ncc.orchestrator import digests
 from ncc.orchestrator.compile_command import CompileCommand
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
@@ -419,6 +417,13 @@ class Progress:
 # -- running ------------------------------------------------------------------------------------
 
 
+def host_memory_mb() -> int:
+    """This machine's memory: the capacity of its `mem_mb@<host>` resource."""
+    import psutil
+
+    return int(psutil.virtual_memory().total / (1 << 20))
+
+
 def configure_luigi(settings: FarmSettings) -> None:
     """Worker and scheduler settings a farm relies on (after luigi_setup.isolate_config)."""
     from luigi.configuration import get_config
@@ -439,8 +444,7 @@ def configure_luigi(settings: FarmSettings) -> None:
         "scheduler": {"retry_delay": str(settings.retry_delay_s), "retry_count": str(settings.retries + 1)},
     }
     if settings.mem_per_job_mb:
-        capacity = int(psutil.virtual_memory().total / (1 << 20))
-        values["resources"] = {host_resource(): str(capacity)}
+        values["resources"] = {host_resource(): str(host_memory_mb())}
     for section, items in values.items():
         if not config.has_section(section):
             config.add_section(section)
@@ -466,8 +470,7 @@ def run_farm(
     if settings.scheduler_url and settings.mem_per_job_mb:
         from luigi.rpc import RemoteScheduler
 
-        capacity = int(psutil.virtual_memory().total / (1 << 20))
-        RemoteScheduler(settings.scheduler_url).update_resource(host_resource(), capacity)
+        RemoteScheduler(settings.scheduler_url).update_resource(host_resource(), host_memory_mb())
     if progress is not None:
         progress.start()
     try:

@@ -152,6 +152,24 @@ def test_bad_farm_command_lines_are_one_line_errors(tmp_path: Path) -> None:
     manifest.write_text(f"{find_model('add_mul.hlo.pb')} --optlevel 9\n")
     bad_flag = ncc("farm", manifest, "--farm-dir", tmp_path / "f")
     assert bad_flag.returncode == 2 and "[U002]" in bad_flag.stderr and "Traceback" not in bad_flag.stderr
+    too_big = ncc(
+        "farm", find_model("add_mul.hlo.pb"), "--farm-dir", tmp_path / "f", "--mem-per-job", "99999999"
+    )
+    assert (
+        too_big.returncode == 2 and "[U002]" in too_big.stderr and "no job could ever start" in too_big.stderr
+    )
+
+
+def test_a_manifest_sets_flags_per_model_and_memory_is_reserved_per_job(tmp_path: Path) -> None:
+    model = find_model("add_mul.hlo.pb")
+    manifest = tmp_path / "list.txt"
+    manifest.write_text(f"# two compiles of one model\n{model} --optlevel 0\n{model} --optlevel 2\n")
+    report = tmp_path / "r.json"
+    result = ncc("farm", manifest, "--farm-dir", tmp_path / "f", "--mem-per-job", "512", "--report", report)
+    assert result.returncode == 0, result.stderr
+    entries = json.loads(report.read_text())["models"]
+    assert sorted(tuple(e["flags"]) for e in entries) == [("--optlevel=0",), ("--optlevel=2",)]
+    assert len({e["workdir"] for e in entries}) == 2 and len({e["neff"] for e in entries}) == 2
 
 
 # -- luigid -------------------------------------------------------------------------------------
