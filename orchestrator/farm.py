@@ -29,6 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -252,20 +253,22 @@ def outcomes(
     return [model_outcome(model, run_id, settings.farm_dir / "neff", corrupt) for model in models]
 
 
-def restore_without_tools(models: Sequence[FarmModel], run_id: str) -> list[FarmModel]:
+def restore_without_tools(models: Sequence[FarmModel], run_id: str, threads: int = 4) -> list[FarmModel]:
     """Finish every model whose jobs are all complete or cached without Luigi or a tool (as
-    `ncc compile` does); the models left for Luigi."""
-    remaining = []
-    for model in models:
+    `ncc compile` does); the models left for Luigi. Models are independent (each its own work
+    dir), and restoring is mostly waiting for the disk, so a few threads overlap it."""
+
+    def restore(model: FarmModel) -> bool:
         model.workdir.mkdir(parents=True, exist_ok=True)
         model.command.run_id = run_id
         try:
-            done = model.command.restoreWithoutTools() is not None
+            return model.command.restoreWithoutTools() is not None
         except (OSError, NccError):
-            done = False
-        if not done:
-            remaining.append(model)
-    return remaining
+            return False
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        done = list(pool.map(restore, models))
+    return [model for model, finished in zip(models, done, strict=True) if not finished]
 
 
 def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
