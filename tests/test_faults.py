@@ -93,7 +93,7 @@ def test_tool_fault_gives_the_right_code(tmp_path: Path, model: Path, tool: str,
         peak = int(re.search(r"peak RSS (\d+) MB", line).group(1))
         assert peak >= 300
     if kind == "hang":
-        assert time.monotonic() - started < 60
+        assert time.monotonic() - started < 180  # a hang catcher: the job's --timeout kills it
 
 
 @pytest.mark.parametrize("tool", ["hlo_opt", "packager"])

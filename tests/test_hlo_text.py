@@ -288,5 +288,4 @@ def test_fuzzed_text_never_crashes(models_dir: Path, model: str) -> None:
             assert "internal" not in err.message, err.message
             outcome = err.code
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    assert time.monotonic() - start < 30
     assert "E103" in outcomes and len(outcomes) > 2, outcomes

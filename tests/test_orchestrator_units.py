@@ -163,7 +163,7 @@ def test_supervisor_timeout_kills_the_whole_tree(tmp_path: Path) -> None:
     )
     started = time.monotonic()
     end = _supervise(tmp_path, code, Limits(timeout_s=1.0))
-    assert time.monotonic() - started < 20
+    assert time.monotonic() - started < 120  # a hang catcher: the kill comes after 1 s
     assert end.returncode == -signal.SIGKILL and end.killed_for == KILLED_FOR_TIMEOUT
     grandchild = int((tmp_path / "grandchild.pid").read_text())
     deadline = time.monotonic() + 5
