@@ -26,6 +26,7 @@ from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.workdir import WorkDir, write_json_atomic
+from ncc.tools.common.lifetime import die_with_parent_from_env
 
 log = logging.getLogger("ncc")
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--options", required=True, help="CompileOptions as JSON")
     parser.add_argument("--result", required=True, type=Path, help="where to write the result JSON")
     args = parser.parse_args(argv)
+    die_with_parent_from_env()  # never outlive the `ncc` that started us (it holds the lock with us)
     luigi_setup.isolate_config()
     options = CompileOptions.from_json(args.options)
     exit_code, result = run_compile(options)

@@ -28,6 +28,7 @@ from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.process_end import ProcessEnd, classify_abnormal_end
 from ncc.orchestrator.workdir import WorkDir
+from ncc.tools.common.lifetime import PARENT_ENV
 
 DRIVER_JOB = "driver (the ncc compile child process)"
 _PR_SET_CHILD_SUBREAPER = 36
@@ -69,6 +70,21 @@ def _kill_adopted(before: set[int]) -> None:
             continue
         except psutil.TimeoutExpired:
             continue
+
+
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(Exception):
+    """SIGTERM or SIGHUP arrived while the compile child ran."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signame = signal.Signals(signum).name
+
+
+def _raise_stop(signum: int, frame: object) -> None:
+    raise _Stopped(signum)
 
 
 class CommandDriver:
@@ -115,7 +131,7 @@ class CommandDriver:
     def run(self) -> DriverOutcome:
         """Compile in a child process; the outcome to print and exit with."""
         self.validate()
-        with self.workdir.locked():
+        with self.workdir.locked() as lock_fd:
             summary = self._restore_without_tools()
             if summary is not None:
                 return DriverOutcome(int(ExitCode.OK), summary=summary)
@@ -134,7 +150,7 @@ class CommandDriver:
             before = {proc.pid for proc in psutil.Process().children(recursive=True)}
             _set_subreaper(True)
             try:
-                end = self._run_child(argv)
+                end = self._run_child(argv, lock_fd)
             finally:
                 _kill_adopted(before)
                 _set_subreaper(False)
@@ -151,16 +167,26 @@ class CommandDriver:
             return None
         return summary.to_json() if summary is not None else None
 
-    def _run_child(self, argv: list[str]) -> ProcessEnd:
+    def _run_child(self, argv: list[str], lock_fd: int) -> ProcessEnd:
+        """Run the compile child to its end. It inherits the work dir's lock (so the lock outlives
+        it) and dies with this process (PR_SET_PDEATHSIG via NCC_PARENT_PID); SIGTERM and SIGHUP
+        stop it as Ctrl-C does."""
+        env = {
+            **luigi_setup.clean_environment(dict(os.environ)),
+            "PYTHONFAULTHANDLER": "1",
+            PARENT_ENV: str(os.getpid()),
+        }
         with open(self.workdir.driver_stderr, "wb") as stderr:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.workdir.root,  # never the user's directory: no stray luigi.cfg there
-                env={**luigi_setup.clean_environment(dict(os.environ)), "PYTHONFAULTHANDLER": "1"},
+                env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
+                pass_fds=(lock_fd,),
             )
+        previous = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
         try:
             assert proc.stdout is not None
             for line in proc.stdout:  # progress lines (--verbose >= 2)
@@ -169,22 +195,26 @@ class CommandDriver:
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
             return ProcessEnd(returncode=proc.returncode, peak_rss_bytes=usage.ru_maxrss * 1024)
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, _Stopped) as stop:
             self._stop(proc)
+            how = f"stopped by {stop.signame}" if isinstance(stop, _Stopped) else "interrupted"
             raise NccError.of(
-                "U007", "compile interrupted", workdir=self.workdir.root, log=self.workdir.driver_log
+                "U007", f"compile {how}", workdir=self.workdir.root, log=self.workdir.driver_log
             ) from None
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
     @staticmethod
     def _stop(proc: subprocess.Popen[bytes]) -> None:
-        """On Ctrl-C: let the child stop its job cleanly, then make sure it is gone."""
+        """On Ctrl-C, SIGTERM or SIGHUP: let the child stop its job cleanly, then make sure it is gone."""
         try:
             proc.send_signal(signal.SIGINT)
             proc.wait(timeout=_INTERRUPT_GRACE_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        except (ProcessLookupError, KeyboardInterrupt):
+        except (ProcessLookupError, KeyboardInterrupt, _Stopped):  # a second signal: no more grace
             proc.kill()
             proc.wait()
 

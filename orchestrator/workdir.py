@@ -120,8 +120,11 @@ class WorkDir:
             raise NccError.of("U003", f"cannot use work directory {self.root}: {reason}") from None
 
     @contextmanager
-    def locked(self) -> Iterator[None]:
-        """Hold the work directory's lock, or raise [U006] if another ncc holds it."""
+    def locked(self) -> Iterator[int]:
+        """Hold the work directory's lock, or raise [U006] if another ncc holds it.
+
+        Yields the lock's file descriptor: a child process that inherits it holds the lock too
+        (flock belongs to the open file), so the lock lasts until the last holder exits."""
         path = self.root / ".ncc.lock"
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -137,7 +140,7 @@ class WorkDir:
                 ) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            yield
+            yield fd
         finally:
             os.close(fd)  # closing releases the lock
 
