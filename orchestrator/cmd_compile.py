@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from ncc.orchestrator.options import DEFAULT_OPTLEVEL, OPTLEVELS, CompileOptions, default_workdir
+from ncc.orchestrator.outputs import is_stream
 
 _PASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -129,7 +130,12 @@ def add_compile_flags(parser: argparse.ArgumentParser) -> None:
 
 def options_from_args(args: argparse.Namespace) -> CompileOptions:
     output = Path(os.path.abspath(args.output))
-    workdir = Path(os.path.abspath(args.workdir)) if args.workdir else default_workdir(output)
+    if args.workdir:
+        workdir = Path(os.path.abspath(args.workdir))
+    elif is_stream(output):  # --output /dev/null: no work dir in /dev, but in the current directory
+        workdir = default_workdir(Path.cwd() / output.name)
+    else:
+        workdir = default_workdir(output)
     return CompileOptions(
         model=Path(os.path.abspath(args.model)),
         output=output,

@@ -20,10 +20,8 @@ import argparse
 import hashlib
 import io
 import json
-import os
 import re
 import sys
-import tempfile
 import time
 import zipfile
 from collections.abc import Mapping
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.outputs import OutputError, check_writable, is_stream, write_output
 from ncc.orchestrator.versions import ncc_version
 
 
@@ -66,25 +65,21 @@ def _check_paths(args: argparse.Namespace) -> None:
             raise NccError.of("U004", f"the directory of {path} does not exist")
         if path.is_dir():
             raise NccError.of("U002", f"{flag} names a directory, not a file: {path}")
-        if path.resolve() in taken:
+        if path.resolve() in taken and not is_stream(path):
             raise NccError.of("U002", f"{flag} {path} is {taken[path.resolve()]}: it would be overwritten")
         taken[path.resolve()] = f"the {flag} file"
         try:
-            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.probe-", dir=path.absolute().parent)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as err:
-            raise NccError.of("U005", f"cannot write {flag} {path}: {err.strerror or err}") from None
+            check_writable(path)
+        except OutputError as err:
+            raise NccError.of("U005", f"cannot write {flag} {path}: {err}") from None
 
 
 def _write(flag: str, path: Path, data: bytes) -> None:
-    """Write one output atomically; a failure (disk full, a directory appeared) is [U005]."""
-    from ncc.tools.common.protoio import write_bytes_atomic
-
+    """Write one output all or nothing (outputs.py); a failure (disk full, a directory appeared) is [U005]."""
     try:
-        write_bytes_atomic(path, data)
-    except OSError as err:
-        raise NccError.of("U005", f"cannot write {flag} {path}: {err.strerror or err}") from None
+        write_output(path, data=data)
+    except OutputError as err:
+        raise NccError.of("U005", f"cannot write {flag} {path}: {err}") from None
 
 
 def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:

@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
 from ncc.orchestrator.jobspec import STATUS_FAILED, diagnostic_from_record
 from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.outputs import OutputError, write_output
 from ncc.orchestrator.registry import JobRegistry
 from ncc.orchestrator.stages import NEFF_NAME
 from ncc.orchestrator.versions import ncc_version, tool_version
@@ -160,26 +158,15 @@ class CompileCommand:
         )
 
     def installOutput(self, jobs: list[str]) -> None:  # noqa: N802
-        """Copy the NEFF to --output through a temporary file and a rename: all or nothing."""
+        """Copy the NEFF to --output, all or nothing (ncc.orchestrator.outputs: a device is written
+        through, a symlink followed)."""
         source = self.workdir.job_dir(jobs.index("Packager"), "Packager") / NEFF_NAME
         target = self.options.output
-        tmp = ""
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-            with os.fdopen(fd, "wb") as dst, open(source, "rb") as src:
-                shutil.copyfileobj(src, dst)
-                dst.flush()
-                os.fsync(dst.fileno())
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is not what a user expects of an output
-            os.replace(tmp, target)
-        except OSError as err:
-            if tmp:
-                Path(tmp).unlink(missing_ok=True)
-            raise NccError.of(
-                "U005", f"cannot write output {target}: {err.strerror or err}", workdir=self.workdir.root
-            ) from None
+            write_output(target, source=source)
+        except (OutputError, OSError) as err:
+            message = f"cannot write output {target}: {err}"
+            raise NccError.of("U005", message, workdir=self.workdir.root) from None
 
     def restoreWithoutTools(self) -> CompileSummary | None:  # noqa: N802
         """Finish the compile without Luigi and without running any tool, when every job is

@@ -19,13 +19,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 
 from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.outputs import OutputError, check_writable
 from ncc.orchestrator.process_end import ProcessEnd, classify_abnormal_end
 from ncc.orchestrator.workdir import WorkDir
 from ncc.tools.common.lifetime import PARENT_ENV
@@ -110,13 +110,9 @@ class CommandDriver:
         if output.exists() and os.path.samefile(output, model):
             raise NccError.of("U002", f"--output {output} is the model itself: the NEFF would overwrite it")
         try:
-            fd, probe = tempfile.mkstemp(prefix=f".{output.name}.probe-", dir=output.parent)
-            os.close(fd)
-            os.unlink(probe)
-        except OSError as err:
-            raise NccError.of(
-                "U005", f"cannot write output in {output.parent}: {err.strerror or err}"
-            ) from None
+            check_writable(output)
+        except OutputError as err:
+            raise NccError.of("U005", f"cannot write output {output}: {err}") from None
         self.workdir.ensure_usable()
         if self.options.cache_dir is not None:
             from ncc.orchestrator.stage_cache import CacheError, StageCache
