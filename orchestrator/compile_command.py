@@ -137,7 +137,12 @@ class CompileCommand:
         raise NccError(self._failure(jobs, started, result.status.name))
 
     def _failure(self, jobs: list[str], started: float, status: str) -> NccDiagnostic:
-        """The diagnostic of the first job that failed in this run, from its record on disk."""
+        """The diagnostic of the first job that failed in this run, from its record on disk; or,
+        when none did, that the model changed under the compile (Luigi then finds a finished job
+        incomplete again and refuses to run the next: "unfulfilled dependency")."""
+        changed = self._model_changed()
+        if changed:
+            return NccDiagnostic("U010", changed, workdir=self.workdir.root, log=self.workdir.driver_log)
         for index, name in enumerate(jobs):
             path = self.workdir.job_dir(index, name) / RECORD
             record = read_job_record(path)
@@ -156,6 +161,19 @@ class CompileCommand:
             workdir=self.workdir.root,
             log=self.workdir.driver_log,
         )
+
+    def _model_changed(self) -> str:
+        """Why the model is no longer the one this compile started from ('' if it still is)."""
+        recorded = self.workdir.read_pipeline()
+        if recorded is None:
+            return ""
+        try:
+            now = digests.sha256_file(self.options.model)
+        except OSError:
+            return f"the model {self.options.model} disappeared while it was being compiled"
+        if now != recorded.input_sha256:
+            return f"the model {self.options.model} changed while it was being compiled; compile it again"
+        return ""
 
     def installOutput(self, jobs: list[str]) -> None:  # noqa: N802
         """Copy the NEFF to --output, all or nothing (ncc.orchestrator.outputs: a device is written

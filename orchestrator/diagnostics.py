@@ -51,6 +51,7 @@ _TABLE: tuple[Code, ...] = (
     Code("U007", ExitCode.INTERRUPTED, "interrupted by the user (SIGINT)"),
     Code("U008", ExitCode.USAGE, "the inputs given to `ncc run` do not match the NEFF"),
     Code("U009", ExitCode.ENVIRONMENT, "the stage cache directory cannot be created or written"),
+    Code("U010", ExitCode.ENVIRONMENT, "the model file changed or disappeared while it was being compiled"),
     Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
     Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
     # Tool codes that report the compiler's own output as wrong, not the user's input:

@@ -128,6 +128,7 @@ class CommandDriver:
         """Compile in a child process; the outcome to print and exit with."""
         self.validate()
         with self.workdir.locked() as lock_fd:
+            self._repair_bookkeeping()
             summary = self._restore_without_tools()
             if summary is not None:
                 return DriverOutcome(int(ExitCode.OK), summary=summary)
@@ -151,6 +152,22 @@ class CommandDriver:
                 _kill_adopted(before)
                 _set_subreaper(False)
             return self.handleError(end)
+
+    def _repair_bookkeeping(self) -> None:
+        """Damaged bookkeeping is reported and reset, never a crash: history.jsonl keeps its
+        readable lines (records, pipeline.json and the lock are checked where they are read)."""
+        try:
+            lost = self.workdir.repair_history()
+        except OSError as err:
+            raise NccError.of(
+                "U003", f"cannot repair {self.workdir.history_path}: {err.strerror or err}"
+            ) from None
+        if lost:
+            print(
+                f"ncc: warning: {self.workdir.history_path} had {lost} unreadable line(s); the damaged "
+                "file is kept as history.jsonl.damaged and the readable lines were kept",
+                file=sys.stderr,
+            )
 
     def _restore_without_tools(self) -> dict[str, object] | None:
         """The summary of a compile finished here, from the work dir and the stage cache alone

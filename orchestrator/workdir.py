@@ -183,15 +183,38 @@ class WorkDir:
         finally:
             os.close(fd)
 
-    def read_history(self) -> list[dict[str, object]]:
+    def _history_lines(self) -> tuple[list[dict[str, object]], int]:
+        """The readable events of history.jsonl, and how many lines were not (bad bytes, cut
+        lines, anything but a JSON object)."""
         try:
-            lines = self.history_path.read_text(encoding="utf-8").splitlines()
+            data = self.history_path.read_bytes()
         except OSError:
-            return []
-        events = []
-        for line in lines:
-            try:
-                events.append(json.loads(line))
-            except ValueError:
+            return [], 0
+        events: list[dict[str, object]] = []
+        damaged = 0
+        for line in data.splitlines():
+            if not line.strip():
                 continue
-        return events
+            try:
+                event = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                damaged += 1
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+            else:
+                damaged += 1
+        return events, damaged
+
+    def read_history(self) -> list[dict[str, object]]:
+        return self._history_lines()[0]
+
+    def repair_history(self) -> int:
+        """If history.jsonl has unreadable lines, keep the damaged file beside it as
+        history.jsonl.damaged and rewrite it with the readable events; the number of lines lost."""
+        events, damaged = self._history_lines()
+        if damaged:
+            os.replace(self.history_path, self.history_path.with_name("history.jsonl.damaged"))
+            text = "".join(json.dumps(event, sort_keys=True) + "\n" for event in events)
+            write_bytes_atomic(self.history_path, text.encode())
+        return damaged

@@ -8,7 +8,8 @@ Exit codes (the contract with the orchestrator, docs/diagnostics.md):
 
 Fault injection (test-only): NCC_FAULT_INJECT="TOOL:KIND[,TOOL:KIND]" makes the named tool
 misbehave as it starts, for real: abort (SIGABRT), segv (a real null-pointer read), kill (SIGKILL
-to itself), oom (allocates memory until something kills it), hang (sleeps forever), exit (exit 3).
+to itself), oom (allocates memory until something kills it), hang (sleeps forever), exit (exit 3),
+slow (sleeps 3 s, then works normally: time for a test to change something mid-compile).
 "TOOL:KIND@TEXT" misbehaves only when TEXT occurs in the tool's command line (one model of a farm).
 """
 
@@ -55,6 +56,8 @@ def inject_fault(tool: str) -> None:
                 time.sleep(3600)
         elif kind == "exit":
             sys.exit(EXIT_INTERNAL)
+        elif kind == "slow":
+            time.sleep(3)
 
 
 def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], None]) -> int:

@@ -1,0 +1,58 @@
+"""Damaged bookkeeping and inputs that change under a compile get a named answer, not F134
+(issue 8, cases 3 and 6)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestrator_support import Result, assert_one_line_error, find_model, history, ncc
+
+
+def test_a_bad_byte_in_history_is_reported_and_the_file_repaired(tmp_path: Path) -> None:
+    model, output, workdir = find_model("add_mul.hlo.pb"), tmp_path / "m.neff", tmp_path / "m.ncc-work"
+    assert ncc("compile", model, "-o", output).returncode == 0
+    with open(workdir / "history.jsonl", "ab") as handle:
+        handle.write(b'\xff\xfe{"event": "job_start"\n{"cut": \n')
+    output.unlink()
+    result = ncc("compile", model, "-o", output)
+    assert result.returncode == 0, result.stderr
+    assert "ncc: warning:" in result.stderr and "2 unreadable line(s)" in result.stderr
+    assert "Traceback" not in result.stderr and output.is_file()
+    assert (workdir / "history.jsonl.damaged").is_file()
+    assert [e["event"] for e in history(workdir)][:2] == ["compile_start", "job_start"]  # readable lines kept
+    again = ncc("compile", model, "-o", output)
+    assert again.returncode == 0 and "warning" not in again.stderr
+
+
+def test_a_model_changed_during_the_compile_is_named(tmp_path: Path) -> None:
+    model = tmp_path / "model.hlo"
+    shutil.copy(find_model("add_mul.hlo"), model)
+    workdir = tmp_path / "m.ncc-work"
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "NCC_FAULT_INJECT"},
+        "NCC_FAULT_INJECT": "walrus_driver:slow",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncc.orchestrator", "compile", str(model), "-o", str(tmp_path / "m.neff")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (workdir / "03_WalrusDriver" / "cmd.sh").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the backend never started"
+        time.sleep(0.02)
+    model.write_text(model.read_text().replace("multiply", "subtract"))  # while the backend sleeps
+    out, err = proc.communicate(timeout=120)
+
+    line = assert_one_line_error(Result(proc.returncode, out, err), "U010")
+    assert proc.returncode == 3 and "changed while it was being compiled" in line
+    assert not (tmp_path / "m.neff").exists()
+    rerun = ncc("compile", model, "-o", tmp_path / "m.neff")
+    assert rerun.returncode == 0, rerun.stderr
