@@ -24,6 +24,7 @@ from pathlib import Path
 from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.diskspace import is_no_space, looks_full, no_space_message
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.workdir import WorkDir, write_json_atomic
 from ncc.tools.common.lifetime import die_with_parent_from_env
@@ -66,6 +67,9 @@ def run_compile(options: CompileOptions) -> tuple[int, dict[str, object]]:
         )
         return int(diagnostic.exit_code), {"diagnostic": diagnostic.to_json()}
     except Exception as err:
+        if is_no_space(err) or looks_full(workdir.root):
+            diagnostic = NccDiagnostic("U011", no_space_message(workdir.root), workdir=workdir.root)
+            return int(diagnostic.exit_code), {"diagnostic": diagnostic.to_json()}
         log.exception("internal error in the ncc compile driver")
         diagnostic = NccDiagnostic(
             "F134",

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
+from ncc.orchestrator.diskspace import looks_full, no_space_message
 from ncc.orchestrator.jobspec import STATUS_FAILED, diagnostic_from_record
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.outputs import OutputError, write_output
@@ -143,6 +144,8 @@ class CompileCommand:
         changed = self._model_changed()
         if changed:
             return NccDiagnostic("U010", changed, workdir=self.workdir.root, log=self.workdir.driver_log)
+        if looks_full(self.workdir.root):
+            return NccDiagnostic("U011", no_space_message(self.workdir.root), workdir=self.workdir.root)
         for index, name in enumerate(jobs):
             path = self.workdir.job_dir(index, name) / RECORD
             record = read_job_record(path)

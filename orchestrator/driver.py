@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.diskspace import looks_full, no_space_message
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.outputs import OutputError, check_writable
 from ncc.orchestrator.process_end import ProcessEnd, classify_abnormal_end
@@ -240,6 +241,9 @@ class CommandDriver:
                 return DriverOutcome(int(diagnostic.exit_code), diagnostic=diagnostic)
             if end.ok:
                 return DriverOutcome(int(ExitCode.OK), summary=result.get("summary"))
+        if looks_full(self.workdir.root):  # the child could not even write its result
+            diagnostic = NccDiagnostic("U011", no_space_message(self.workdir.root), workdir=self.workdir.root)
+            return DriverOutcome(int(diagnostic.exit_code), diagnostic=diagnostic)
         code, message = classify_abnormal_end(f"job {DRIVER_JOB}", end, mem_limit_hint=False)
         diagnostic = NccDiagnostic(
             code, message, job=DRIVER_JOB, workdir=self.workdir.root, log=self.workdir.driver_stderr

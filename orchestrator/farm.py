@@ -124,10 +124,11 @@ def _flags_digest(flags: Sequence[str]) -> str:
 
 
 def _content_copy(path: Path, inputs_dir: Path) -> Path:
-    """The model's content-addressed copy in the farm dir (made once, atomically)."""
+    """The model's content-addressed copy in the farm dir (made once, atomically; other workers
+    may be writing the same copy at the same moment, so their temporaries are not copies)."""
     digest = digests.sha256_file(path)
     folder = inputs_dir / digest[:16]
-    existing = sorted(folder.iterdir()) if folder.is_dir() else []
+    existing = sorted(p for p in folder.iterdir() if not p.name.startswith(".")) if folder.is_dir() else []
     if existing:
         return existing[0]
     target = folder / path.name

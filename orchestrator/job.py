@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
+from ncc.orchestrator.diskspace import is_no_space, looks_full, no_space_message
 from ncc.orchestrator.jobspec import (
     DRIVER_TOOL,
     STATUS_FAILED,
@@ -52,6 +53,7 @@ from ncc.orchestrator.workdir import (
 )
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.lifetime import die_with_parent
+from ncc.tools.common.toolmain import EXIT_NO_SPACE
 
 log = logging.getLogger("ncc")
 
@@ -117,19 +119,15 @@ class ToolJob(JobSpec, luigi.Task):
         if forked is not None:  # a Luigi worker's task process: do not outlive the worker
             die_with_parent(forked.pid)
         workdir = WorkDir(self.root)
-        workdir.append_history("job_start", job=self.name, run_id=self.run_id)
+        self._history(workdir, "job_start")
         try:
             record = self._deterministic_failure() or self._execute()
-        except Exception:
-            record = self._record_driver_failure(traceback.format_exc())
-        workdir.append_history(
-            "job_end",
-            job=self.name,
-            run_id=self.run_id,
-            status=record.status,
-            wall_s=record.wall_s,
-            cached=record.cached,
-        )
+        except Exception as err:
+            if is_no_space(err) or looks_full(self.root):
+                record = self._record_no_space()
+            else:
+                record = self._record_driver_failure(traceback.format_exc())
+        self._history(workdir, "job_end", status=record.status, wall_s=record.wall_s, cached=record.cached)
         if record.status != STATUS_OK:
             diagnostic = diagnostic_from_record(record, self.root)
             log.info("job %s failed: %s", self.name, diagnostic.line())
@@ -209,6 +207,8 @@ class ToolJob(JobSpec, luigi.Task):
         else:
             record.status = STATUS_FAILED
             code, message = classify_abnormal_end(f"job {self.name}", end)
+            if end.returncode == EXIT_NO_SPACE or looks_full(self.root):
+                code, message = "U011", f"job {self.name}: {no_space_message(self.root)}"
             record.diagnostic.CopyFrom(self._driver_diagnostic(code, message, self.tool))
         write_message_json(self.record_path, record)
         return record
@@ -229,6 +229,28 @@ class ToolJob(JobSpec, luigi.Task):
     @staticmethod
     def _driver_diagnostic(code: str, message: str, tool: str) -> diagnostic_pb2.Diagnostic:
         return diagnostic_pb2.Diagnostic(code=code, severity=diagnostic_pb2.ERROR, message=message, tool=tool)
+
+    def _history(self, workdir: WorkDir, event: str, **fields: object) -> None:
+        """Append to history.jsonl; on a full disk the line is lost, not the job's diagnostic."""
+        try:
+            workdir.append_history(event, job=self.name, run_id=self.run_id, **fields)
+        except OSError as err:
+            if not is_no_space(err):
+                raise
+
+    def _record_no_space(self) -> diagnostic_pb2.JobRecord:
+        """The disk filled while the driver ran this job: U011 (the record may not fit either;
+        then the compile's failure path finds the disk full and says the same)."""
+        record = diagnostic_pb2.JobRecord(
+            job=self.name, index=self.index, tool=self.tool, status=STATUS_FAILED
+        )
+        message = f"job {self.name}: {no_space_message(self.root)}"
+        record.diagnostic.CopyFrom(self._driver_diagnostic("U011", message, DRIVER_TOOL))
+        try:
+            write_message_json(self.record_path, record)
+        except OSError:
+            pass
+        return record
 
     def _record_driver_failure(self, trace: str) -> diagnostic_pb2.JobRecord:
         """A bug in the driver while running this job: keep the traceback, record F134."""

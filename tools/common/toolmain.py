@@ -5,6 +5,7 @@ Exit codes (the contract with the orchestrator, docs/diagnostics.md):
   1  a CompileError: a Diagnostic proto was written to --diagnostics.
   2  bad command line (argparse).
   3  an unexpected exception (a bug): traceback on stderr, no diagnostic. The driver reports F134.
+  4  no space left on a device (ENOSPC/EDQUOT) while writing: the driver reports U011.
 
 Fault injection (test-only): NCC_FAULT_INJECT="TOOL:KIND[,TOOL:KIND]" makes the named tool
 misbehave as it starts, for real: abort (SIGABRT), segv (a real null-pointer read), kill (SIGKILL
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import os
 import signal
 import sys
@@ -30,7 +32,7 @@ from ncc.tools.common.lifetime import die_with_parent_from_env
 from ncc.tools.common.protoio import write_proto
 
 FAULT_ENV = "NCC_FAULT_INJECT"
-EXIT_OK, EXIT_COMPILE_ERROR, EXIT_USAGE, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_OK, EXIT_COMPILE_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_NO_SPACE = 0, 1, 2, 3, 4
 
 
 def inject_fault(tool: str) -> None:
@@ -80,6 +82,13 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argpars
             write_proto(args.diagnostics, diagnostic)
         print(f"{tool}: error: {err.one_line()}", file=sys.stderr)
         return EXIT_COMPILE_ERROR
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = err.filename or "an output"
+            print(f"{tool}: error: no space left on device writing {where}", file=sys.stderr)
+            return EXIT_NO_SPACE
+        traceback.print_exc()
+        return EXIT_INTERNAL
     except Exception:
         traceback.print_exc()
         return EXIT_INTERNAL
