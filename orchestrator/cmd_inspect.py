@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, printable
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.dtypes import itemsize
 
@@ -180,7 +180,7 @@ def render(info: dict[str, Any]) -> str:
             ],
         ),
     ]
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -91,9 +91,21 @@ def exit_code_for(code: str) -> ExitCode:
     return ExitCode.INTERNAL
 
 
+def _is_control(char: str) -> bool:
+    code = ord(char)
+    return (code < 0x20 and char not in "\t\n") or 0x7F <= code <= 0x9F
+
+
+def printable(text: str) -> str:
+    """`text` with control characters (C0, DEL, C1: terminal escapes, title codes) as \\xNN, so
+    a hostile name in a NEFF or a model cannot drive the user's terminal."""
+    return "".join(f"\\x{ord(char):02x}" if _is_control(char) else char for char in text)
+
+
 def one_line(text: str) -> str:
-    """Collapse whitespace so a message can never spill over several lines."""
-    return " ".join(text.split())
+    """Collapse whitespace and escape control characters: a message never spills over lines
+    and never carries a terminal escape."""
+    return printable(" ".join(text.split()))
 
 
 @dataclass(frozen=True)

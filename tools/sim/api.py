@@ -20,6 +20,7 @@ import numpy as np
 from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
+from ncc.tools.sim import limits
 from ncc.tools.sim.hb import Race
 from ncc.tools.sim.memory import DeviceMemory, shape_text
 from ncc.tools.sim.program import load_streams, streams_of_program
@@ -121,9 +122,10 @@ def _simulate(
     record_schedule: bool = False,
 ) -> SimResult:
     target = target or _load_target(target_name)
+    hbm, streams = list(hbm), list(streams)
+    limits.check_program(target, hbm, streams, num_semaphores)
     memory = DeviceMemory(target, hbm, buffers)
     _bind_inputs(memory, inputs)
-    streams = list(streams)
     ops = load_streams(streams, memory, target, num_semaphores)
     recorder = ScheduleRecorder() if record_schedule else None
     outcome = Simulator(ops, target, num_semaphores, check_races, recorder).run()

@@ -46,6 +46,7 @@ class Target:
     psum_banks: int
     psum_bank_bytes: int
     hbm_bandwidth_gbps: float
+    hbm_bytes: int
     dma_queues: int
     dma_queue_bandwidth_gbps: float
     dma_fixed_latency_ns: float
@@ -83,6 +84,7 @@ def load_target(name: str = "trn1") -> Target:
         psum_banks=raw["psum_banks"],
         psum_bank_bytes=raw["psum_bank_bytes"],
         hbm_bandwidth_gbps=raw["hbm_bandwidth_gbps"],
+        hbm_bytes=raw["hbm_bytes"],
         dma_queues=raw["dma_queues"],
         dma_queue_bandwidth_gbps=raw["dma_queue_bandwidth_gbps"],
         dma_fixed_latency_ns=raw["dma_fixed_latency_ns"],
