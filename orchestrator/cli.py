@@ -104,10 +104,21 @@ def dispatch(argv: list[str]) -> int:
     return int(module.run(parser.parse_args(rest)))
 
 
+_crash_log_dir: Path | None = None
+
+
+def keep_crash_logs_in(directory: Path) -> None:
+    """A subcommand that has a work directory names it: an internal error's traceback goes there
+    (beside the compile it concerns) instead of the system temporary directory."""
+    global _crash_log_dir
+    _crash_log_dir = directory
+
+
 def _save_traceback() -> Path | None:
     """Write the current traceback to a fresh file of our own (never a predictable, followable path)."""
+    directory = _crash_log_dir if _crash_log_dir is not None and _crash_log_dir.is_dir() else None
     try:
-        fd, name = tempfile.mkstemp(prefix="ncc-internal-error-", suffix=".log")
+        fd, name = tempfile.mkstemp(prefix="ncc-internal-error-", suffix=".log", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(traceback.format_exc())
     except OSError:

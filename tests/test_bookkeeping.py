@@ -56,3 +56,29 @@ def test_a_model_changed_during_the_compile_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "m.neff").exists()
     rerun = ncc("compile", model, "-o", tmp_path / "m.neff")
     assert rerun.returncode == 0, rerun.stderr
+
+
+def test_an_internal_error_keeps_its_traceback_in_the_work_dir(tmp_path: Path, monkeypatch, capsys) -> None:
+    from ncc.orchestrator import cli, driver
+
+    def broken(options: object) -> None:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(driver, "compile_model", broken)
+    monkeypatch.setattr(cli, "_crash_log_dir", None)
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    code = cli.main(
+        [
+            "compile",
+            str(find_model("add_mul.hlo.pb")),
+            "-o",
+            str(tmp_path / "m.neff"),
+            "--workdir",
+            str(workdir),
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 4 and "[F134] internal error in ncc compile (RuntimeError: a bug)" in err
+    logs = list(workdir.glob("ncc-internal-error-*.log"))
+    assert len(logs) == 1 and str(logs[0]) in err and "RuntimeError: a bug" in logs[0].read_text()
