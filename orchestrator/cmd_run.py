@@ -215,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
         raise NccError.of("R002", f"deadlock while running {args.neff}: {result.deadlock}", **where)
     if result.races:
         count = max(getattr(result, "race_count", 0), len(result.races))
+        count_text = f"at least {count}" if getattr(result, "races_capped", False) else str(count)
         raise NccError.of(
-            "R001", f"{count} data race(s) in {args.neff}; first: {result.races[0].describe()}", **where
+            "R001", f"{count_text} data race(s) in {args.neff}; first: {result.races[0].describe()}", **where
         )
     return int(ExitCode.OK)

@@ -42,6 +42,7 @@ class SimResult:
     engine_busy_ns: dict[str, float]
     instruction_count: int
     race_count: int = 0  # distinct racing pairs found (`races` holds at most the first 10000)
+    races_capped: bool = False  # the race detector stopped looking after 10000: race_count is a lower bound
     schedule: Schedule | None = None  # only when asked for (record_schedule=True)
 
     def report(self) -> dict:
@@ -50,6 +51,7 @@ class SimResult:
             "simulated_ns": self.simulated_ns,
             "races": [race.describe() for race in self.races],
             "race_count": max(self.race_count, len(self.races)),
+            "race_count_is_lower_bound": self.races_capped,
             "deadlock": self.deadlock,
             "outputs": [
                 {"name": name, "shape": list(array.shape), "dtype": str(array.dtype)}
@@ -139,6 +141,7 @@ def _simulate(
         engine_busy_ns=outcome.engine_busy_ns,
         instruction_count=outcome.instruction_count,
         race_count=outcome.race_count,
+        races_capped=outcome.races_capped,
         schedule=recorder.schedule if recorder is not None else None,
     )
 

@@ -57,6 +57,7 @@ class Outcome:
     deadlock: str | None
     races: list[Race]
     race_count: int
+    races_capped: bool  # the detector stopped at its limit: race_count is a lower bound
     engine_busy_ns: dict[str, float]
     instruction_count: int
 
@@ -116,6 +117,7 @@ class Simulator:
             deadlock=deadlock,
             races=list(self.races.races) if self.races else [],
             race_count=self.races.race_count if self.races else 0,
+            races_capped=self.races.capped if self.races else False,
             engine_busy_ns=busy,
             instruction_count=self.started,
         )
