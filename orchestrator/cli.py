@@ -85,6 +85,27 @@ def _unknown_command(name: str) -> NccError:
     return NccError.of("U002", f"unknown command '{name}'{hint}")
 
 
+MIN_OPEN_FILES = 64  # a compile holds logs, records, the lock, pipes and Luigi's files at once
+
+
+def ensure_open_files() -> None:
+    """Raise the soft limit on open files toward the hard one, or refuse with [U012] when even
+    the hard limit is too low: an exhausted descriptor table mid-compile would be an F134."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 1024:
+        wanted = 1024 if hard == resource.RLIM_INFINITY else min(1024, hard)
+        if wanted > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+    if soft != resource.RLIM_INFINITY and soft < MIN_OPEN_FILES:
+        raise NccError.of(
+            "U012",
+            f"ncc needs at least {MIN_OPEN_FILES} open files but this process may open {soft} (ulimit -n)",
+        )
+
+
 def dispatch(argv: list[str]) -> int:
     if not argv:
         raise NccError.of("U002", f"no command given; commands: {', '.join(COMMANDS)} (see 'ncc --help')")
@@ -98,6 +119,7 @@ def dispatch(argv: list[str]) -> int:
     info = COMMANDS.get(name)
     if info is None:
         raise _unknown_command(name)
+    ensure_open_files()
     module = importlib.import_module(info.module)
     parser = NccArgumentParser(prog=f"ncc {name}", description=info.summary)
     module.add_arguments(parser)
