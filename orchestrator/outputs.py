@@ -8,6 +8,10 @@ replacing what is not a regular file.
 * A character device or a FIFO (/dev/null, /dev/stdout on a terminal or pipe, a named pipe) is
   written through, without a rename: `--output /dev/null` must never turn /dev/null into a file.
 * Anything else (a directory, a socket, a block device) is refused: OutputError.
+
+A writer killed between creating its temporary and the rename leaves `.NAME.XXXX.tmp` behind;
+the next write of the same output removes such temporaries of ours that are older than
+STALE_TEMPORARY_S (no live write takes that long).
 """
 
 from __future__ import annotations
@@ -16,7 +20,10 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
+
+STALE_TEMPORARY_S = 600.0
 
 
 class OutputError(Exception):
@@ -66,6 +73,7 @@ def write_output(path: Path, data: bytes | None = None, source: Path | None = No
         real = Path(os.path.realpath(path))
         if mode is not None and not stat.S_ISREG(mode):
             raise OutputError("not a regular file, a character device or a FIFO")
+        _remove_stale_temporaries(real)
         fd, tmp = tempfile.mkstemp(prefix=f".{real.name}.", suffix=".tmp", dir=real.parent)
     except OSError as err:
         raise OutputError(err.strerror or str(err)) from None
@@ -84,6 +92,18 @@ def write_output(path: Path, data: bytes | None = None, source: Path | None = No
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _remove_stale_temporaries(real: Path) -> None:
+    """Delete `.NAME.*.tmp` beside the output that we own and that no live writer can still use."""
+    cutoff = time.time() - STALE_TEMPORARY_S
+    for leftover in real.parent.glob(f".{real.name}.*.tmp"):
+        try:
+            info = leftover.lstat()
+            if stat.S_ISREG(info.st_mode) and info.st_uid == os.getuid() and info.st_mtime < cutoff:
+                leftover.unlink()
+        except OSError:
+            continue
 
 
 def _fill(handle, data: bytes | None, source: Path | None) -> None:

@@ -81,3 +81,13 @@ def test_a_fifo_output_is_written_through(tmp_path: Path, neff: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert stat.S_ISFIFO(fifo.stat().st_mode)
     assert json.loads(received[0])["races"] == []
+
+
+def test_stale_temporaries_of_a_killed_install_are_removed(tmp_path: Path) -> None:
+    stale, fresh = tmp_path / ".m.neff.abc123.tmp", tmp_path / ".m.neff.def456.tmp"
+    stale.write_bytes(b"half a neff")
+    fresh.write_bytes(b"a live writer's")
+    os.utime(stale, (1, 1))  # written long ago: its writer is gone
+    result = ncc("compile", find_model("add_mul.hlo.pb"), "-o", tmp_path / "m.neff")
+    assert result.returncode == 0, result.stderr
+    assert not stale.exists() and fresh.exists()
