@@ -148,9 +148,22 @@ def _save_traceback() -> Path | None:
     return Path(name)
 
 
+def _reexec_in_utf8_mode(args: list[str]) -> None:
+    """Under a strict C/POSIX locale Python decodes non-ASCII paths to lone surrogates, which
+    fail the moment they are written as UTF-8 (a record, cmd.sh). Run the same command again in
+    Python's UTF-8 mode, which the compile child and the tools then inherit."""
+    if sys.getfilesystemencoding().replace("-", "").lower() == "utf8" or os.environ.get("PYTHONUTF8") == "1":
+        return
+    os.environ["PYTHONUTF8"] = "1"
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "ncc.orchestrator", *args])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ncc` console script; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        _reexec_in_utf8_mode(args)
     try:
         return dispatch(args)
     except NccError as err:

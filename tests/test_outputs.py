@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -91,3 +93,19 @@ def test_stale_temporaries_of_a_killed_install_are_removed(tmp_path: Path) -> No
     result = ncc("compile", find_model("add_mul.hlo.pb"), "-o", tmp_path / "m.neff")
     assert result.returncode == 0, result.stderr
     assert not stale.exists() and fresh.exists()
+
+
+def test_non_ascii_paths_under_a_strict_c_locale(tmp_path: Path) -> None:
+    folder = tmp_path / "é dir"
+    folder.mkdir()
+    model = folder / "modèle.hlo.pb"
+    model.write_bytes(find_model("add_mul.hlo.pb").read_bytes())
+    env = {k: v for k, v in os.environ.items() if k not in ("NCC_FAULT_INJECT", "PYTHONUTF8", "LANGUAGE")}
+    env.update(LC_ALL="C", LANG="C", PYTHONCOERCECLOCALE="0")
+    result = subprocess.run(
+        [sys.executable, "-m", "ncc.orchestrator", "compile", str(model), "-o", str(folder / "sortie.neff")],
+        env=env,
+        capture_output=True,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    assert (folder / "sortie.neff").is_file()
