@@ -16,6 +16,9 @@ ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside i
     job             ToolJob: a JobSpec as a Luigi task (runs and supervises the tool, the record)
     stage_cache     the content-addressed stage cache shared across work dirs (cmd_cache: `ncc cache`)
     farm, cmd_farm  `ncc farm`: many models' pipelines in one Luigi graph, local or on luigid
+    farm_progress   the farm's live status line, read from the work dirs
+    outputs         writing user-named outputs (devices and FIFOs written through, links followed)
+    diskspace       naming a full file system ([U011])
     supervisor      one tool as a supervised process tree (limits, rusage, peak RSS, no stragglers)
     process_end     how a process ended → F134 / F137 / F139
     diagnostics     every driver code and exit code (docs/diagnostics.md)

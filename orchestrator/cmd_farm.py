@@ -159,7 +159,9 @@ def _run_with_luigi(
 
     luigi_setup.isolate_config()
     farm.configure_luigi(settings)
-    progress = farm.Progress(models, run_id, sys.stderr) if verbose >= 1 else None
+    from ncc.orchestrator.farm_progress import Progress
+
+    progress = Progress(models, run_id, sys.stderr) if verbose >= 1 else None
     farm.run_farm(models, settings, run_id, progress)
 
 

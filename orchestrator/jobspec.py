@@ -173,18 +173,6 @@ class JobSpec(abc.ABC):
 
     # -- what the disk says ---------------------------------------------------------------------
 
-    def upstream(self) -> JobSpec | None:
-        """The previous job of the pipeline, as a standalone spec."""
-        if self.index == 0:
-            return None
-        from ncc.orchestrator.registry import JobRegistry
-
-        parameters = {
-            key: getattr(self, key)
-            for key in ("workdir", "model", "pipeline", "compile_flags", *self._DEFAULTS)
-        }
-        return JobRegistry.spec(self.pipeline[self.index - 1]).standalone(**parameters)
-
     def recorded_complete(self) -> bool:
         """This job's own record says ok and its inputs, outputs and cache key still hold
         (the upstream jobs are the caller's to check)."""
