@@ -25,8 +25,9 @@ class Op:
     """One instruction ready to execute.
 
     `cost_ns` is how long it occupies its engine (for a dma: the trigger's issue time);
-    `transfer_ns` is a dma's time on its queue. `ports` are the shared memory ports it holds
-    while it runs (see timing.py).
+    `transfer_ns` is a dma's time on its queue, `hbm_ns` the time its bytes occupy the core's
+    aggregate HBM bandwidth (0 when it touches no HBM). `ports` are the shared memory ports it
+    holds while it runs (see timing.py).
     """
 
     uid: int
@@ -44,6 +45,7 @@ class Op:
     updates: tuple[tuple[int, int], ...] = ()
     cost_ns: float = 0.0
     transfer_ns: float = 0.0
+    hbm_ns: float = 0.0
     ports: tuple[str, ...] = ()
 
     @property

@@ -107,6 +107,7 @@ def _decode(
     semantics.validate(op, target)
     op.cost_ns = costs.engine_ns(op)
     op.transfer_ns = costs.transfer_ns(op)
+    op.hbm_ns = costs.hbm_ns(op)
     op.ports = costs.ports(op)
     return op
 

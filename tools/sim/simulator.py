@@ -5,8 +5,11 @@ wait (semaphore >= value) holds and the shared ports it needs are free; it compl
 later, and only then are its functional effect applied and its updates added. A dma's waits are
 checked by its trigger engine, which is busy for the issue time; when the trigger is done the
 transfer joins its queue (FIFO), moves for `transfer_ns`, and its copy and updates land when it
-completes. Events at one timestamp are all processed (in the order they were created) before
-anything new starts. When no event is pending and streams are unfinished the run is deadlocked
+completes. Transfers that touch HBM also share the core's aggregate HBM bandwidth: each reserves
+`hbm_ns` of a single HBM channel in the order transfers start (after the fixed latency), and ends
+no earlier than its reservation, so 16 busy queues move at most hbm_bandwidth_gbps together.
+Events at one timestamp are all processed (in the order they were created) before anything new
+starts. When no event is pending and streams are unfinished the run is deadlocked
 and deadlock.py explains why. The loop always ends: each instruction starts once and each event
 is processed once.
 
@@ -79,6 +82,7 @@ class Simulator:
         self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
         self.queue_thread = {q: len(engine_ids) + q for q in range(target.dma_queues)}
         self.queue_free_ns = [0.0] * target.dma_queues
+        self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
         self.queue_busy_ns = [0.0] * target.dma_queues
         self.queue_used = [False] * target.dma_queues
         self.counts = [0] * num_semaphores
@@ -172,8 +176,12 @@ class Simulator:
             engine.running = None
             start = max(self.now, self.queue_free_ns[op.queue])
             end = start + op.transfer_ns
+            if op.hbm_ns:
+                data_start = max(start + self.target.dma_fixed_latency_ns, self.hbm_free_ns)
+                self.hbm_free_ns = data_start + op.hbm_ns
+                end = max(end, self.hbm_free_ns)
             self.queue_free_ns[op.queue] = end
-            self.queue_busy_ns[op.queue] += op.transfer_ns
+            self.queue_busy_ns[op.queue] += end - start
             self.queue_used[op.queue] = True
             if self.recorder is not None:
                 self.recorder.transferred(op, self.now, start, end)

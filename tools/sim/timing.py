@@ -41,6 +41,14 @@ class CostModel:
         """How long a dma's data occupies its queue."""
         return self.target.dma_ns(op.inputs[0].nbytes) if op.is_dma else 0.0
 
+    def hbm_ns(self, op: Op) -> float:
+        """How long a dma's bytes occupy the core's aggregate HBM bandwidth (hbm_bandwidth_gbps,
+        410 GB/s on trn1: less than 16 queues x 27 GB/s), if it reads or writes HBM."""
+        touches_hbm = any(a.memory == common_pb2.HBM for a in (*op.inputs, *op.outputs))
+        if not op.is_dma or not touches_hbm:
+            return 0.0
+        return op.inputs[0].nbytes / self.target.hbm_bandwidth_gbps
+
     @staticmethod
     def ports(op: Op) -> tuple[str, ...]:
         """The shared memory ports `op` holds while it runs."""
