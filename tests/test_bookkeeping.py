@@ -84,29 +84,23 @@ def test_an_internal_error_keeps_its_traceback_in_the_work_dir(tmp_path: Path, m
     assert len(logs) == 1 and str(logs[0]) in err and "RuntimeError: a bug" in logs[0].read_text()
 
 
-def _limit_open_files(soft: int, hard: int):
-    import resource
-
-    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+def _with_ulimit(flags: str, command: list[str]) -> list[str]:
+    """`command` run under `ulimit FLAGS` (a shell, not preexec_fn: no fork of this process)."""
+    return ["sh", "-c", f'ulimit {flags} && exec "$@"', "sh", *command]
 
 
 def test_too_few_open_files_is_u012_and_a_low_soft_limit_is_raised(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "ncc.orchestrator", "compile", str(find_model("add_mul.hlo.pb")), "-o"]
     env = {k: v for k, v in os.environ.items() if k != "NCC_FAULT_INJECT"}
     hard = subprocess.run(
-        [*command, str(tmp_path / "a.neff")],
-        env=env,
-        capture_output=True,
-        text=True,
-        preexec_fn=_limit_open_files(10, 10),
+        _with_ulimit("-n 10", [*command, str(tmp_path / "a.neff")]), env=env, capture_output=True, text=True
     )
     assert hard.returncode == 3 and "Traceback" not in hard.stderr
     assert_one_line_error(Result(hard.returncode, hard.stdout, hard.stderr), "U012")
     soft = subprocess.run(
-        [*command, str(tmp_path / "b.neff")],
+        _with_ulimit("-S -n 10", [*command, str(tmp_path / "b.neff")]),
         env=env,
         capture_output=True,
         text=True,
-        preexec_fn=_limit_open_files(10, 4096),
     )
     assert soft.returncode == 0, soft.stderr
