@@ -157,6 +157,7 @@ def _run_with_luigi(
 ) -> None:
     from ncc.orchestrator import farm
 
+    luigi_setup.require_shared_memory()
     luigi_setup.isolate_config()
     farm.configure_luigi(settings)
     from ncc.orchestrator.farm_progress import Progress

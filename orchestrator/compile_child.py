@@ -55,6 +55,7 @@ def run_compile(options: CompileOptions) -> tuple[int, dict[str, object]]:
     try:
         luigi_setup.configure_logging(options.verbose, workdir.driver_log)
         inject_driver_fault(settings().driver_fault)
+        luigi_setup.require_shared_memory()
         from ncc.orchestrator.compile_command import CompileCommand  # imports Luigi: after isolation
 
         summary = CompileCommand(options).execute()

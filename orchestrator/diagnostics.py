@@ -54,6 +54,7 @@ _TABLE: tuple[Code, ...] = (
     Code("U010", ExitCode.ENVIRONMENT, "the model file changed or disappeared while it was being compiled"),
     Code("U011", ExitCode.ENVIRONMENT, "no space left on the file system of the work directory or an output"),
     Code("U012", ExitCode.ENVIRONMENT, "too few open files allowed (ulimit -n) for ncc to work"),
+    Code("U013", ExitCode.ENVIRONMENT, "POSIX shared memory (/dev/shm) is unusable: Luigi's worker needs it"),
     Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
     Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
     # Tool codes that report the compiler's own output as wrong, not the user's input:

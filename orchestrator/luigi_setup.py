@@ -53,6 +53,23 @@ def isolate_config() -> None:
             config.set(section, key, value)
 
 
+def require_shared_memory() -> None:
+    """Raise [U013] unless POSIX semaphores work: every Luigi worker makes a multiprocessing
+    queue, whose lock lives in /dev/shm; without it each compile would end as an F134."""
+    import multiprocessing
+
+    from ncc.orchestrator.diagnostics import NccError
+
+    try:
+        multiprocessing.Lock()
+    except OSError as err:
+        raise NccError.of(
+            "U013",
+            f"POSIX shared memory (/dev/shm) is not usable ({err.strerror or err}); Luigi's worker needs it: "
+            "mount a writable tmpfs on /dev/shm",
+        ) from None
+
+
 class _NoTracebackFormatter(logging.Formatter):
     """The console form of a record: its message, and of an exception only its one-line summary."""
 

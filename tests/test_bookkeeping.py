@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from orchestrator_support import Result, assert_one_line_error, find_model, history, ncc
 
 
@@ -104,3 +105,22 @@ def test_too_few_open_files_is_u012_and_a_low_soft_limit_is_raised(tmp_path: Pat
         text=True,
     )
     assert soft.returncode == 0, soft.stderr
+
+
+def test_without_shared_memory_a_compile_is_u013(tmp_path: Path) -> None:
+    """/dev/shm read-only in a private mount namespace (root only): Luigi's queue cannot get a lock."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private mount namespace")
+    script = 'mount -t tmpfs -o ro,size=4k tmpfs /dev/shm && exec "$@"'
+    command = [sys.executable, "-m", "ncc.orchestrator", "compile", str(find_model("add_mul.hlo.pb")), "-o"]
+    env = {k: v for k, v in os.environ.items() if k != "NCC_FAULT_INJECT"}
+    result = subprocess.run(
+        ["unshare", "-m", "sh", "-c", script, "sh", *command, str(tmp_path / "m.neff")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if "unshare failed" in result.stderr or "mount:" in result.stderr:
+        pytest.skip(f"no private mount namespace here: {result.stderr.strip()}")
+    assert result.returncode == 3, result.stderr
+    assert_one_line_error(Result(result.returncode, result.stdout, result.stderr), "U013")
