@@ -29,4 +29,26 @@ ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside i
     config          the driver's settings from its environment, read once
 """
 
+import os as _os
+import signal as _signal
+import sys as _sys
+
 __version__ = "0.1.0"  # the one place the release is written (pyproject.toml reads it)
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C while `ncc` imports its modules: one line, exit 130, no KeyboardInterrupt traceback."""
+    _os.write(2, b"ncc: error: [U007] interrupted\n")
+    _os._exit(130)
+
+
+def restore_interrupt_handler() -> None:
+    """The entry points call this once they can turn Ctrl-C into their own diagnostic."""
+    if _signal.getsignal(_signal.SIGINT) is _interrupted_while_starting:
+        _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
+
+# `ncc` (console script) or `python -m ncc.orchestrator...` is starting (argv[0] is "-m" while
+# the -m target is imported): cover the ~150 ms of imports before main() has its own handler.
+if _sys.argv[:1] == ["-m"] or _os.path.basename(_sys.argv[0] if _sys.argv else "") == "ncc":
+    _signal.signal(_signal.SIGINT, _interrupted_while_starting)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
+from ncc.orchestrator import restore_interrupt_handler
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 
 
@@ -162,6 +163,7 @@ def _reexec_in_utf8_mode(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ncc` console script; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
+    restore_interrupt_handler()
     if argv is None:
         _reexec_in_utf8_mode(args)
     try:

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from ncc.orchestrator import luigi_setup
+from ncc.orchestrator import luigi_setup, restore_interrupt_handler
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.orchestrator.diskspace import is_no_space, looks_full, no_space_message
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ncc-compile-child", description=__doc__)
     parser.add_argument("--options", required=True, help="CompileOptions as JSON")
     parser.add_argument("--result", required=True, type=Path, help="where to write the result JSON")
+    restore_interrupt_handler()
     args = parser.parse_args(argv)
     die_with_parent_from_env()  # never outlive the `ncc` that started us (it holds the lock with us)
     luigi_setup.isolate_config()

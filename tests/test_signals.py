@@ -98,3 +98,36 @@ def test_sigkill_of_ncc_takes_the_compile_child_and_its_tool_along(tmp_path: Pat
     _wait_until(lambda: not _processes_in(workdir), 10, f"orphans: {_processes_in(workdir)}")
     assert not (tmp_path / "m.neff").exists()
     _resumes(tmp_path, workdir)
+
+
+def test_ctrl_c_while_ncc_is_still_importing_is_one_line(tmp_path: Path) -> None:
+    """Ctrl-C from 50 ms on: ncc's own start-up (its imports) ends with U007, never a traceback
+    through ncc's code. Earlier than that the interpreter itself is still starting (site, the
+    editable-install finder); what it prints then has no ncc frame and is Python's, not ours."""
+    clean = 0
+    env = {k: v for k, v in os.environ.items() if k != "NCC_FAULT_INJECT"}
+    for index, delay in enumerate((0.05, 0.08, 0.12, 0.2)):
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ncc.orchestrator",
+                "compile",
+                str(find_model("add_mul.hlo.pb")),
+                "-o",
+                str(tmp_path / f"m{index}.neff"),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        assert "/orchestrator/" not in err, err  # no traceback through ncc's code
+        if proc.returncode == 130 and err.strip().startswith("ncc: error: [U007]"):
+            clean += 1
+        else:
+            assert "Traceback" in err or proc.returncode == -signal.SIGINT, (proc.returncode, err)
+    assert clean >= 2
