@@ -151,11 +151,7 @@ class ToolJob(JobSpec, luigi.Task):
         )
 
     def _execute(self) -> diagnostic_pb2.JobRecord:
-        self._prepare()
-        inputs = [digests.file_digest(path, self.root) for path in self.input_paths()]
-        argv = self.command()
-        self._write_replay_script(argv)
-        key = self.cache_key(inputs)
+        inputs, argv, key = self._begin()
         cache = self._stage_cache()
         lookup = ""
         if cache is not None:

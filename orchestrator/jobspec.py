@@ -195,7 +195,16 @@ class JobSpec(abc.ABC):
             digests.matches(item, path, self.root) for item, path in zip(recorded, paths, strict=True)
         )
 
-    # -- the stage cache ------------------------------------------------------------------------
+    # -- starting a run ---------------------------------------------------------------------------
+
+    def _begin(self) -> tuple[list[diagnostic_pb2.FileDigest], list[str], str]:
+        """Clear what an earlier attempt left, write the replay script: the input digests, the
+        command and the cache key of this attempt (a tool run and a cache restore start alike)."""
+        self._prepare()
+        inputs = [digests.file_digest(path, self.root) for path in self.input_paths()]
+        argv = self.command()
+        self._write_replay_script(argv)
+        return inputs, argv, self.cache_key(inputs)
 
     def _prepare(self) -> None:
         """Make the folder and remove what an earlier attempt left (the record first)."""
@@ -212,6 +221,8 @@ class JobSpec(abc.ABC):
             encoding="utf-8",
         )
         script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+    # -- the stage cache ------------------------------------------------------------------------
 
     def _stage_cache(self) -> StageCache | None:
         """The stage cache, unless none was given or a test injects faults into the tools (a
@@ -264,9 +275,7 @@ class JobSpec(abc.ABC):
         key = self.cache_key(inputs)
         if not cache.entry_dir(key).is_dir():
             return None
-        self._prepare()
-        argv = self.command()
-        self._write_replay_script(argv)
+        inputs, argv, key = self._begin()
         return self._restore_from_cache(cache, argv, inputs, key)[1]
 
     def _deterministic_failure(self) -> diagnostic_pb2.JobRecord | None:
