@@ -12,8 +12,8 @@ from ncc.schemas import common_pb2
 from ncc.tools.common.dtypes import numpy_to_tensor, storage_to_user_array, tensor_to_numpy
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_proto
-from ncc.tools.hlo2penguin.hlo_reader import load_module
-from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+from ncc.tools.hlo.hlo_reader import load_module
+from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
 from ncc.tools.hlo_opt.golden import run_golden
 

@@ -45,9 +45,9 @@ from ncc.tools.common.penguin_budget import (
     check_budget,
     instruction_count,
 )
-from ncc.tools.hlo2penguin.hlo_reader import parse_module_proto, parse_module_text
-from ncc.tools.hlo2penguin.hlo_types import T, dims, element_count, entry_computation, leaf_shapes
-from ncc.tools.hlo2penguin.hlo_verify import SUPPORTED_OPCODES, verify_module
+from ncc.tools.hlo.hlo_reader import parse_module_proto, parse_module_text
+from ncc.tools.hlo.hlo_types import T, dims, element_count, entry_computation, leaf_shapes
+from ncc.tools.hlo.hlo_verify import SUPPORTED_OPCODES, verify_module
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs

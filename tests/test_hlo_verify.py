@@ -10,10 +10,10 @@ import pytest
 
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo2penguin.hlo_reader import load_module, parse_module_proto
-from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
-from ncc.tools.hlo2penguin.hlo_types import T, element_count
-from ncc.tools.hlo2penguin.hlo_verify import verify_module
+from ncc.tools.hlo.hlo_reader import load_module, parse_module_proto
+from ncc.tools.hlo.hlo_text import parse_hlo_text
+from ncc.tools.hlo.hlo_types import T, element_count
+from ncc.tools.hlo.hlo_verify import verify_module
 from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
 
 REGION = """
@@ -59,9 +59,9 @@ def test_valid_module_passes() -> None:
 
 
 def test_unsupported_opcode_names_the_instruction() -> None:
-    err = error_of(entry("x = f32[4] parameter(0)\nROOT y = f32[4] sine(x)"))
+    err = error_of(entry("x = f32[4] parameter(0)\nROOT y = f32[4] popcnt(x)"))
     assert err.code == "E201" and err.location == "y"
-    assert err.message == "unsupported opcode 'sine' in instruction 'y'"
+    assert err.message == "unsupported opcode 'popcnt' in instruction 'y'"
 
 
 @pytest.mark.parametrize("body", [

@@ -76,7 +76,7 @@ def test_scalar_constants_fold_into_immediates(models_dir: Path, name: str) -> N
 def test_frontend_attributes_stay_on_the_ops_they_lower_to() -> None:
     """An annotation JAX puts on an op (set_xla_metadata) reaches every Penguin statement and BIR
     instruction that op became, and nothing else."""
-    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
 
     module = parse_hlo_text(
         """HloModule annotated
@@ -102,7 +102,7 @@ ENTRY main {
 @pytest.mark.parametrize(("length", "rows"), [(1_000_000, 125), (1000, 125), (1024, 128), (1009, 1), (7, 7)])
 def test_vectors_fill_the_partitions(length: int, rows: int) -> None:
     """A rank-1 op tiles as (p, n/p) with p the largest divisor of n up to 128, not n rows of one."""
-    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
 
     module = parse_hlo_text(f"""HloModule v
 ENTRY main {{
@@ -118,7 +118,7 @@ ENTRY main {{
 def test_folded_constants_take_their_type() -> None:
     """convert(2.7) to s32 folds to 2 and 1/3 in bf16 folds to bf16's nearest value, as XLA computes."""
     from ncc.tools.common.dtypes import bf16_to_f32, f32_to_bf16
-    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
 
     module = parse_hlo_text("""HloModule fold
 ENTRY main {
@@ -142,7 +142,7 @@ ENTRY main {
 
 def test_tuple_parameter_is_refused_naming_it() -> None:
     from ncc.tools.common.errors import CompileError
-    from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
 
     module = parse_hlo_text("""HloModule t
 ENTRY main {

@@ -79,8 +79,8 @@ def test_the_budget_counts_the_program_split_dma_makes():
     from pathlib import Path
 
     from ncc.tools.common.penguin_budget import backend_instruction_count, instruction_count
-    from ncc.tools.hlo2penguin.hlo_reader import load_module
-    from ncc.tools.hlo2penguin.hlo_verify import verify_module
+    from ncc.tools.hlo.hlo_reader import load_module
+    from ncc.tools.hlo.hlo_verify import verify_module
     from ncc.tools.hlo2penguin.lower import lower_module
     from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 

@@ -23,8 +23,8 @@ from conftest import run_ncc
 from hlo_gen import ADD, MAX
 
 from ncc.tools.common.penguin_budget import instruction_count
-from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
-from ncc.tools.hlo2penguin.hlo_verify import verify_module
+from ncc.tools.hlo.hlo_text import parse_hlo_text
+from ncc.tools.hlo.hlo_verify import verify_module
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 

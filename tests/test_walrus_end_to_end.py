@@ -55,8 +55,8 @@ def test_every_wait_of_a_real_model_is_necessary():
 
     import numpy as np
 
-    from ncc.tools.hlo2penguin.hlo_reader import load_module
-    from ncc.tools.hlo2penguin.hlo_verify import verify_module
+    from ncc.tools.hlo.hlo_reader import load_module
+    from ncc.tools.hlo.hlo_verify import verify_module
     from ncc.tools.hlo2penguin.lower import lower_module
     from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 

@@ -53,6 +53,11 @@ def from_name(text: str) -> int:
     return _BY_NAME[text]
 
 
+def is_signed(dtype: int) -> bool:
+    """Signed integer (or float) types: their values can be negative."""
+    return dtype in (common_pb2.S32, common_pb2.S8) or is_float(dtype)
+
+
 def is_float(dtype: int) -> bool:
     return dtype in (common_pb2.F32, common_pb2.BF16, common_pb2.F16)
 

@@ -15,8 +15,8 @@ from ncc.tools.common.toolmain import run_tool
 
 def _body(args: argparse.Namespace) -> None:
     from ncc.tools.common.penguin_budget import check_budget
-    from ncc.tools.hlo2penguin.hlo_reader import load_module
-    from ncc.tools.hlo2penguin.hlo_verify import verify_module
+    from ncc.tools.hlo.hlo_reader import load_module
+    from ncc.tools.hlo.hlo_verify import verify_module
     from ncc.tools.hlo2penguin.lower import lower_module
 
     module = load_module(args.input)

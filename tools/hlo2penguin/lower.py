@@ -21,10 +21,11 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
-from ncc.tools.common.dtypes import from_compute, to_compute
+from ncc.tools.common.dtypes import from_compute, is_float
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo2penguin.hlo_types import ncc_dtype
-from ncc.tools.hlo2penguin.literals import literal_to_numpy
+from ncc.tools.hlo.elementwise import apply
+from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
+from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.nest_builder import (
     FRONTEND_PREFIX,
     PARTITIONS,
@@ -43,18 +44,21 @@ MATMUL_M_TILE = 128      # stationary free size
 
 SP, ACT, DVE, POOL, PE = common_pb2.SP, common_pb2.ACT, common_pb2.DVE, common_pb2.POOL, common_pb2.PE
 
+# HLO op -> the device function that computes it (docs/ir.md): binary ops on DVE (floats) or POOL
+# (integers and pred), tensor_tensor or, with a constant operand, tensor_scalar.
 BINARY = {"add": "add", "subtract": "subtract", "multiply": "multiply", "divide": "divide",
-          "maximum": "maximum", "minimum": "minimum"}
+          "maximum": "maximum", "minimum": "minimum", "power": "power", "remainder": "remainder",
+          "atan2": "atan2", "and": "and", "or": "or", "xor": "xor", "shift-left": "shift_left",
+          "shift-right-logical": "shift_right_logical", "shift-right-arithmetic": "shift_right_arithmetic"}
+# Float unary ops: one ACT activation each.
 ACTIVATIONS = {"exponential": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
-               "rsqrt": "rsqrt", "sqrt": "sqrt"}
+               "rsqrt": "rsqrt", "sqrt": "sqrt", "exponential-minus-one": "expm1", "log-plus-one": "log1p",
+               "sine": "sin", "cosine": "cos", "tan": "tan", "cbrt": "cbrt", "floor": "floor", "ceil": "ceil",
+               "round-nearest-even": "round_even", "round-nearest-afz": "round_afz", "abs": "abs",
+               "sign": "sign"}
 COMPARE = {"EQ": "eq", "NE": "ne", "LT": "lt", "LE": "le", "GT": "gt", "GE": "ge"}
 REDUCERS = {"add": ("add", 0.0), "maximum": ("maximum", -np.inf), "minimum": ("minimum", np.inf),
             "multiply": ("multiply", 1.0)}
-NUMPY_BINARY = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
-                "maximum": np.maximum, "minimum": np.minimum}
-NUMPY_UNARY = {"exponential": np.exp, "log": np.log, "tanh": np.tanh, "sqrt": np.sqrt,
-               "logistic": lambda x: 1.0 / (1.0 + np.exp(-x)), "rsqrt": lambda x: 1.0 / np.sqrt(x),
-               "negate": np.negative}
 
 
 @dataclass(frozen=True)
@@ -256,67 +260,65 @@ class Lowering:
 
     def _elementwise(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
         opcode = instr.opcode
+        if opcode == "copy":
+            return ops[0]  # values are immutable: a copy is the value itself
         if all(isinstance(op, Splat) for op in ops):
-            folded = self._fold(instr, [op.value for op in ops])
-            # the result takes its type's rounding: bf16 keeps 8 bits, an integer truncates
-            exact = float(to_compute(from_compute(np.asarray([folded]), dtype), dtype)[0])
-            return Splat(exact, dtype, shape)
+            return self._fold(instr, ops, shape, dtype)
+        ops = [op if isinstance(op, Splat) or op.shape == shape else op.broadcast(shape, ()) for op in ops]
         out = self._new_output(instr, shape, dtype)
         tiling = self._tiling(shape)
         nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
-        result = self.builder.tile(f"{instr.name}.out", dtype, tiling.shape,
-                                   (1,) * (len(tiling.shape) - 2) + (PARTITIONS, tiling.free_tile))
-        out_box = tiling.box(result)
-        int_engine = POOL if is_integer(dtype) else DVE
+        body = _Body(self, nest, tiling, instr.name)
+        out_box = body.tile(dtype)
+        operand_dtype = next(op.dtype for op in ops if not isinstance(op, Splat))
+        engine = DVE if is_float(operand_dtype) else POOL
         if opcode in BINARY or opcode == "compare":
             func = BINARY.get(opcode) or COMPARE[instr.comparison_direction]
-            engine = POOL if is_integer(ops[0].dtype) else DVE
-            splats = [isinstance(op, Splat) for op in ops]
-            if any(splats):
-                scalar = ops[0] if splats[0] else ops[1]
-                tensor = ops[1] if splats[0] else ops[0]
-                box = self._load(nest, tiling, tensor, instr.name, 0)
-                add_statement(nest, "compute", "tensor_scalar", engine, [out_box], [box], func=func,
-                              scalars=(scalar.value,), attributes={"reverse": "1"} if splats[0] else None)
-            else:
-                boxes = [self._load(nest, tiling, op, instr.name, k) for k, op in enumerate(ops)]
-                add_statement(nest, "compute", "tensor_tensor", engine, [out_box], boxes, func=func)
-        elif opcode in ACTIVATIONS:
-            box = self._load(nest, tiling, ops[0], instr.name, 0)
-            add_statement(nest, "compute", "activation", ACT, [out_box], [box], func=ACTIVATIONS[opcode],
-                          scalars=(1.0, 0.0))
+            body.binary(func, engine, out_box, ops[0], ops[1])
+        elif opcode in ACTIVATIONS and is_float(dtype):
+            body.emit("activation", ACT, out_box, [ops[0]], func=ACTIVATIONS[opcode], scalars=(1.0, 0.0))
         elif opcode == "negate":
-            box = self._load(nest, tiling, ops[0], instr.name, 0)
-            add_statement(nest, "compute", "tensor_scalar", int_engine, [out_box], [box], func="multiply",
-                          scalars=(-1.0,))
+            body.binary("multiply", engine, out_box, ops[0], Splat(-1.0, dtype, shape))
+        elif opcode == "abs":  # an integer: max(x, -x), which wraps MIN to MIN as XLA does
+            negated = body.tile(dtype)
+            body.binary("multiply", engine, negated, ops[0], Splat(-1.0, dtype, shape))
+            body.binary("maximum", engine, out_box, ops[0], negated)
+        elif opcode == "sign":  # an integer: (x > 0) - (x < 0)
+            positive, negative = body.tile(dtype), body.tile(dtype)
+            body.binary("gt", engine, positive, ops[0], Splat(0.0, dtype, shape))
+            body.binary("lt", engine, negative, ops[0], Splat(0.0, dtype, shape))
+            body.binary("subtract", engine, out_box, positive, negative)
+        elif opcode == "not":  # all bits flipped; pred is 0/1, so its not is xor 1
+            mask = 1.0 if dtype == common_pb2.PRED else -1.0
+            body.binary("xor", POOL, out_box, ops[0], Splat(mask, dtype, shape))
+        elif opcode == "is-finite":  # x - x is 0 exactly when x is finite (inf - inf and NaN give NaN)
+            difference = body.tile(common_pb2.F32)
+            body.binary("subtract", DVE, difference, ops[0], ops[0])
+            body.binary("eq", DVE, out_box, difference, Splat(0.0, common_pb2.F32, shape))
+        elif opcode == "clamp":
+            low, x, high = ops
+            raised = body.tile(dtype)
+            body.binary("maximum", engine, raised, x, low)
+            body.binary("minimum", engine, out_box, raised, high)
         elif opcode == "convert":
-            box = self._load(nest, tiling, ops[0], instr.name, 0)
-            add_statement(nest, "compute", "tensor_copy", int_engine, [out_box], [box])
+            body.emit("tensor_copy", DVE if is_float(operand_dtype) or is_float(dtype) else POOL, out_box,
+                      [ops[0]])
         elif opcode == "select":
-            boxes = [self._load(nest, tiling, op, instr.name, k) for k, op in enumerate(ops)]
-            add_statement(nest, "compute", "select", POOL, [out_box], boxes)
+            body.emit("select", POOL, out_box, ops)
         else:
             raise CompileError("E201", f"unsupported opcode '{opcode}'", instr.name)
         self._store(nest, tiling, out_box, out, instr.name)
         return out
 
-    def _fold(self, instr, values: list[float]) -> float:
-        opcode = instr.opcode
-        with np.errstate(all="ignore"):
-            args = [np.float32(v) for v in values]
-            if opcode in NUMPY_BINARY:
-                return float(NUMPY_BINARY[opcode](*args))
-            if opcode in NUMPY_UNARY:
-                return float(NUMPY_UNARY[opcode](args[0]))
-            if opcode == "convert":
-                return values[0]
-            if opcode == "compare":
-                fn = {"EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
-                      "GT": np.greater, "GE": np.greater_equal}[instr.comparison_direction]
-                return float(fn(*args))
-            if opcode == "select":
-                return values[1] if values[0] else values[2]
-        raise CompileError("E201", f"unsupported opcode '{opcode}'", instr.name)
+    def _fold(self, instr, ops: list[Splat], shape: tuple[int, ...], dtype: int) -> Splat:
+        """An elementwise op of constants is a constant: computed with the evaluator's semantics,
+        in the result's type (bf16 keeps 8 bits, integers wrap)."""
+        opcode = instr.comparison_direction if instr.opcode == "compare" else instr.opcode
+        if instr.opcode == "convert":
+            opcode = "copy"
+        values = [np.asarray([op.value]).astype(compute_dtype(xla_type(op.dtype))) for op in ops]
+        result = apply(opcode, values, xla_type(dtype))
+        return Splat(float(result[0]), dtype, shape)
 
     def _iota(self, instr, shape: tuple[int, ...], dtype: int) -> View:
         out = self._new_output(instr, shape, dtype)
@@ -404,9 +406,11 @@ class Lowering:
             return Splat(0.0, dtype, shape)  # an empty contraction: all zeros
         lhs_bmk = self._reshape(lhs.transpose(tuple(lb + lf + lc)), (batch, m, k), instr.name)
         rhs_bkn = self._reshape(rhs.transpose(tuple(rb + rc + rf)), (batch, k, n), instr.name)
-        lhs_t = lhs_bmk.transpose((0, 2, 1))
         out = self._new_output(instr, shape, dtype)
         out_bmn = self._reshape(out, (batch, m, n), instr.name)
+        if is_integer(dtype):
+            return self._integer_dot(instr, lhs_bmk, rhs_bkn, out, out_bmn)
+        lhs_t = lhs_bmk.transpose((0, 2, 1))
         axes = [penguin_pb2.Axis(name="b", extent=batch),
                 penguin_pb2.Axis(name="i", extent=ceil_div(m, MATMUL_M_TILE)),
                 penguin_pb2.Axis(name="j", extent=ceil_div(n, MATMUL_N_TILE)),
@@ -438,6 +442,102 @@ class Lowering:
                       [box(result, ii, jj)], predicates=last)
         self.produced.add(out.base)
         return out
+
+    def _integer_dot(self, instr, lhs_bmk: View, rhs_bkn: View, out: View, out_bmn: View) -> View:
+        """An integer dot, exact: PE multiplies in fp32 (24-bit significands), so integers take the
+        vector engines instead. Per output column n: POOL multiplies the lhs rows by rhs column n
+        (a DMA broadcasts it over the partitions), DVE sums each row in int64, and the [128, 1]
+        column is stored. Products and sums wrap as XLA's integer arithmetic does."""
+        batch, m, k = lhs_bmk.shape
+        n = rhs_bkn.shape[2]
+        dtype = out.dtype
+        k_tile = min(k, FREE_TILE)
+        columns = rhs_bkn.transpose((0, 2, 1)).broadcast((batch, n, m, k), (0, 1, 3))  # [b,n,·,k]
+        axes = [penguin_pb2.Axis(name="b", extent=batch),
+                penguin_pb2.Axis(name="i", extent=ceil_div(m, PARTITIONS)),
+                penguin_pb2.Axis(name="n", extent=n),
+                penguin_pb2.Axis(name="k", extent=ceil_div(k, k_tile))]
+        nest = self.builder.nest(instr.name, instr.name, axes, self._attributes(instr))
+
+        def box(tensor: str, starts: dict[str, int], extents: list[int]) -> penguin_pb2.Access:
+            return penguin_pb2.Access(tensor=tensor, extents=extents,
+                                      starts=[affine.expr({a: c}) if a else affine.expr() for a, c in starts])
+
+        rows_at, rows_extent = [("b", 1), ("i", PARTITIONS), ("k", k_tile)], [1, PARTITIONS, k_tile]
+        column_at = [("b", 1), ("n", 1), ("i", PARTITIONS), ("k", k_tile)]
+        column_extent = [1, 1, PARTITIONS, k_tile]
+        acc_at, acc_extent = [("b", 1), ("i", PARTITIONS), ("n", 1)], [1, PARTITIONS, 1]
+
+        def sbuf(hint: str, tile_dtype: int, tile_shape: tuple, at: list, extent: list) -> penguin_pb2.Access:
+            name = self.builder.tile(f"{instr.name}.{hint}", tile_dtype, tile_shape, tuple(extent))
+            return box(name, at, extent)
+
+        rows = sbuf("lhs", lhs_bmk.dtype, (batch, m, k), rows_at, rows_extent)
+        column = sbuf("rhs", rhs_bkn.dtype, (batch, n, m, k), column_at, column_extent)
+        product = sbuf("product", dtype, (batch, m, k), rows_at, rows_extent)
+        acc = sbuf("acc", dtype, (batch, m, n), acc_at, acc_extent)
+        part = sbuf("part", dtype, (batch, m, n), acc_at, acc_extent)
+        k_tiles = ceil_div(k, k_tile)
+        first, rest, last = affine.equals("k", 0), affine.at_least("k", 1), affine.equals("k", k_tiles - 1)
+        add_statement(nest, "load_lhs", "dma", SP, [rows],
+                      [box(self.builder.view(lhs_bmk), rows_at, rows_extent)])
+        add_statement(nest, "load_rhs", "dma", SP, [column],
+                      [box(self.builder.view(columns), column_at, column_extent)])
+        add_statement(nest, "multiply", "tensor_tensor", POOL, [product], [rows, column], func="multiply")
+        add_statement(nest, "reduce", "tensor_reduce", DVE, [acc], [product], func="add", predicates=(first,))
+        if k_tiles > 1:
+            add_statement(nest, "reduce_part", "tensor_reduce", DVE, [part], [product], func="add",
+                          predicates=(rest,))
+            add_statement(nest, "combine", "tensor_tensor", DVE, [acc], [acc, part], func="add",
+                          predicates=(rest,))
+        add_statement(nest, "store", "dma", SP, [box(self.builder.view(out_bmn), acc_at, acc_extent)], [acc],
+                      predicates=(last,))
+        self.produced.add(out.base)
+        return out
+
+
+class _Body:
+    """The statements of one elementwise nest: operands load (or fill) into tiles once each, and
+    every intermediate gets its own tile of the nest's tiling."""
+
+    def __init__(self, lowering: Lowering, nest: penguin_pb2.LoopNest, tiling: Tiling, name: str) -> None:
+        self.lowering, self.nest, self.tiling, self.name = lowering, nest, tiling, name
+        self.loaded: list[tuple[Value, penguin_pb2.Access]] = []
+        self.count = 0  # tiles made
+        self.computes = 0  # compute statements emitted
+
+    def tile(self, dtype: int) -> penguin_pb2.Access:
+        block = (1,) * (len(self.tiling.shape) - 2) + (PARTITIONS, self.tiling.free_tile)
+        suffix = "out" if self.count == 0 else f"t{self.count}"
+        self.count += 1
+        name = self.lowering.builder.tile(f"{self.name}.{suffix}", dtype, self.tiling.shape, block)
+        return self.tiling.box(name)
+
+    def operand(self, value: Value | penguin_pb2.Access) -> penguin_pb2.Access:
+        if isinstance(value, penguin_pb2.Access):
+            return value
+        for seen, access in self.loaded:
+            if seen is value:
+                return access
+        access = self.lowering._load(self.nest, self.tiling, value, self.name, len(self.loaded))
+        self.loaded.append((value, access))
+        return access
+
+    def emit(self, op: str, engine: int, out: penguin_pb2.Access, inputs: list, **kw) -> None:
+        operands = [self.operand(value) for value in inputs]
+        self.computes += 1
+        name = "compute" if self.computes == 1 else f"compute{self.computes}"
+        add_statement(self.nest, name, op, engine, [out], operands, **kw)
+
+    def binary(self, func: str, engine: int, out: penguin_pb2.Access, a, b) -> None:
+        """out = a func b; a constant operand becomes tensor_scalar's immediate (reversed if it is a)."""
+        if isinstance(b, Splat):
+            self.emit("tensor_scalar", engine, out, [a], func=func, scalars=(b.value,))
+        elif isinstance(a, Splat):
+            self.emit("tensor_scalar", engine, out, [b], func=func, scalars=(a.value,),
+                      attributes={"reverse": "1"})
+        else:
+            self.emit("tensor_tensor", engine, out, [a, b], func=func)
 
 
 def _size(view: View, dims: list[int]) -> int:

@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ncc.schemas import hlo_pb2
-from ncc.tools.common.dtypes import bf16_to_f32, f32_to_bf16
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo2penguin.hlo_types import (
+from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply, round_to
+from ncc.tools.hlo.hlo_types import (
     FLOAT_TYPES,
     SIGNED_TYPES,
     UNSIGNED_TYPES,
@@ -30,8 +30,8 @@ from ncc.tools.hlo2penguin.hlo_types import (
     parameters,
     shape_str,
 )
-from ncc.tools.hlo2penguin.hlo_verify import verify_module
-from ncc.tools.hlo2penguin.literals import literal_to_numpy
+from ncc.tools.hlo.hlo_verify import verify_module
+from ncc.tools.hlo.literals import literal_to_numpy
 
 Instr = hlo_pb2.HloInstructionProto
 
@@ -41,44 +41,7 @@ _FAST_REDUCERS: dict[str, np.ufunc] = {
     "maximum": np.maximum,
     "minimum": np.minimum,
 }
-_COMPARE: dict[str, Callable] = {
-    "EQ": np.equal,
-    "NE": np.not_equal,
-    "LT": np.less,
-    "LE": np.less_equal,
-    "GT": np.greater,
-    "GE": np.greater_equal,
-}
-_UNARY: dict[str, Callable] = {
-    "negate": np.negative,
-    "exponential": np.exp,
-    "log": np.log,
-    "tanh": np.tanh,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
-    "logistic": lambda x: np.reciprocal(np.float32(1) + np.exp(-x)),
-}
-_BINARY: dict[str, Callable] = {
-    "add": np.add,
-    "subtract": np.subtract,
-    "multiply": np.multiply,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-}
 _SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice"})  # identities on scalars
-
-
-def round_to(values: np.ndarray, kind: int) -> np.ndarray:
-    """Values in the evaluator's representation of element type `kind` (bf16/f16 rounded, ints wrapped)."""
-    if kind == T.F32:
-        return np.asarray(values, dtype=np.float32)
-    if kind == T.BF16:
-        return bf16_to_f32(f32_to_bf16(np.asarray(values, dtype=np.float32)))
-    if kind == T.F16:
-        return np.asarray(values, dtype=np.float32).astype(np.float16).astype(np.float32)
-    if kind == T.PRED:
-        return np.asarray(values).astype(bool)
-    return np.asarray(values).astype(compute_dtype(kind))
 
 
 def evaluate(
@@ -225,24 +188,11 @@ class _Evaluator:
         return ops[0][instr.tuple_index]
 
     # ---- arithmetic ------------------------------------------------------------------------------
-    def _unary(self, instr: Instr, ops: list) -> np.ndarray:
-        return round_to(_UNARY[instr.opcode](ops[0]), instr.shape.element_type)
-
-    def _binary(self, instr: Instr, ops: list) -> np.ndarray:
-        return round_to(_BINARY[instr.opcode](ops[0], ops[1]), instr.shape.element_type)
-
-    def _divide(self, instr: Instr, ops: list) -> np.ndarray:
-        kind = instr.shape.element_type
-        a, b = ops
-        if kind in FLOAT_TYPES:
-            return round_to(np.divide(a, b), kind)
-        return _integer_divide(np.asarray(a), np.asarray(b), kind)
+    def _elementwise(self, instr: Instr, ops: list) -> np.ndarray:
+        return apply(instr.opcode, ops, instr.shape.element_type)
 
     def _compare(self, instr: Instr, ops: list) -> np.ndarray:
-        return np.asarray(_COMPARE[instr.comparison_direction](ops[0], ops[1]))
-
-    def _select(self, instr: Instr, ops: list) -> np.ndarray:
-        return np.where(ops[0], ops[1], ops[2])
+        return apply(instr.comparison_direction, ops, T.PRED)
 
     def _convert(self, instr: Instr, ops: list) -> np.ndarray:
         return _convert(np.asarray(ops[0]), instr.shape.element_type)
@@ -324,16 +274,6 @@ def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object
     return literal_to_numpy(literal, shape, "constant").astype(compute_dtype(shape.element_type))
 
 
-def _integer_divide(a: np.ndarray, b: np.ndarray, kind: int) -> np.ndarray:
-    """XLA integer division: truncates toward zero; x/0 is -1 (all ones when unsigned); MIN/-1 is MIN."""
-    dtype = compute_dtype(kind)
-    a, b = np.broadcast_arrays(a.astype(np.int64), b.astype(np.int64))
-    safe = np.where(b == 0, 1, b)
-    quotient = np.abs(a) // np.abs(safe)
-    quotient = np.where((a < 0) != (safe < 0), -quotient, quotient)
-    return np.where(b == 0, np.int64(-1), quotient).astype(dtype)
-
-
 def _convert(values: np.ndarray, kind: int) -> np.ndarray:
     """XLA convert: float → int truncates toward zero and saturates (NaN → 0); int → int wraps."""
     if kind == T.PRED:
@@ -360,12 +300,10 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "iota": _Evaluator._iota,
     "tuple": _Evaluator._tuple,
     "get-tuple-element": _Evaluator._get_tuple_element,
-    "divide": _Evaluator._divide,
     "compare": _Evaluator._compare,
-    "select": _Evaluator._select,
     "convert": _Evaluator._convert,
     "dot": _Evaluator._dot,
     "reduce": _Evaluator._reduce,
-    **{op: _Evaluator._unary for op in _UNARY},
-    **{op: _Evaluator._binary for op in _BINARY},
+    **{op: _Evaluator._elementwise for op in UNARY_OPCODES | BINARY_OPCODES | {"select", "clamp", "copy",
+                                                                             "is-finite"}},
 }

@@ -13,8 +13,8 @@ from ncc.schemas import common_pb2, hlo_pb2
 from ncc.tools.common.dtypes import from_compute, numpy_to_tensor, storage_to_user_array, tensor_to_numpy
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import read_proto, write_proto
-from ncc.tools.hlo2penguin.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
-from ncc.tools.hlo2penguin.hlo_verify import verify_module
+from ncc.tools.hlo.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
+from ncc.tools.hlo.hlo_verify import verify_module
 from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
 
 

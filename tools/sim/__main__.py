@@ -71,6 +71,7 @@ class Comparison:
     elements: int
     worst: str = ""  # where the worst out-of-tolerance element is, with both values
     problem: str = ""  # a structural failure: missing output or wrong shape
+    exact: bool = False  # an integer or pred output: compared without tolerance
 
     @property
     def ok(self) -> bool:
@@ -79,6 +80,11 @@ class Comparison:
     def message(self, atol: float, rtol: float) -> str:
         if self.problem:
             return f"output {self.name}: {self.problem}"
+        if self.exact:
+            return (
+                f"output {self.name} differs from the expected integers ({self.mismatches} of "
+                f"{self.elements} elements differ; first {self.worst})"
+            )
         return (
             f"output {self.name} differs from the expected values: max abs error {self.max_abs_error:.6g} "
             f"exceeds tolerance atol={atol:g} rtol={rtol:g} ({self.mismatches} of {self.elements} elements "
@@ -88,6 +94,9 @@ class Comparison:
 
 def compare(name: str, got: np.ndarray | None, expected: np.ndarray, atol: float, rtol: float) -> Comparison:
     """Element-wise |got - expected| <= atol + rtol·max|expected| (NaN matches NaN, inf matches inf).
+
+    Integer and pred outputs compare exactly: a tolerance would hide a wrong integer (an s32 dot
+    computed in fp32 is off by one at 16785409).
 
     The relative part scales with the output's largest finite magnitude, not each element's: a
     sum's rounding error grows with the magnitudes summed, and a result that cancelled to near
@@ -105,6 +114,8 @@ def compare(name: str, got: np.ndarray | None, expected: np.ndarray, atol: float
             expected.size,
             problem=f"shape {list(got.shape)} but expected {list(expected.shape)}",
         )
+    if not np.issubdtype(expected.dtype, np.floating):
+        return _compare_exact(name, got, expected)
     a = got.astype(np.float64)
     b = expected.astype(np.float64)
     with np.errstate(invalid="ignore"):
@@ -122,6 +133,18 @@ def compare(name: str, got: np.ndarray | None, expected: np.ndarray, atol: float
         position = tuple(int(i) for i in index)
         where = f"at index {position}: got {float(a[index]):.9g}, expected {float(b[index]):.9g}"
     return Comparison(name, worst, int(bad.sum()), int(expected.size), worst=where)
+
+
+def _compare_exact(name: str, got: np.ndarray, expected: np.ndarray) -> Comparison:
+    """Integers and predicates have one right answer: any difference is a mismatch, whatever the tolerance."""
+    wrong = got != expected
+    count = int(wrong.sum())
+    if not count:
+        return Comparison(name, 0.0, 0, int(expected.size), exact=True)
+    index = tuple(int(i) for i in np.unravel_index(int(np.argmax(wrong)), wrong.shape))
+    error = np.abs(got[wrong].astype(object) - expected[wrong].astype(object))  # no int64 overflow
+    where = f"at index {index}: got {got[index]}, expected {expected[index]}"
+    return Comparison(name, float(max(error)), count, int(expected.size), worst=where, exact=True)
 
 
 def _write_outputs(path: str, result: SimResult, neff: bir_pb2.Neff) -> None:

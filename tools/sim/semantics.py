@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import common_pb2
-from ncc.tools.common import dtypes
+from ncc.tools.common import dtypes, numerics
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim.instruction import Op, engine_name
 from ncc.tools.sim.memory import Access
@@ -55,6 +55,17 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda x: np.maximum(x, np.float32(0)),
     "square": lambda x: x * x,
     "abs": np.abs,
+    "sign": np.sign,
+    "expm1": np.expm1,
+    "log1p": np.log1p,
+    "sin": np.sin,
+    "cos": np.cos,
+    "tan": np.tan,
+    "cbrt": np.cbrt,
+    "floor": np.floor,
+    "ceil": np.ceil,
+    "round_even": np.rint,
+    "round_afz": numerics.round_half_away,
 }
 
 BINARY_FUNCS = frozenset(
@@ -73,7 +84,13 @@ BINARY_FUNCS = frozenset(
         "ge",
         "and",
         "or",
+        "xor",
         "power",
+        "remainder",
+        "atan2",
+        "shift_left",
+        "shift_right_logical",
+        "shift_right_arithmetic",
     }
 )
 REDUCE_FUNCS = frozenset({"add", "maximum", "minimum", "multiply"})
@@ -229,36 +246,23 @@ def _operand(access: Access, floating: bool, shape: tuple[int, ...]) -> np.ndarr
     return values.astype(np.float32 if floating else np.int64, copy=False)
 
 
-def _int_divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Integer division truncating toward zero; x / 0 is -1 (as XLA defines it)."""
-    safe = np.where(b == 0, 1, b)
-    quotient = (np.abs(a) // np.abs(safe)) * (np.sign(a) * np.sign(safe))
-    return np.where(b == 0, -1, quotient)
-
-
-def _binary(func: str, a: np.ndarray, b: np.ndarray, floating: bool) -> np.ndarray:
+def _binary(func: str, a: np.ndarray, b: np.ndarray, floating: bool, out_dtype: int) -> np.ndarray:
+    """A tensor_tensor/tensor_scalar function: float32 when any operand is float, else int64 on
+    values of the output's integer type (its width decides how shifts and wrap-around behave)."""
     kind = np.float32 if floating else np.int64
-    if func == "add":
-        return a + b
-    if func == "subtract":
-        return a - b
-    if func == "multiply":
-        return a * b
-    if func == "divide":
-        return a / b if floating else _int_divide(a, b)
-    if func == "maximum":
-        return np.maximum(a, b)
-    if func == "minimum":
-        return np.minimum(a, b)
-    if func == "power":
-        if floating:
-            return np.power(a, b)
-        return np.rint(np.power(a.astype(np.float64), b.astype(np.float64))).astype(np.int64)
-    if func in ("and", "or"):
+    if func in ("add", "subtract", "multiply", "maximum", "minimum"):
+        return {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+                "minimum": np.minimum}[func](a, b)
+    if floating and func in ("divide", "power", "remainder", "atan2"):
+        return {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}[func](a, b)
+    if func in numerics.INTEGER_BINARY:
+        bits = dtypes.itemsize(out_dtype) * 8
+        return numerics.INTEGER_BINARY[func](a, b, bits, dtypes.is_signed(out_dtype))
+    if func in ("and", "or", "xor"):
         if floating:
             lhs, rhs = a != 0, b != 0
-            return (lhs & rhs if func == "and" else lhs | rhs).astype(kind)
-        return a & b if func == "and" else a | b
+            return {"and": lhs & rhs, "or": lhs | rhs, "xor": lhs ^ rhs}[func].astype(kind)
+        return {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[func](a, b)
     compare = {
         "eq": np.equal,
         "ne": np.not_equal,
@@ -275,7 +279,7 @@ def _tensor_tensor(op: Op) -> None:
     floating = _float_domain(*op.inputs, out)
     a = _operand(op.inputs[0], floating, out.shape)
     b = _operand(op.inputs[1], floating, out.shape)
-    out.write_compute(_binary(op.func, a, b, floating))
+    out.write_compute(_binary(op.func, a, b, floating, out.dtype))
 
 
 def _tensor_scalar(op: Op) -> None:
@@ -289,7 +293,7 @@ def _tensor_scalar(op: Op) -> None:
     )
     if op.attributes.get("reverse") == "1":
         a, scalar = scalar, a
-    out.write_compute(_binary(op.func, a, scalar, floating))
+    out.write_compute(_binary(op.func, a, scalar, floating, out.dtype))
 
 
 def _tensor_reduce(op: Op) -> None:

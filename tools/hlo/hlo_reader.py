@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo2penguin.hlo_text import parse_hlo_text
-from ncc.tools.hlo2penguin.hlo_types import entry_computation
+from ncc.tools.hlo.hlo_text import parse_hlo_text
+from ncc.tools.hlo.hlo_types import entry_computation
 
 _PROTO_SUFFIXES = (".hlo.pb", ".pb")
 _TEXT_SUFFIXES = (".hlo", ".txt")

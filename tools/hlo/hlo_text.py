@@ -20,7 +20,7 @@ import numpy as np
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.dtypes import f32_to_bf16
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo2penguin.hlo_types import TYPES_BY_NAME, T, parameters, type_name
+from ncc.tools.hlo.hlo_types import TYPES_BY_NAME, T, parameters, type_name
 
 MAX_NESTING = 32  # tuple shapes / tuple literals nested deeper than this are refused
 _MAX_NUMBER_CHARS = 64

@@ -14,9 +14,21 @@ from __future__ import annotations
 
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo2penguin.hlo_types import (
+from ncc.tools.hlo.elementwise import (
+    ARITHMETIC_BINARY,
+    BINARY_OPCODES,
+    BITWISE_BINARY,
+    FLOAT_BINARY,
+    FLOAT_UNARY,
+    NUMERIC_UNARY,
+    SHIFTS,
+    UNARY_OPCODES,
+)
+from ncc.tools.hlo.hlo_types import (
     FLOAT_TYPES,
+    SIGNED_TYPES,
     SUPPORTED_ELEMENT_TYPES,
+    UNSIGNED_TYPES,
     T,
     dims,
     element_count,
@@ -28,15 +40,12 @@ from ncc.tools.hlo2penguin.hlo_types import (
 )
 
 SUPPORTED_OPCODES = frozenset({
-    "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "add", "subtract",
-    "multiply", "divide", "maximum", "minimum", "negate", "exponential", "log", "tanh", "logistic", "rsqrt",
-    "sqrt", "compare", "select", "iota", "call", "convert", "slice", "concatenate", "tuple",
-    "get-tuple-element",
-})
+    "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
+    "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
+    "is-finite",
+}) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
-ELEMENTWISE_BINARY = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum"})
-ARITHMETIC = frozenset({"add", "subtract", "multiply", "divide", "negate"})
-FLOAT_UNARY = frozenset({"exponential", "log", "tanh", "logistic", "rsqrt", "sqrt"})
+INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
 
 MAX_RANK = 32
 MAX_ARRAY_BYTES = 16 << 30  # one core's HBM: no single array can be larger
@@ -222,19 +231,33 @@ class _Verifier:
         a, b = _arrays(instr, ops)
         _same_dims(instr, [a, b], instr.shape)
         _same_types(instr, [a, b, instr.shape])
-        if instr.opcode in ARITHMETIC and instr.shape.element_type == T.PRED:
-            raise _bad(instr, f"{instr.opcode} is not defined on pred")
+        _element_type_fits(instr, instr.shape.element_type)
 
     def _unary(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 1)
         (a,) = _arrays(instr, ops)
         _same_dims(instr, [a], instr.shape)
         _same_types(instr, [a, instr.shape])
-        kind = instr.shape.element_type
-        if instr.opcode in FLOAT_UNARY and kind not in FLOAT_TYPES:
-            raise _bad(instr, f"{instr.opcode} needs a floating-point operand, not {type_name(kind)}")
-        if instr.opcode in ARITHMETIC and kind == T.PRED:
-            raise _bad(instr, f"{instr.opcode} is not defined on pred")
+        _element_type_fits(instr, instr.shape.element_type)
+
+    def _is_finite(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_dims(instr, [a], instr.shape)
+        if a.element_type not in FLOAT_TYPES or instr.shape.element_type != T.PRED:
+            raise _bad(instr, f"is-finite maps a floating-point array to pred, not {shape_str(a)} to "
+                              f"{shape_str(instr.shape)}")
+
+    def _clamp(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 3)
+        low, x, high = _arrays(instr, ops)
+        _same_dims(instr, [x], instr.shape)
+        for bound in (low, high):
+            if bound.dimensions and dims(bound) != dims(x):
+                raise _bad(instr, f"bound {shape_str(bound)} must be a scalar or match {shape_str(x)}")
+        _same_types(instr, [low, x, high, instr.shape])
+        if x.element_type == T.PRED:
+            raise _bad(instr, "clamp is not defined on pred")
 
     def _compare(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 2)
@@ -498,6 +521,23 @@ def _same_dims(instr: Instr, shapes: list[hlo_pb2.ShapeProto], result: hlo_pb2.S
             raise _bad(instr, f"operand shapes {shown} do not match the result {shape_str(result)}")
 
 
+def _element_type_fits(instr: Instr, kind: int) -> None:
+    """The op is defined on its element type: float-only, integer-only, bitwise and arithmetic ops."""
+    opcode = instr.opcode
+    if opcode in FLOAT_UNARY or opcode in FLOAT_BINARY:
+        allowed, what = FLOAT_TYPES, "a floating-point"
+    elif opcode in SHIFTS:
+        allowed, what = INTEGER_TYPES, "an integer"
+    elif opcode in BITWISE_BINARY or opcode == "not":
+        allowed, what = INTEGER_TYPES | {T.PRED}, "an integer or pred"
+    elif opcode in ARITHMETIC_BINARY or opcode in NUMERIC_UNARY:
+        allowed, what = FLOAT_TYPES | INTEGER_TYPES, "a numeric (not pred)"
+    else:
+        return
+    if kind not in allowed:
+        raise _bad(instr, f"{opcode} needs {what} element type, not {type_name(kind)}")
+
+
 def _same_types(instr: Instr, shapes: list[hlo_pb2.ShapeProto]) -> None:
     kinds = {shape.element_type for shape in shapes}
     if len(kinds) > 1:
@@ -527,8 +567,9 @@ def _check_literal(instr: Instr, literal: hlo_pb2.LiteralProto, shape: hlo_pb2.S
 
 
 _CHECKS = {
-    **{op: _Verifier._binary for op in ELEMENTWISE_BINARY},
-    **{op: _Verifier._unary for op in FLOAT_UNARY | {"negate"}},
+    **{op: _Verifier._binary for op in BINARY_OPCODES},
+    **{op: _Verifier._unary for op in UNARY_OPCODES | {"copy"}},
+    "is-finite": _Verifier._is_finite, "clamp": _Verifier._clamp,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,
     "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,

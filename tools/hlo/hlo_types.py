@@ -44,6 +44,14 @@ _NCC = {
 }
 
 
+_XLA = {ncc: xla for xla, ncc in _NCC.items() if xla != T.S64}
+
+
+def xla_type(dtype: int) -> int:
+    """The XLA element type whose values an ncc DType holds (S32 for S32, though S64 narrows to it)."""
+    return _XLA[dtype]
+
+
 def type_name(kind: int) -> str:
     """The HLO text name of an element type (`f32`), or `type<N>` for a value the enum lacks."""
     return TYPE_NAMES.get(kind, f"type<{kind}>")

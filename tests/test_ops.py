@@ -1,0 +1,243 @@
+"""Elementwise ops beyond the bundled models, and exact integer arithmetic, end to end.
+
+Each case is an HLO text module that computes several ops on odd shapes (partial partition tiles,
+two free tiles, a vector) and returns them as a tuple. It is compiled through the real CLI with
+`--verify` (the golden evaluator and the simulator check each other; integer and pred outputs must
+match exactly), then run with `ncc run` on inputs made here, and every output is compared with a
+numpy reference computed here, independently of ncc's own numerics: integers and preds exactly,
+floats within 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_ncc
+
+from ncc.tools.sim.__main__ import compare
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    hlo: str
+    inputs: Callable[[np.random.Generator], list[np.ndarray]]
+    reference: Callable[..., tuple[np.ndarray, ...]]
+
+
+def _module(name: str, params: list[str], lines: list[str], results: list[str]) -> str:
+    body = [f"  p{k} = {shape} parameter({k})" for k, shape in enumerate(params)]
+    body += [f"  {line}" for line in lines]
+    types = ", ".join(result.split(" ", 1)[0] for result in results)
+    names = ", ".join(result.split(" ", 1)[1] for result in results)
+    body.append(f"  ROOT out = ({types}) tuple({names})")
+    return f"HloModule {name}\n\nENTRY main {{\n" + "\n".join(body) + "\n}\n"
+
+
+F = "f32[130,2100]"
+FLOAT_UNARY = Case(
+    "float_unary",
+    _module("float_unary", [F], [
+        f"e = {F} exponential-minus-one(p0)",
+        f"a = {F} abs(p0)",
+        f"l = {F} log-plus-one(a)",
+        f"s = {F} sine(p0)",
+        f"c = {F} cosine(p0)",
+        f"t = {F} tan(p0)",
+        f"r = {F} cbrt(p0)",
+        f"fl = {F} floor(p0)",
+        f"ce = {F} ceil(p0)",
+        f"re = {F} round-nearest-even(p0)",
+        f"ra = {F} round-nearest-afz(p0)",
+        f"sg = {F} sign(p0)",
+    ], [f"{F} e", f"{F} l", f"{F} s", f"{F} c", f"{F} t", f"{F} r", f"{F} fl", f"{F} ce", f"{F} re",
+        f"{F} ra", f"{F} a", f"{F} sg"]),
+    # halves exercise both rounding modes' ties
+    lambda rng: [np.round(rng.standard_normal((130, 2100)) * 6, 1).astype(np.float32) / 2],
+    lambda x: (np.expm1(x), np.log1p(np.abs(x)), np.sin(x), np.cos(x), np.tan(x), np.cbrt(x), np.floor(x),
+               np.ceil(x), np.rint(x), np.where(np.abs(x - np.trunc(x)) == 0.5, np.trunc(x) + np.sign(x),
+                                               np.rint(x)), np.abs(x), np.sign(x)),
+)
+
+G = "f32[65,301]"
+FLOAT_BINARY = Case(
+    "float_binary",
+    _module("float_binary", [G, G], [
+        f"a = {G} abs(p0)",
+        f"pw = {G} power(a, p1)",
+        f"rm = {G} remainder(p0, p1)",
+        f"at = {G} atan2(p0, p1)",
+        "lo = f32[] constant(-0.5)",
+        "hi = f32[] constant(0.5)",
+        f"cl = {G} clamp(lo, p0, hi)",
+        "z = f32[] constant(0)",
+        f"zb = {G} broadcast(z), dimensions={{}}",
+        f"q = {G} divide(p0, zb)",
+        "fin = pred[65,301] is-finite(q)",
+        f"cp = {G} copy(p1)",
+    ], [f"{G} pw", f"{G} rm", f"{G} at", f"{G} cl", "pred[65,301] fin", f"{G} cp"]),
+    lambda rng: [rng.standard_normal((65, 301)).astype(np.float32),
+                 np.where(rng.random((65, 301)) < 0.1, 0, rng.standard_normal((65, 301))).astype(np.float32)],
+    lambda x, y: (np.power(np.abs(x), y), np.fmod(x, y), np.arctan2(x, y), np.clip(x, -0.5, 0.5),
+                  np.isfinite(x / np.float32(0)), y),
+)
+
+S = "s32[129,77]"
+U = "u8[129,77]"
+
+
+def _int_reference(a: np.ndarray, b: np.ndarray, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, ...]:
+    a64, b64 = a.astype(np.int64), b.astype(np.int64)
+    amount = b64 & 63  # 0..63: in range and past the width of 32 and 8 bits
+
+    def s32(x: np.ndarray) -> np.ndarray:
+        return (np.asarray(x, dtype=np.int64) & 0xFFFFFFFF).astype(np.uint32).view(np.int32)
+
+    shl = np.where(amount < 32, s32(a64 << np.minimum(amount, 31)), 0)
+    shr = np.where(amount < 32, (a64 & 0xFFFFFFFF) >> np.minimum(amount, 31), 0)
+    sar = a64 >> np.minimum(amount, 31)
+    safe = np.where(b64 == 0, 1, b64)
+    quotient = np.where(b64 == 0, -1, np.trunc(a64 / safe).astype(np.int64))
+    rest = np.where(b64 == 0, a64, a64 - np.trunc(a64 / safe).astype(np.int64) * safe)
+    power = s32(a64 ** np.abs(np.fmod(b64, 5)))  # wraps mod 2**64, so its low 32 bits are right
+    u_amount = v.astype(np.int64) & 15
+    u_shr = np.where(u_amount < 8, u.astype(np.int64) >> np.minimum(u_amount, 7), 0)
+    return (a & b, a | b, a ^ b, ~a, s32(shl), s32(shr), s32(sar), s32(quotient), s32(rest), np.abs(a),
+            np.sign(a), power, np.clip(a, -1000, 1000), (-a).astype(np.int32), u_shr.astype(np.uint8))
+
+
+INTEGERS = Case(
+    "integers",
+    _module("integers", [S, S, U, U], [
+        f"and = {S} and(p0, p1)",
+        f"or = {S} or(p0, p1)",
+        f"xor = {S} xor(p0, p1)",
+        f"not = {S} not(p0)",
+        "m63 = s32[] constant(63)",
+        f"m63b = {S} broadcast(m63), dimensions={{}}",
+        f"amount = {S} and(p1, m63b)",
+        f"shl = {S} shift-left(p0, amount)",
+        f"shr = {S} shift-right-logical(p0, amount)",
+        f"sar = {S} shift-right-arithmetic(p0, amount)",
+        f"div = {S} divide(p0, p1)",
+        f"rem = {S} remainder(p0, p1)",
+        f"abs = {S} abs(p0)",
+        f"sign = {S} sign(p0)",
+        "five = s32[] constant(5)",
+        f"fiveb = {S} broadcast(five), dimensions={{}}",
+        f"small = {S} remainder(p1, fiveb)",
+        f"small_pos = {S} abs(small)",
+        f"pow = {S} power(p0, small_pos)",
+        "lo = s32[] constant(-1000)",
+        "hi = s32[] constant(1000)",
+        f"clamp = {S} clamp(lo, p0, hi)",
+        f"neg = {S} negate(p0)",
+        "m15 = u8[] constant(15)",
+        f"m15b = {U} broadcast(m15), dimensions={{}}",
+        f"uamount = {U} and(p3, m15b)",
+        f"ushr = {U} shift-right-logical(p2, uamount)",
+    ], [f"{S} and", f"{S} or", f"{S} xor", f"{S} not", f"{S} shl", f"{S} shr", f"{S} sar", f"{S} div",
+        f"{S} rem", f"{S} abs", f"{S} sign", f"{S} pow", f"{S} clamp", f"{S} neg", f"{U} ushr"]),
+    lambda rng: [rng.integers(-2**31, 2**31, (129, 77)).astype(np.int32),
+                 np.where(rng.random((129, 77)) < 0.1, 0, rng.integers(-70, 70, (129, 77))).astype(np.int32),
+                 rng.integers(0, 256, (129, 77)).astype(np.uint8),
+                 rng.integers(0, 256, (129, 77)).astype(np.uint8)],
+    lambda a, b, u, v: _int_reference(a, b, u, v),
+)
+
+
+P = "pred[1000]"
+PREDICATES = Case(
+    "predicates",
+    _module("predicates", [P, P], [
+        f"a = {P} and(p0, p1)",
+        f"o = {P} or(p0, p1)",
+        f"x = {P} xor(p0, p1)",
+        f"n = {P} not(p0)",
+    ], [f"{P} a", f"{P} o", f"{P} x", f"{P} n"]),
+    lambda rng: [rng.random(1000) < 0.5, rng.random(1000) < 0.5],
+    lambda p, q: (p & q, p | q, p ^ q, ~p),
+)
+
+# 4097 * 4097 + 3 * 7 = 16785430 needs 25 bits: fp32 (what PE multiplies in) cannot hold it.
+INTEGER_DOT = Case(
+    "integer_dot",
+    _module("integer_dot", ["s32[3,130,2100]", "s32[3,2100,5]", "s8[7,9]", "s8[9,3]"], [
+        "d = s32[3,130,5] dot(p0, p1), lhs_batch_dims={0}, rhs_batch_dims={0}, lhs_contracting_dims={2}, "
+        "rhs_contracting_dims={1}",
+        "e = s32[7,3] dot(p2, p3), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+    ], ["s32[3,130,5] d", "s32[7,3] e"]),
+    lambda rng: [rng.integers(-5000, 5000, (3, 130, 2100)).astype(np.int32),
+                 rng.integers(-5000, 5000, (3, 2100, 5)).astype(np.int32),
+                 rng.integers(-128, 128, (7, 9)).astype(np.int8),
+                 rng.integers(-128, 128, (9, 3)).astype(np.int8)],
+    lambda a, b, c, d: (np.matmul(a.astype(np.int64), b.astype(np.int64)).astype(np.int32),
+                        (c.astype(np.int64) @ d.astype(np.int64)).astype(np.int32)),
+)
+
+CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_op_compiles_verifies_and_matches_numpy(tmp_path: Path, case: Case) -> None:
+    model = tmp_path / f"{case.name}.hlo"
+    model.write_text(case.hlo)
+    neff = tmp_path / f"{case.name}.neff"
+    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+    inputs = case.inputs(np.random.default_rng(sum(map(ord, case.name))))
+    inputs_path, out_path = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(inputs_path, **{f"arg{k}": a for k, a in enumerate(inputs)})
+    ran = run_ncc("run", str(neff), "--inputs", str(inputs_path), "--output", str(out_path), timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    with np.errstate(all="ignore"):
+        expected = case.reference(*inputs)
+    with np.load(out_path) as outputs:
+        assert sorted(outputs.files, key=lambda n: int(n[3:])) == [f"out{k}" for k in range(len(expected))]
+        for k, want in enumerate(expected):
+            got = outputs[f"out{k}"]
+            want = np.asarray(want)
+            if want.dtype.kind in "biu":
+                assert got.dtype == want.dtype, f"out{k}: {got.dtype} vs {want.dtype}"
+                wrong = np.argwhere(got != want)
+                assert not len(wrong), f"out{k}: {len(wrong)} wrong, first at {wrong[0]}"
+            else:
+                np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-5, equal_nan=True,
+                                           err_msg=f"out{k}")
+
+
+def test_integer_outputs_compare_exactly() -> None:
+    """The off-by-one an fp32 dot makes at 16785409 fails --verify whatever the tolerance."""
+    got, want = np.array([16785408, 5], dtype=np.int32), np.array([16785409, 5], dtype=np.int32)
+    assert not compare("out0", got, want, atol=1e-4, rtol=1.0).ok
+    assert compare("out0", want.copy(), want, atol=0.0, rtol=0.0).ok
+    flags = np.array([True, False])
+    assert not compare("out1", flags, ~flags, atol=10.0, rtol=10.0).ok
+
+
+def test_s32_dot_is_exact_end_to_end(tmp_path: Path) -> None:
+    """[[4097,0],[3,5]] @ [[4097,1],[7,11]] is 16785409 at [0,0]: fp32 gives 16785408."""
+    model = tmp_path / "s32dot.hlo"
+    model.write_text("""HloModule s32dot
+ENTRY main {
+  a = s32[2,2] constant({ {4097, 0}, {3, 5} })
+  b = s32[2,2] constant({ {4097, 1}, {7, 11} })
+  p = s32[2,2] parameter(0)
+  ab = s32[2,2] dot(a, b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT r = s32[2,2] add(ab, p)
+}
+""")
+    neff = tmp_path / "s32dot.neff"
+    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    inputs, out = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(inputs, arg0=np.zeros((2, 2), dtype=np.int32))
+    ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    with np.load(out) as outputs:
+        assert outputs["out0"].tolist() == [[16785409, 4097], [12326, 58]]
