@@ -42,7 +42,8 @@ from ncc.tools.hlo.hlo_types import (
 SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
-    "is-finite",
+    "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
+    "dynamic-update-slice",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -177,6 +178,10 @@ class _Verifier:
     # ---- instructions ---------------------------------------------------------------------------
     def _instruction(self, comp: hlo_pb2.HloComputationProto, position: int, instr: Instr) -> None:
         opcode = instr.opcode
+        if opcode == "custom-call":
+            target = instr.custom_call_target.decode("utf-8", errors="replace") or "(none)"
+            raise CompileError("E201", f"custom-call '{_label(instr)}' to target '{_shown(target)}' is not "
+                                       "supported: ncc compiles only standard HLO ops", _label(instr))
         if opcode not in SUPPORTED_OPCODES:
             raise CompileError("E201", f"unsupported opcode '{_shown(opcode)}' in instruction "
                                        f"'{_label(instr)}'", _label(instr))
@@ -471,6 +476,108 @@ class _Verifier:
             raise _bad(instr, f"'{_shown(callee.name)}' returns {shape_str(root)}, not "
                               f"{shape_str(instr.shape)}")
 
+    def _bitcast(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_types(instr, [a, instr.shape])
+        if element_count(a) != element_count(instr.shape):
+            raise _bad(instr, f"cannot bitcast {shape_str(a)} to {shape_str(instr.shape)}: the element "
+                              "counts differ")
+
+    def _reverse(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        _same_dims(instr, [a], instr.shape)
+        _same_types(instr, [a, instr.shape])
+        _distinct_in_range(instr, list(instr.dimensions), len(a.dimensions), "dimensions")
+
+    def _pad(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 2)
+        a, value = _arrays(instr, ops)
+        _same_types(instr, [a, value, instr.shape])
+        if value.dimensions:
+            raise _bad(instr, f"the padding value must be a scalar, not {shape_str(value)}")
+        config = instr.padding_config.dimensions
+        if len(config) != len(a.dimensions):
+            raise _bad(instr, f"padding has {len(config)} dimensions, the operand {len(a.dimensions)}")
+        expected = []
+        for d, (edge, size) in enumerate(zip(config, a.dimensions, strict=True)):
+            if edge.interior_padding < 0:
+                raise _bad(instr, f"interior padding {edge.interior_padding} of dimension {d} is negative")
+            expected.append(edge.edge_padding_low + edge.edge_padding_high + size
+                            + max(size - 1, 0) * edge.interior_padding)
+        if expected != list(instr.shape.dimensions) or any(e < 0 for e in expected):
+            raise _bad(instr, f"padding {shape_str(a)} gives [{_ints(expected)}], not "
+                              f"{shape_str(instr.shape)}")
+
+    def _while(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        if len(instr.called_computation_ids) != 2:
+            raise CompileError("E204", f"while '{_label(instr)}' must name a body and a condition",
+                               _label(instr))
+        body, condition = (self.comps[c] for c in instr.called_computation_ids)
+        state = ops[0].shape
+        for comp in (body, condition):
+            params = self.params[comp.id]
+            if len(params) != 1 or not same_shape(params[0].shape, state):
+                raise _bad(instr, f"'{_shown(comp.name)}' must take one parameter of the loop state "
+                                  f"{shape_str(state)}")
+        if not same_shape(self.roots[body.id].shape, state) or not same_shape(instr.shape, state):
+            raise _bad(instr, f"body '{_shown(body.name)}' and the loop must give the loop state "
+                              f"{shape_str(state)}")
+        predicate = self.roots[condition.id].shape
+        if is_tuple(predicate) or predicate.dimensions or predicate.element_type != T.PRED:
+            raise _bad(instr, f"condition '{_shown(condition.name)}' must return pred[], not "
+                              f"{shape_str(predicate)}")
+
+    def _conditional(self, instr: Instr, ops: list[Instr]) -> None:
+        branches = [self.comps[c] for c in instr.called_computation_ids]
+        if not ops or len(branches) < 1 or len(ops) != len(branches) + 1:
+            raise CompileError("E202", f"conditional '{_label(instr)}' takes a selector and one operand per "
+                                       f"branch ({len(branches)}), has {len(ops)} operands", _label(instr))
+        selector = ops[0].shape
+        kind = selector.element_type
+        if is_tuple(selector) or selector.dimensions or kind not in (T.PRED, T.S32) or (
+                kind == T.PRED and len(branches) != 2):
+            raise _bad(instr, "the selector must be pred[] (two branches) or s32[], not "
+                              f"{shape_str(selector)}")
+        for branch, operand in zip(branches, ops[1:], strict=True):
+            params = self.params[branch.id]
+            if len(params) != 1 or not same_shape(params[0].shape, operand.shape):
+                raise _bad(instr, f"branch '{_shown(branch.name)}' must take one parameter "
+                                  f"{shape_str(operand.shape)}")
+            if not same_shape(self.roots[branch.id].shape, instr.shape):
+                raise _bad(instr, f"branch '{_shown(branch.name)}' returns "
+                                  f"{shape_str(self.roots[branch.id].shape)}, not {shape_str(instr.shape)}")
+
+    def _dynamic_slice(self, instr: Instr, ops: list[Instr]) -> None:
+        shapes = _arrays(instr, ops)
+        if not shapes:
+            raise CompileError("E202", f"dynamic-slice '{_label(instr)}' needs an operand", _label(instr))
+        a, starts = shapes[0], shapes[1:]
+        _same_types(instr, [a, instr.shape])
+        _check_start_indices(instr, a, starts)
+        sizes = list(instr.dynamic_slice_sizes)
+        if len(sizes) != len(a.dimensions) or any(not 0 <= n <= d for n, d in zip(sizes, a.dimensions,
+                                                                                     strict=True)):
+            raise _bad(instr, f"dynamic_slice_sizes={{{_ints(sizes)}}} do not fit {shape_str(a)}")
+        if sizes != list(instr.shape.dimensions):
+            raise _bad(instr, f"slice sizes {{{_ints(sizes)}}} differ from the result "
+                              f"{shape_str(instr.shape)}")
+
+    def _dynamic_update_slice(self, instr: Instr, ops: list[Instr]) -> None:
+        shapes = _arrays(instr, ops)
+        if len(shapes) < 2:
+            raise CompileError("E202", f"dynamic-update-slice '{_label(instr)}' needs an operand and an "
+                                       "update", _label(instr))
+        a, update, starts = shapes[0], shapes[1], shapes[2:]
+        _same_dims(instr, [a], instr.shape)
+        _same_types(instr, [a, update, instr.shape])
+        _check_start_indices(instr, a, starts)
+        if len(update.dimensions) != len(a.dimensions) or any(
+                u > d for u, d in zip(update.dimensions, a.dimensions, strict=True)):
+            raise _bad(instr, f"update {shape_str(update)} does not fit in {shape_str(a)}")
+
     def _parameter(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 0)
 
@@ -521,6 +628,17 @@ def _same_dims(instr: Instr, shapes: list[hlo_pb2.ShapeProto], result: hlo_pb2.S
             raise _bad(instr, f"operand shapes {shown} do not match the result {shape_str(result)}")
 
 
+def _check_start_indices(instr: Instr, operand: hlo_pb2.ShapeProto, starts: list[hlo_pb2.ShapeProto]) -> None:
+    """One integer scalar start index per operand dimension, all of one type."""
+    if len(starts) != len(operand.dimensions):
+        raise CompileError("E202", f"{instr.opcode} '{_label(instr)}' needs {len(operand.dimensions)} start "
+                                   f"indices, has {len(starts)}", _label(instr))
+    for start in starts:
+        if start.dimensions or start.element_type not in INTEGER_TYPES:
+            raise _bad(instr, f"a start index must be an integer scalar, not {shape_str(start)}")
+    _same_types(instr, starts)
+
+
 def _element_type_fits(instr: Instr, kind: int) -> None:
     """The op is defined on its element type: float-only, integer-only, bitwise and arithmetic ops."""
     opcode = instr.opcode
@@ -569,7 +687,10 @@ def _check_literal(instr: Instr, literal: hlo_pb2.LiteralProto, shape: hlo_pb2.S
 _CHECKS = {
     **{op: _Verifier._binary for op in BINARY_OPCODES},
     **{op: _Verifier._unary for op in UNARY_OPCODES | {"copy"}},
-    "is-finite": _Verifier._is_finite, "clamp": _Verifier._clamp,
+    "is-finite": _Verifier._is_finite, "clamp": _Verifier._clamp, "fusion": _Verifier._call,
+    "bitcast": _Verifier._bitcast, "reverse": _Verifier._reverse, "pad": _Verifier._pad,
+    "while": _Verifier._while, "conditional": _Verifier._conditional,
+    "dynamic-slice": _Verifier._dynamic_slice, "dynamic-update-slice": _Verifier._dynamic_update_slice,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,
     "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,

@@ -25,6 +25,7 @@ from ncc.tools.common.dtypes import from_compute, is_float
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
+from ncc.tools.hlo.index_math import clamped_starts, pad_placement, pad_target, physical_order
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.nest_builder import (
     FRONTEND_PREFIX,
@@ -41,6 +42,8 @@ FREE_TILE = 2048         # elements per partition in an elementwise tile
 MATMUL_N_TILE = 512      # one PSUM bank of fp32
 MATMUL_K_TILE = 128      # contraction rows per matmul (partitions)
 MATMUL_M_TILE = 128      # stationary free size
+LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast"})
+MAX_UNROLLED_ITERATIONS = 100_000  # a while loop is unrolled; the instruction budget (E302) still applies
 
 SP, ACT, DVE, POOL, PE = common_pb2.SP, common_pb2.ACT, common_pb2.DVE, common_pb2.POOL, common_pb2.PE
 
@@ -83,8 +86,10 @@ class Lowering:
     def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
         self.module = module
         self.computations = {c.id: c for c in module.computations}
+        self.instructions = {i.id: i for c in module.computations for i in c.instructions}
         self.builder = ProgramBuilder(penguin_pb2.Program(name=module.name))
         self.produced: set[str] = set()  # HBM tensors written by a nest of this program
+        self.region_shape: tuple[int, ...] = ()  # set while a reducer is applied elementwise to arrays
 
     # ---- driver -------------------------------------------------------------------------
     def run(self) -> penguin_pb2.Program:
@@ -140,7 +145,9 @@ class Lowering:
 
     # ---- per instruction ----------------------------------------------------------------
     def _shape(self, instr: hlo_pb2.HloInstructionProto) -> tuple[int, ...]:
-        return tuple(int(d) for d in instr.shape.dimensions)
+        """The instruction's shape; inside a reducer applied to whole arrays (`region_shape`), every
+        scalar of the reducer stands for an array of that shape."""
+        return self.region_shape + tuple(int(d) for d in instr.shape.dimensions)
 
     def _instruction(self, instr: hlo_pb2.HloInstructionProto, ops: list[Value], args: list[Value]) -> Value:
         opcode = instr.opcode
@@ -151,13 +158,31 @@ class Lowering:
             return tuple(ops)
         if opcode == "get-tuple-element":
             return ops[0][instr.tuple_index]
-        if opcode == "call":
+        if opcode in ("call", "fusion"):  # a fusion is XLA's grouping; ncc re-derives its own
             return self._computation(self.computations[instr.called_computation_ids[0]], ops)
+        if opcode == "while":
+            return self._while(instr, ops[0])
+        if opcode == "conditional":
+            return self._conditional(instr, ops)
+        if self.region_shape and opcode in LAYOUT_OPS:
+            return ops[0]  # reshaping a scalar of a reducer: the same values
+        if opcode == "reduce" and not self._plain_reduce(instr, ops):
+            return self._reduce_tree(instr, ops)
         dtype = ncc_dtype(instr.shape.element_type)
+        if 0 in shape:
+            return Splat(0.0, dtype, shape)  # no elements: nothing to compute, whatever the op
         if opcode == "constant":
             return self._constant(instr, shape, dtype)
-        if opcode in ("broadcast", "reshape", "transpose", "slice"):
+        if opcode in LAYOUT_OPS:
             return self._layout(instr, ops[0], shape)
+        if opcode == "pad":
+            return self._pad(instr, ops, shape, dtype)
+        if opcode == "dynamic-slice":
+            starts = self._static_starts(instr, ops[1:])
+            sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
+            return self._layout_slice(ops[0], clamped_starts(ops[0].shape, sizes, starts), sizes)
+        if opcode == "dynamic-update-slice":
+            return self._update_slice(instr, ops, shape, dtype)
         if opcode == "concatenate":
             return self._concatenate(instr, ops, shape, dtype)
         if opcode == "iota":
@@ -185,11 +210,118 @@ class Lowering:
             return operand.broadcast(shape, dims)
         if instr.opcode == "transpose":
             return operand.transpose(dims)
+        if instr.opcode == "reverse":
+            return operand.reverse(dims)
+        if instr.opcode == "bitcast":  # the same bytes: through the operand's physical order and back
+            source = self._operand_shape(instr)
+            source_order = physical_order(source.layout.minor_to_major, len(operand.shape))
+            target_order = physical_order(instr.shape.layout.minor_to_major, len(shape))
+            physical = self._reshape(operand.transpose(tuple(source_order)),
+                                     tuple(shape[d] for d in target_order), instr.name)
+            return physical.transpose(tuple(int(d) for d in np.argsort(target_order)))
         if instr.opcode == "slice":
             s = instr.slice_dimensions
             return operand.slice(tuple(d.start for d in s), tuple(d.limit for d in s),
                                  tuple(d.stride or 1 for d in s))
         return self._reshape(operand, shape, instr.name)
+
+    def _operand_shape(self, instr) -> hlo_pb2.ShapeProto:
+        return self.instructions[instr.operand_ids[0]].shape
+
+    def _layout_slice(self, operand: Value, starts: list[int], sizes: tuple[int, ...]) -> Value:
+        if isinstance(operand, Splat):
+            return Splat(operand.value, operand.dtype, sizes)
+        limits = tuple(s + n for s, n in zip(starts, sizes, strict=True))
+        return operand.slice(tuple(starts), limits, (1,) * len(sizes))
+
+    def _static_starts(self, instr, starts: list[Value]) -> list[int]:
+        """Start indices known at compile time (constants, or folded from a loop counter)."""
+        if not all(isinstance(start, Splat) for start in starts):
+            raise CompileError("E207", f"{instr.opcode} with start indices computed at run time is not "
+                                       "supported (only constant or loop-counter indices)", instr.name)
+        return [int(start.value) for start in starts]
+
+    def _pad(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
+        """Fill the result with the padding value, then copy the kept operand elements into their
+        (interior-strided) places; negative padding crops the operand first."""
+        operand, value = ops
+        if isinstance(operand, Splat) and isinstance(value, Splat) and operand.value == value.value:
+            return Splat(value.value, dtype, shape)
+        edges = instr.padding_config.dimensions
+        kept = [pad_placement(e.edge_padding_low, e.interior_padding, size, extent)
+                for e, size, extent in zip(edges, operand.shape, shape, strict=True)]
+        target = [pad_target(e.edge_padding_low, e.interior_padding, first, last)
+                  for e, (first, last) in zip(edges, kept, strict=True)]
+        out = self._new_output(instr, shape, dtype)
+        fill = value if isinstance(value, Splat) else value.broadcast(shape, ())
+        self._copy_into(Splat(fill.value, dtype, shape) if isinstance(fill, Splat) else fill, out, instr.name)
+        if all(last > first for first, last in kept):
+            source = self._layout_slice(operand, [first for first, _ in kept],
+                                        tuple(last - first for first, last in kept))
+            place = out.slice(tuple(t.start for t in target), tuple(t.stop for t in target),
+                              tuple(t.step for t in target))
+            self._copy_into(source, place, instr.name)
+        return out
+
+    def _update_slice(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        """A new tensor: the operand with the update written over the clamped window."""
+        operand, update = ops[0], ops[1]
+        starts = clamped_starts(shape, update.shape, self._static_starts(instr, ops[2:]))
+        out = self._new_output(instr, shape, dtype)
+        self._copy_into(operand, out, instr.name)
+        limits = tuple(s + n for s, n in zip(starts, update.shape, strict=True))
+        self._copy_into(update, out.slice(tuple(starts), limits, (1,) * len(shape)), instr.name)
+        return out
+
+    def _while(self, instr, state: Value) -> Value:
+        """Unroll: the condition must fold to a constant each time round (a counter that starts from
+        a constant and steps by constants, as fori_loop and scan emit); the body is lowered once per
+        iteration with that iteration's state, so a dynamic-slice by the counter becomes a static slice."""
+        body, condition = (self.computations[c] for c in instr.called_computation_ids)
+        for _ in range(MAX_UNROLLED_ITERATIONS):
+            verdict = self._computation(condition, [state])
+            if not isinstance(verdict, Splat):
+                raise CompileError("E207", f"while loop '{instr.name}' has a trip count not known at compile "
+                                           "time: its condition depends on computed data", instr.name)
+            if not verdict.value:
+                return state
+            state = self._computation(body, [state])
+        raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
+                                   "iterations", instr.name)
+
+    def _conditional(self, instr, ops: list[Value]) -> Value:
+        """A constant selector lowers its branch only; a computed one lowers every branch (they have no
+        side effects) and selects each result element by the selector, the last branch by default."""
+        selector, branches = ops[0], [self.computations[c] for c in instr.called_computation_ids]
+        if isinstance(selector, Splat):
+            index = int(selector.value)
+            if selector.dtype == common_pb2.PRED:
+                index = 0 if selector.value else 1
+            index = index if 0 <= index < len(branches) else len(branches) - 1
+            return self._computation(branches[index], [ops[1 + index]])
+        operands = zip(branches, ops[1:], strict=True)
+        results = [self._computation(branch, [operand]) for branch, operand in operands]
+        chosen = results[-1]
+        for index in range(len(branches) - 2, -1, -1):
+            if selector.dtype == common_pb2.PRED:
+                taken: Value = selector
+            else:
+                taken = self._synthetic(instr, "compare", [selector, Splat(float(index), selector.dtype, ())],
+                                        (), common_pb2.PRED, comparison_direction="EQ")
+            chosen = self._select_tree(instr, taken, results[index], chosen)
+        return chosen
+
+    def _select_tree(self, instr, taken: Value, on_true: Value, on_false: Value) -> Value:
+        if isinstance(on_true, tuple):
+            pairs = zip(on_true, on_false, strict=True)
+            return tuple(self._select_tree(instr, taken, a, b) for a, b in pairs)
+        return self._synthetic(instr, "select", [taken, on_true, on_false], on_true.shape, on_true.dtype)
+
+    def _synthetic(self, instr, opcode: str, ops: list[Value], shape: tuple[int, ...], dtype: int,
+                   **fields) -> Value:
+        """An elementwise op the lowering adds on behalf of `instr` (named after it)."""
+        made = hlo_pb2.HloInstructionProto(name=f"{instr.name}.{opcode}", opcode=opcode, **fields)
+        return self._elementwise(made, ops, shape, dtype)
 
     def _reshape(self, view: View, shape: tuple[int, ...], source: str) -> View:
         reshaped = view.reshape(shape)
@@ -333,21 +465,92 @@ class Lowering:
         self._store(nest, tiling, tiling.box(tile), out, instr.name)
         return out
 
-    def _reducer(self, instr) -> str:
+    def _reducer(self, instr) -> str | None:
+        """'add'/'maximum'/'minimum'/'multiply' when the reducer is just that op on its two parameters."""
         comp = self.computations[instr.called_computation_ids[0]]
         root = next((i for i in comp.instructions if i.id == comp.root_id), comp.instructions[-1])
         params = {i.id for i in comp.instructions if i.opcode == "parameter"}
         if root.opcode in REDUCERS and len(params) == 2 and set(root.operand_ids) == params:
             return root.opcode
-        raise CompileError("E207", f"reduce with computation '{comp.name}' ({root.opcode}) is not supported",
-                           instr.name)
+        return None
+
+    def _plain_reduce(self, instr, ops: list[Value]) -> bool:
+        """One input, a constant init and a reducer DVE's tensor_reduce has: the fast path."""
+        return len(ops) == 2 and isinstance(ops[1], Splat) and self._reducer(instr) is not None \
+            and ops[1].dtype != common_pb2.PRED
+
+    def _reduce_tree(self, instr, ops: list[Value]) -> Value:
+        """Any reducer, any number of inputs (argmax's (value, index) pairs): the reducer's scalar
+        computation is applied to whole arrays, halving the reduced width each level — log2(width)
+        levels, each a few elementwise nests. XLA leaves the order of a reduction unspecified (its
+        reducers are associative and commutative, and the init an identity), so a tree is valid."""
+        k = len(ops) // 2
+        inputs, inits = ops[:k], ops[k:]
+        reducer = self.computations[instr.called_computation_ids[0]]
+        reduced = sorted(int(d) for d in instr.dimensions)
+        rank = len(inputs[0].shape)
+        kept = [d for d in range(rank) if d not in reduced]
+        kept_shape = tuple(inputs[0].shape[d] for d in kept)
+        width = _size(inputs[0], reduced) if reduced else 1
+        rows = [self._as_rows(value, kept, reduced, kept_shape + (width,), instr.name) for value in inputs]
+        while width > 1:
+            half = width // 2
+            left = [self._cut(row, 0, half) for row in rows]
+            right = [self._cut(row, half, 2 * half) for row in rows]
+            combined = self._apply_reducer(reducer, left + right, kept_shape + (half,))
+            if width % 2:  # fold the odd last column into column 0
+                first = [self._cut(row, 0, 1) for row in combined]
+                last = [self._cut(row, width - 1, width) for row in rows]
+                head = self._apply_reducer(reducer, first + last, kept_shape + (1,))
+                combined = [self._join_columns(instr, h, self._cut(row, 1, half)) for h, row in
+                            zip(head, combined, strict=True)]
+            rows, width = combined, half
+        starts = [_broadcast_to(init, kept_shape + (1,)) for init in inits]
+        results = self._apply_reducer(reducer, starts + rows, kept_shape + (1,))
+        shaped = [self._reshape_value(value, kept_shape, instr.name) for value in results]
+        return tuple(shaped) if k > 1 else shaped[0]
+
+    def _apply_reducer(self, reducer, args: list[Value], shape: tuple[int, ...]) -> list[Value]:
+        saved, self.region_shape = self.region_shape, shape
+        try:
+            result = self._computation(reducer, args)
+        finally:
+            self.region_shape = saved
+        return list(result) if isinstance(result, tuple) else [result]
+
+    def _as_rows(self, value: Value, kept: list[int], reduced: list[int], shape: tuple[int, ...],
+                 source: str) -> Value:
+        """`value` with its kept dimensions first and the reduced ones flattened into the last."""
+        if isinstance(value, Splat):
+            return Splat(value.value, value.dtype, shape)
+        return self._reshape(value.transpose(tuple(kept + reduced)), shape, source)
+
+    def _cut(self, value: Value, start: int, stop: int) -> Value:
+        """Columns [start, stop) of the last dimension."""
+        shape = value.shape[:-1] + (stop - start,)
+        if isinstance(value, Splat):
+            return Splat(value.value, value.dtype, shape)
+        rank = len(value.shape)
+        return value.slice((0,) * (rank - 1) + (start,), value.shape[:-1] + (stop,), (1,) * rank)
+
+    def _join_columns(self, instr, head: Value, tail: Value) -> Value:
+        """[head | tail] along the last dimension, in a new tensor."""
+        shape = head.shape[:-1] + (head.shape[-1] + tail.shape[-1],)
+        name = self.builder.hbm_tensor(f"{instr.name}.join", head.dtype, shape, penguin_pb2.INTERNAL,
+                                       instr.name)
+        joined = View.whole(name, head.dtype, shape)
+        self._copy_into(head, self._cut(joined, 0, head.shape[-1]), instr.name)
+        if tail.shape[-1]:
+            self._copy_into(tail, self._cut(joined, head.shape[-1], shape[-1]), instr.name)
+        return joined
+
+    def _reshape_value(self, value: Value, shape: tuple[int, ...], source: str) -> Value:
+        if isinstance(value, Splat):
+            return Splat(value.value, value.dtype, shape)
+        return self._reshape(value, shape, source)
 
     def _reduce(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
-        if len(ops) != 2:
-            raise CompileError("E207", "variadic reduce is not supported", instr.name)
         operand, init = ops
-        if not isinstance(init, Splat):
-            raise CompileError("E207", "reduce needs a constant initial value", instr.name)
         func, identity = REDUCERS[self._reducer(instr)]
         if any(operand.shape[int(d)] == 0 for d in instr.dimensions):
             return Splat(init.value, dtype, shape)  # reducing no elements: every result is the init value
@@ -494,6 +697,13 @@ class Lowering:
                       predicates=(last,))
         self.produced.add(out.base)
         return out
+
+
+def _broadcast_to(value: Value, shape: tuple[int, ...]) -> Value:
+    """A scalar (constant or array of shape ()) repeated over `shape`."""
+    if isinstance(value, Splat):
+        return Splat(value.value, value.dtype, shape)
+    return value.broadcast(shape, ())
 
 
 class _Body:

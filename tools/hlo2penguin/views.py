@@ -1,9 +1,10 @@
-"""Strided views of HBM tensors: how layout ops (reshape, broadcast, transpose, slice) become free.
+"""Strided views of HBM tensors: how layout ops (reshape, broadcast, transpose, slice, reverse,
+bitcast) become free.
 
 A View names a materialized HBM tensor and reads it through an offset and per-dimension strides
 (in elements). Broadcast is a stride of 0, transpose a permutation of strides, slice an offset and
-scaled strides, and reshape a re-striding when the elements stay in row-major order. Only when no
-such re-striding exists does a layout op cost a copy.
+scaled strides, reverse a negated stride, and reshape a re-striding when the elements stay in
+row-major order. Only when no such re-striding exists does a layout op cost a copy.
 """
 
 from __future__ import annotations
@@ -63,6 +64,15 @@ class View:
         )
         strides = tuple(st * step for st, step in zip(self.strides, steps, strict=True))
         return View(self.base, self.dtype, shape, strides, offset)
+
+    def reverse(self, dimensions: tuple[int, ...]) -> View:
+        """Read `dimensions` backwards: start at their last element and step with negated strides."""
+        offset, strides = self.offset, list(self.strides)
+        for d in dimensions:
+            if self.shape[d] > 0:
+                offset += (self.shape[d] - 1) * strides[d]
+                strides[d] = -strides[d]
+        return View(self.base, self.dtype, self.shape, tuple(strides), offset)
 
     def reshape(self, shape: tuple[int, ...]) -> View | None:
         """Re-stride for a row-major reshape, or None when the elements cannot be re-strided."""

@@ -49,6 +49,8 @@ class BirCodeGenLoop:
 
     def _nest(self, nest: penguin_pb2.LoopNest) -> None:
         names = [axis.name for axis in nest.axes]
+        if any(axis.extent == 0 for axis in nest.axes):
+            return  # an empty iteration space (a zero-element tensor): never build its other axes' ranges
         for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
             env = dict(zip(names, point, strict=True))
             label = ",".join(f"{n}{v}" for n, v in env.items() if len(names) > 0)

@@ -31,6 +31,7 @@ from ncc.tools.hlo.hlo_types import (
     shape_str,
 )
 from ncc.tools.hlo.hlo_verify import verify_module
+from ncc.tools.hlo.index_math import clamped_starts, pad_placement, pad_target, physical_order
 from ncc.tools.hlo.literals import literal_to_numpy
 
 Instr = hlo_pb2.HloInstructionProto
@@ -41,6 +42,7 @@ _FAST_REDUCERS: dict[str, np.ufunc] = {
     "maximum": np.maximum,
     "minimum": np.minimum,
 }
+MAX_WHILE_ITERATIONS = 1_000_000  # a loop that runs longer is refused rather than evaluated forever
 _SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice"})  # identities on scalars
 
 
@@ -119,6 +121,7 @@ def _leaves(value) -> list[np.ndarray]:
 class _Evaluator:
     def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
         self.comps = {comp.id: comp for comp in module.computations}
+        self.instrs = {instr.id: instr for comp in module.computations for instr in comp.instructions}
         self.reducer_kinds: dict[int, str | None] = {}
 
     def run(self, comp: hlo_pb2.HloComputationProto, args: list, scalar_region: bool = False):
@@ -130,7 +133,7 @@ class _Evaluator:
             opcode = instr.opcode
             if opcode == "parameter":
                 values[instr.id] = args[instr.parameter_number]
-            elif opcode == "call":
+            elif opcode in ("call", "fusion"):
                 callee = self.comps[instr.called_computation_ids[0]]
                 values[instr.id] = self.run(callee, operands, scalar_region)
             elif scalar_region and opcode in _SHAPE_ONLY:
@@ -174,12 +177,68 @@ class _Evaluator:
 
     def _iota(self, instr: Instr, _: list) -> np.ndarray:
         out, axis = dims(instr.shape), instr.dimensions[0]
+        if 0 in out:  # no elements: never build the index line (an axis may be 10**12 long)
+            return np.zeros(out, dtype=compute_dtype(instr.shape.element_type))
         line = np.arange(out[axis], dtype=np.int64)
         expanded = [1] * len(out)
         expanded[axis] = out[axis]
         kind = instr.shape.element_type
         values = line.astype(np.float32) if kind in FLOAT_TYPES else line
         return np.broadcast_to(round_to(values, kind).reshape(expanded), out)
+
+    def _bitcast(self, instr: Instr, ops: list) -> np.ndarray:
+        """The same bytes read with the result's shape and layout: into the operand's physical
+        (major-to-minor) order, reshape, back out of the result's physical order."""
+        operand = np.asarray(ops[0])
+        source_shape = self.instrs[instr.operand_ids[0]].shape
+        source_order = physical_order(source_shape.layout.minor_to_major, operand.ndim)
+        target_order = physical_order(instr.shape.layout.minor_to_major, len(instr.shape.dimensions))
+        physical = np.transpose(operand, source_order).reshape([dims(instr.shape)[d] for d in target_order])
+        return np.transpose(physical, np.argsort(target_order))
+
+    def _reverse(self, instr: Instr, ops: list) -> np.ndarray:
+        return np.flip(ops[0], axis=tuple(instr.dimensions))
+
+    def _pad(self, instr: Instr, ops: list) -> np.ndarray:
+        operand, value = np.asarray(ops[0]), ops[1]
+        out = np.full(dims(instr.shape), value, dtype=operand.dtype)
+        source, target = [], []
+        for edge, size, extent in zip(instr.padding_config.dimensions, operand.shape, out.shape, strict=True):
+            first, last = pad_placement(edge.edge_padding_low, edge.interior_padding, size, extent)
+            source.append(slice(first, last))
+            target.append(pad_target(edge.edge_padding_low, edge.interior_padding, first, last))
+        out[tuple(target)] = operand[tuple(source)]
+        return out
+
+    def _dynamic_slice(self, instr: Instr, ops: list) -> np.ndarray:
+        operand = np.asarray(ops[0])
+        starts = clamped_starts(operand.shape, list(instr.dynamic_slice_sizes), ops[1:])
+        return operand[tuple(slice(s, s + n) for s, n in zip(starts, instr.dynamic_slice_sizes, strict=True))]
+
+    def _dynamic_update_slice(self, instr: Instr, ops: list) -> np.ndarray:
+        operand, update = np.asarray(ops[0]), np.asarray(ops[1])
+        starts = clamped_starts(operand.shape, list(update.shape), ops[2:])
+        out = operand.copy()
+        out[tuple(slice(s, s + n) for s, n in zip(starts, update.shape, strict=True))] = update
+        return out
+
+    def _while(self, instr: Instr, ops: list) -> object:
+        body, condition = (self.comps[c] for c in instr.called_computation_ids)
+        state = ops[0]
+        for _ in range(MAX_WHILE_ITERATIONS):
+            if not bool(self.run(condition, [state])):
+                return state
+            state = self.run(body, [state])
+        raise CompileError("E207", f"while loop '{instr.name}' ran {MAX_WHILE_ITERATIONS} iterations without "
+                                   "ending", instr.name)
+
+    def _conditional(self, instr: Instr, ops: list) -> object:
+        selector, branches = ops[0], list(instr.called_computation_ids)
+        if np.asarray(selector).dtype == bool:
+            index = 0 if bool(selector) else 1
+        else:  # an out-of-range branch index runs the last branch, as XLA defines it
+            index = int(selector) if 0 <= int(selector) < len(branches) else len(branches) - 1
+        return self.run(self.comps[branches[index]], [ops[1 + index]])
 
     def _tuple(self, instr: Instr, ops: list) -> tuple:
         return tuple(ops)
@@ -303,6 +362,13 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "compare": _Evaluator._compare,
     "convert": _Evaluator._convert,
     "dot": _Evaluator._dot,
+    "bitcast": _Evaluator._bitcast,
+    "reverse": _Evaluator._reverse,
+    "pad": _Evaluator._pad,
+    "dynamic-slice": _Evaluator._dynamic_slice,
+    "dynamic-update-slice": _Evaluator._dynamic_update_slice,
+    "while": _Evaluator._while,
+    "conditional": _Evaluator._conditional,
     "reduce": _Evaluator._reduce,
     **{op: _Evaluator._elementwise for op in UNARY_OPCODES | BINARY_OPCODES | {"select", "clamp", "copy",
                                                                              "is-finite"}},
