@@ -179,7 +179,178 @@ INTEGER_DOT = Case(
                         (c.astype(np.int64) @ d.astype(np.int64)).astype(np.int32)),
 )
 
-CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT]
+def _padded(x: np.ndarray) -> np.ndarray:
+    """pad(x, -1.5), padding=1_2x-3_-1_2: rows 1 low 2 high; columns crop 3 low and 1 high, 2 between."""
+    dilated = np.full((x.shape[0], (x.shape[1] - 1) * 3 + 1), np.float32(-1.5))
+    dilated[:, ::3] = x
+    dilated = dilated[:, 3:-1]
+    out = np.full((x.shape[0] + 3, dilated.shape[1]), np.float32(-1.5))
+    out[1:1 + x.shape[0]] = dilated
+    return out
+
+
+MOVEMENT = Case(
+    "movement",
+    """HloModule movement
+ENTRY main {
+  x = f32[130,70] parameter(0)
+  z = f32[] constant(-1.5)
+  p = f32[133,204] pad(x, z), padding=1_2x-3_-1_2
+  r = f32[130,70] reverse(x), dimensions={0,1}
+  b = f32[70,130] bitcast(x)
+  t = f32[70,130]{0,1} transpose(x), dimensions={1,0}
+  bt = f32[130,70] bitcast(t)
+  i = s32[] constant(5)
+  j = s32[] constant(60)
+  ds = f32[4,20] dynamic-slice(x, i, j), dynamic_slice_sizes={4,20}
+  u = f32[2,3] constant({ {1, 2, 3}, {4, 5, 6} })
+  dus = f32[130,70] dynamic-update-slice(x, u, i, j)
+  ROOT out = (f32[133,204], f32[130,70], f32[70,130], f32[130,70], f32[4,20], f32[130,70])
+    tuple(p, r, b, bt, ds, dus)
+}
+""",
+    lambda rng: [rng.standard_normal((130, 70)).astype(np.float32)],
+    # the bitcast of a {0,1}-layout transpose reads the same bytes: x again; slices clamp to fit
+    lambda x: (_padded(x), x[::-1, ::-1], x.reshape(70, 130), x, x[5:9, 50:70],
+               _updated(x, np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32), 5, 60)),
+)
+
+
+def _updated(x: np.ndarray, update: np.ndarray, row: int, col: int) -> np.ndarray:
+    out = x.copy()
+    out[row:row + update.shape[0], col:col + update.shape[1]] = update
+    return out
+
+
+def _scan_reference(x: np.ndarray, flag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    h = np.zeros_like(x)
+    carry = np.zeros(x.shape[1], dtype=np.float32)
+    for i in range(x.shape[0]):
+        carry = np.tanh(x[i] + carry * np.float32(0.5))
+        h[i] = carry
+    return h, np.exp(h) if flag > 0 else -h
+
+
+# lax.scan as JAX emits it: a while loop over a counter tuple, dynamic-slice and dynamic-update-slice
+# by the counter; then a conditional on a computed predicate.
+CONTROL_FLOW = Case(
+    "control_flow",
+    """HloModule scan
+body {
+  s = (s32[], f32[64], f32[12,64], f32[12,64]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  carry = f32[64] get-tuple-element(s), index=1
+  h = f32[12,64] get-tuple-element(s), index=2
+  xs = f32[12,64] get-tuple-element(s), index=3
+  zero = s32[] constant(0)
+  row = f32[1,64] dynamic-slice(xs, i, zero), dynamic_slice_sizes={1,64}
+  row1 = f32[64] reshape(row)
+  half = f32[] constant(0.5)
+  halfb = f32[64] broadcast(half), dimensions={}
+  scaled = f32[64] multiply(carry, halfb)
+  sum = f32[64] add(row1, scaled)
+  next = f32[64] tanh(sum)
+  next2 = f32[1,64] reshape(next)
+  h2 = f32[12,64] dynamic-update-slice(h, next2, i, zero)
+  one = s32[] constant(1)
+  i2 = s32[] add(i, one)
+  ROOT t = (s32[], f32[64], f32[12,64], f32[12,64]) tuple(i2, next, h2, xs)
+}
+
+cond {
+  s = (s32[], f32[64], f32[12,64], f32[12,64]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(12)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+
+on_true {
+  a = f32[12,64] parameter(0)
+  ROOT e = f32[12,64] exponential(a)
+}
+
+on_false {
+  a = f32[12,64] parameter(0)
+  ROOT e = f32[12,64] negate(a)
+}
+
+ENTRY main {
+  x = f32[12,64] parameter(0)
+  flag = f32[] parameter(1)
+  c = s32[] constant(0)
+  zz = f32[] constant(0)
+  carry0 = f32[64] broadcast(zz), dimensions={}
+  h0 = f32[12,64] broadcast(zz), dimensions={}
+  init = (s32[], f32[64], f32[12,64], f32[12,64]) tuple(c, carry0, h0, x)
+  w = (s32[], f32[64], f32[12,64], f32[12,64]) while(init), condition=cond, body=body
+  h = f32[12,64] get-tuple-element(w), index=2
+  p = pred[] compare(flag, zz), direction=GT
+  r = f32[12,64] conditional(p, h, h), true_computation=on_true, false_computation=on_false
+  ROOT out = (f32[12,64], f32[12,64]) tuple(h, r)
+}
+""",
+    lambda rng: [rng.standard_normal((12, 64)).astype(np.float32), np.float32(rng.choice([-1.0, 1.0]))],
+    _scan_reference,
+)
+
+# jnp.argmax's variadic reduce (NaN-aware, first index on ties) over both dimensions, on odd widths
+ARGMAX = Case(
+    "argmax",
+    """HloModule argmax
+argmax {
+  a = f32[] parameter(0)
+  ai = s32[] parameter(1)
+  b = f32[] parameter(2)
+  bi = s32[] parameter(3)
+  gt = pred[] compare(a, b), direction=GT
+  nan = pred[] compare(a, a), direction=NE
+  g = pred[] or(gt, nan)
+  eq = pred[] compare(a, b), direction=EQ
+  lt = pred[] compare(ai, bi), direction=LT
+  tie = pred[] and(eq, lt)
+  pick = pred[] or(g, tie)
+  v = f32[] select(pick, a, b)
+  i = s32[] select(pick, ai, bi)
+  ROOT t = (f32[], s32[]) tuple(v, i)
+}
+
+ENTRY main {
+  x = f32[300,1001] parameter(0)
+  idx = s32[300,1001] iota(), iota_dimension=1
+  ridx = s32[300,1001] iota(), iota_dimension=0
+  ninf = f32[] constant(-inf)
+  zero = s32[] constant(0)
+  r = (f32[300], s32[300]) reduce(x, idx, ninf, zero), dimensions={1}, to_apply=argmax
+  c = (f32[1001], s32[1001]) reduce(x, ridx, ninf, zero), dimensions={0}, to_apply=argmax
+  i = s32[300] get-tuple-element(r), index=1
+  v = f32[300] get-tuple-element(r), index=0
+  ci = s32[1001] get-tuple-element(c), index=1
+  ROOT out = (s32[300], f32[300], s32[1001]) tuple(i, v, ci)
+}
+""",
+    # ties are common (values rounded to 0.25), so the first-index rule is exercised
+    lambda rng: [np.round(rng.standard_normal((300, 1001)) * 4).astype(np.float32) / 4],
+    lambda x: (np.argmax(x, axis=1).astype(np.int32), x.max(axis=1), np.argmax(x, axis=0).astype(np.int32)),
+)
+
+# HLO text forms XLA's parser accepts: `HloModule name:`, results without shapes, nested operands
+TEXT_FORMS = Case(
+    "text_forms",
+    """HloModule text_forms:
+
+ENTRY main {
+  x = f32[2,3] parameter(0)
+  t = transpose(x), dimensions={1,0}
+  n = negate(t)
+  ROOT a = f32[3,2] add(f32[3,2] reshape(f32[6] reshape(x)), n)
+}
+""",
+    lambda rng: [rng.standard_normal((2, 3)).astype(np.float32)],
+    lambda x: (x.reshape(3, 2) - x.T,),
+)
+
+CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
+         TEXT_FORMS]
 
 
 @pytest.mark.slow
@@ -197,6 +368,7 @@ def test_op_compiles_verifies_and_matches_numpy(tmp_path: Path, case: Case) -> N
     assert ran.returncode == 0, ran.stderr
     with np.errstate(all="ignore"):
         expected = case.reference(*inputs)
+    expected = expected if isinstance(expected, tuple) else (expected,)
     with np.load(out_path) as outputs:
         assert sorted(outputs.files, key=lambda n: int(n[3:])) == [f"out{k}" for k in range(len(expected))]
         for k, want in enumerate(expected):
@@ -241,3 +413,63 @@ ENTRY main {
     assert ran.returncode == 0, ran.stderr
     with np.load(out) as outputs:
         assert outputs["out0"].tolist() == [[16785409, 4097], [12326, 58]]
+
+
+@pytest.mark.parametrize("text, code, words", [
+    ("ROOT c = f32[4] custom-call(), custom_call_target=\"MyKernel\"", "E201", ["custom-call", "MyKernel"]),
+    ("x = f32[4] parameter(0)\nROOT y = f32[4] popcnt(x)", "E201", ["popcnt", "y"]),
+])
+def test_refusals_name_the_instruction(tmp_path: Path, text: str, code: str, words: list[str]) -> None:
+    model = tmp_path / "m.hlo"
+    model.write_text(f"HloModule m\n\nENTRY main {{\n{text}\n}}\n")
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), timeout=60)
+    assert compiled.returncode != 0 and f"[{code}]" in compiled.stderr, compiled.stderr
+    assert "Traceback" not in compiled.stderr
+    assert all(word in compiled.stderr for word in words), compiled.stderr
+
+
+def test_computed_loop_bound_is_refused_naming_the_loop(tmp_path: Path) -> None:
+    """A while whose condition depends on computed data cannot be unrolled: E207 names it."""
+    model = tmp_path / "m.hlo"
+    model.write_text("""HloModule m
+body {
+  s = (f32[4], s32[]) parameter(0)
+  x = f32[4] get-tuple-element(s), index=0
+  i = s32[] get-tuple-element(s), index=1
+  y = f32[4] add(x, x)
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  ROOT t = (f32[4], s32[]) tuple(y, j)
+}
+cond {
+  s = (f32[4], s32[]) parameter(0)
+  x = f32[4] get-tuple-element(s), index=0
+  z = f32[] constant(0)
+  m = f32[] reduce(x, z), dimensions={0}, to_apply=max
+  lim = f32[] constant(100)
+  ROOT lt = pred[] compare(m, lim), direction=LT
+}
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = f32[] maximum(a, b)
+}
+ENTRY main {
+  x = f32[4] parameter(0)
+  c = s32[] constant(0)
+  init = (f32[4], s32[]) tuple(x, c)
+  ROOT w = (f32[4], s32[]) while(init), condition=cond, body=body
+}
+""")
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), timeout=60)
+    assert compiled.returncode != 0, compiled.stderr
+    assert "[E207]" in compiled.stderr and "'w'" in compiled.stderr, compiled.stderr
+
+
+def test_zero_element_iota_of_a_huge_axis_materializes_nothing(tmp_path: Path) -> None:
+    """f32[10**12, 0]: the golden evaluator and the frontend never build the 10**12-long index line."""
+    model = tmp_path / "m.hlo"
+    model.write_text("HloModule m\n\nENTRY main {\n"
+                     "  ROOT i = f32[1000000000000,0] iota(), iota_dimension=0\n}\n")
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), "--verify", timeout=60)
+    assert compiled.returncode == 0, compiled.stderr

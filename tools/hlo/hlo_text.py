@@ -21,6 +21,7 @@ from ncc.schemas import hlo_pb2
 from ncc.tools.common.dtypes import f32_to_bf16
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.hlo_types import TYPES_BY_NAME, T, parameters, type_name
+from ncc.tools.hlo.shape_inference import infer_shape
 
 MAX_NESTING = 32  # tuple shapes / tuple literals nested deeper than this are refused
 _MAX_NUMBER_CHARS = 64
@@ -192,6 +193,9 @@ class _Parser:
         self.pos = 0
         self.next_id = 1
         self.calls: list[_PendingCall] = []
+        self.shapes: dict[int, hlo_pb2.ShapeProto] = {}  # instruction id -> its shape, for inference
+        self.nested: list[hlo_pb2.HloInstructionProto] = []  # nested operands of the instruction being read
+        self.nested_count = 0
 
     # ---- token helpers -------------------------------------------------------------------------
     def peek(self, ahead: int = 0) -> Token:
@@ -455,12 +459,30 @@ class _Parser:
         if name in names:
             raise self.error(f"instruction '{name}' is defined twice in computation '{comp_name}'", name_tok)
         self.expect("=", f"after instruction name '{name}'")
+        instr = self.instruction_rhs(name, comp_name, names, control)
+        names[name] = instr.id
+        return instr, is_root
+
+    def at_shape(self) -> bool:
+        tok = self.peek()
+        if tok.kind == "p" and tok.text == "(":
+            return True
+        return tok.kind == "w" and self.peek(1).kind == "p" and self.peek(1).text == "[" and (
+            tok.text in TYPES_BY_NAME or tok.text in _UNREPRESENTABLE_TYPES)
+
+    def instruction_rhs(self, name: str, comp_name: str, names: dict[str, int], control: list,
+                        nested: bool = False) -> hlo_pb2.HloInstructionProto:
+        """`[shape] opcode(operands), attributes` — the shape may be left out where it can be inferred."""
         instr = hlo_pb2.HloInstructionProto(name=name)
-        instr.shape.CopyFrom(self.shape())
+        shape_given = self.at_shape()
+        if shape_given:
+            instr.shape.CopyFrom(self.shape())
         opcode_tok = self.peek()
         instr.opcode = self.word("an opcode")
         if not _NAME_RE.fullmatch(instr.opcode):
             raise self.error(f"expected an opcode, found {_describe(opcode_tok)}", opcode_tok)
+        if not shape_given and instr.opcode in ("constant", "parameter"):
+            raise self.error(f"{instr.opcode} '{name}' must give its shape", opcode_tok)
         self.expect("(", f"after opcode '{instr.opcode}'")
         if instr.opcode == "constant":
             instr.literal.CopyFrom(self.literal(instr.shape, name))
@@ -476,23 +498,37 @@ class _Parser:
                 self.expect(",", "or ')' between operands")
         seen: set[str] = set()
         calls: list[tuple[int, str, Token]] = []
-        while self.accept(","):
+        while self.at(",") and (not nested or (self.peek(1).kind == "w" and self.peek(2).text == "=")):
+            self.pos += 1
             self.attribute(instr, seen, calls, control)
         if calls:
             calls.sort(key=lambda ref: ref[0])
             self.calls.append(_PendingCall(instr, calls))
+        if not shape_given:
+            inferred = infer_shape(instr, [self.shapes[i] for i in instr.operand_ids])
+            if inferred is None:
+                raise self.error(f"instruction '{name}' gives no result shape, and the shape of "
+                                 f"'{instr.opcode}' cannot be inferred from its operands", opcode_tok)
+            instr.shape.CopyFrom(inferred)
         instr.id = self.next_id
         self.next_id += 1
-        names[name] = instr.id
-        return instr, is_root
+        self.shapes[instr.id] = instr.shape
+        return instr
 
     def operand(self, instr: hlo_pb2.HloInstructionProto, names: dict[str, int], comp_name: str) -> None:
-        tok = self.peek()
-        if tok.kind == "p" and tok.text == "(":
+        start = self.pos
+        if self.at_shape():
             self.shape()
-        elif tok.kind == "w" and self.peek(1).kind == "p" and self.peek(1).text == "[" and (
-                tok.text in TYPES_BY_NAME or tok.text in _UNREPRESENTABLE_TYPES):
-            self.shape()
+        if self.peek().kind == "w" and self.peek(1).kind == "p" and self.peek(1).text == "(":
+            # a nested instruction, `add(f32[3] reshape(x), y)`: defined just before its user
+            self.pos = start
+            self.nested_count += 1
+            label = f"{instr.name}.{self.nested_count}"
+            nested = self.instruction_rhs(label, comp_name, names, [], nested=True)
+            self.nested.append(nested)
+            names[nested.name] = nested.id
+            instr.operand_ids.append(nested.id)
+            return
         ref = self.peek()
         name = self.name("an operand name")
         if name not in names:
@@ -656,6 +692,8 @@ class _Parser:
                 raise self.error(f"missing '}}' at the end of computation '{comp.name}'")
             root_tok = self.peek()
             instr, is_root = self.instruction(comp.name, names, control)
+            instrs.extend(self.nested)
+            self.nested.clear()
             if is_root:
                 if root_id is not None:
                     raise self.error(f"computation '{comp.name}' has more than one ROOT", root_tok)
@@ -681,6 +719,7 @@ class _Parser:
             if tok.kind != "w":
                 raise self.error(f"expected a module name, found {_describe(tok)}", tok)
             module.name = self.next().text.lstrip("%") or "module"
+            self.accept(":")  # `HloModule name:` is accepted by XLA's parser too
             while self.accept(","):
                 key = self.word("an attribute name")
                 self.expect("=", f"after attribute '{key}'")

@@ -43,6 +43,7 @@ MATMUL_N_TILE = 512      # one PSUM bank of fp32
 MATMUL_K_TILE = 128      # contraction rows per matmul (partitions)
 MATMUL_M_TILE = 128      # stationary free size
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast"})
+REGION_MOVES = LAYOUT_OPS | {"pad", "dynamic-slice", "dynamic-update-slice", "reduce", "dot"}
 MAX_UNROLLED_ITERATIONS = 100_000  # a while loop is unrolled; the instruction budget (E302) still applies
 
 SP, ACT, DVE, POOL, PE = common_pb2.SP, common_pb2.ACT, common_pb2.DVE, common_pb2.POOL, common_pb2.PE
@@ -164,8 +165,8 @@ class Lowering:
             return self._while(instr, ops[0])
         if opcode == "conditional":
             return self._conditional(instr, ops)
-        if self.region_shape and opcode in LAYOUT_OPS:
-            return ops[0]  # reshaping a scalar of a reducer: the same values
+        if self.region_shape and opcode in REGION_MOVES:
+            return self._region_move(instr, ops, shape)
         if opcode == "reduce" and not self._plain_reduce(instr, ops):
             return self._reduce_tree(instr, ops)
         dtype = ncc_dtype(instr.shape.element_type)
@@ -224,6 +225,18 @@ class Lowering:
             return operand.slice(tuple(d.start for d in s), tuple(d.limit for d in s),
                                  tuple(d.stride or 1 for d in s))
         return self._reshape(operand, shape, instr.name)
+
+    def _region_move(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
+        """An op of a reducer applied to arrays that only moves its scalars: the same values."""
+        opcode = instr.opcode
+        if opcode == "dynamic-update-slice":
+            return ops[1]  # the update replaces the whole scalar
+        if opcode == "reduce":  # reducing a scalar applies the reducer once
+            k = len(ops) // 2
+            return self._computation(self.computations[instr.called_computation_ids[0]], ops[k:] + ops[:k])
+        if opcode == "dot":
+            return self._synthetic(instr, "multiply", ops, shape, ncc_dtype(instr.shape.element_type))
+        return ops[0]
 
     def _operand_shape(self, instr) -> hlo_pb2.ShapeProto:
         return self.instructions[instr.operand_ids[0]].shape
