@@ -60,6 +60,13 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\", "a"
 # Attributes naming called computations, in the order XLA stores them in called_computation_ids.
 _CALLED_ATTRS = {"to_apply": 0, "calls": 1, "body": 2, "condition": 3, "true_computation": 4,
                  "false_computation": 5, "branch_computations": 6}
+# gather's and scatter's dimension-number lists, by the attribute names XLA prints
+_GATHER_LISTS = {"offset_dims", "collapsed_slice_dims", "start_index_map", "operand_batching_dims",
+                 "start_indices_batching_dims"}
+_SCATTER_LISTS = {"update_window_dims", "inserted_window_dims", "scatter_dims_to_operand_dims",
+                  "input_batching_dims", "scatter_indices_batching_dims"}
+_WINDOW_FIELDS = {"size": "size", "stride": "stride", "lhs_dilate": "base_dilation",
+                  "rhs_dilate": "window_dilation", "rhs_reversal": "window_reversal"}
 _DOT_ATTRS = {"lhs_contracting_dims": "lhs_contracting_dimensions",
               "rhs_contracting_dims": "rhs_contracting_dimensions",
               "lhs_batch_dims": "lhs_batch_dimensions", "rhs_batch_dims": "rhs_batch_dimensions"}
@@ -592,6 +599,22 @@ class _Parser:
             instr.dynamic_slice_sizes.extend(self.int_list())
         elif key == "slice_sizes":
             instr.gather_slice_sizes.extend(self.int_list())
+        elif key == "window":
+            self.window(instr.window)
+        elif key == "dim_labels":
+            self.dim_labels(instr.convolution_dimension_numbers)
+        elif key in ("feature_group_count", "batch_group_count"):
+            setattr(instr, key, self.integer(1, _INT64[1], f"a {key}"))
+        elif key in _GATHER_LISTS:
+            getattr(instr.gather_dimension_numbers, key).extend(self.int_list())
+        elif key in _SCATTER_LISTS:
+            getattr(instr.scatter_dimension_numbers, key).extend(self.int_list())
+        elif key == "index_vector_dim":
+            scatter = instr.opcode == "scatter"
+            numbers = instr.scatter_dimension_numbers if scatter else instr.gather_dimension_numbers
+            numbers.index_vector_dim = self.integer(0, _INT64[1], "an index_vector_dim")
+        elif key in ("indices_are_sorted", "unique_indices"):
+            setattr(instr, key, self.boolean())
         elif key == "control-predecessors":
             self.expect("{", "to open a list of control predecessors")
             while not self.accept("}"):
@@ -601,6 +624,62 @@ class _Parser:
                     self.expect(",", "or '}' in a list of control predecessors")
         else:
             self.skip_value()
+
+    def window(self, window: hlo_pb2.Window) -> None:
+        """`{size=3x3 stride=2x1 pad=1_1x0_0 lhs_dilate=1x1 rhs_dilate=2x2 rhs_reversal=0x1}`."""
+        self.expect("{", "to open a window")
+        window.SetInParent()
+        fields: dict[str, list[int]] = {}
+        while not self.accept("}"):
+            tok = self.peek()
+            key = self.word("a window field")
+            self.expect("=", f"after window field '{key}'")
+            text = self.word(f"the values of window field '{key}'")
+            parts = text.split("x")
+            if key == "pad":
+                pairs = [part.split("_") for part in parts]
+                if not all(len(pair) == 2 and all(_INT_RE.fullmatch(v) for v in pair) for pair in pairs):
+                    raise self.error(f"malformed window padding '{text}'", tok)
+                fields["padding_low"] = [int(pair[0]) for pair in pairs]
+                fields["padding_high"] = [int(pair[1]) for pair in pairs]
+            elif key in _WINDOW_FIELDS:
+                if not all(_INT_RE.fullmatch(part) for part in parts):
+                    raise self.error(f"malformed window {key} '{text}'", tok)
+                fields[_WINDOW_FIELDS[key]] = [int(part) for part in parts]
+            else:
+                raise self.error(f"unknown window field '{key}'", tok)
+        rank = len(fields.get("size", []))
+        if any(len(values) != rank for values in fields.values()):
+            raise self.error("window fields give different numbers of dimensions")
+        for d in range(rank):
+            dim = window.dimensions.add(stride=1, window_dilation=1, base_dilation=1)
+            for name, values in fields.items():
+                setattr(dim, name, bool(values[d]) if name == "window_reversal" else values[d])
+
+    def dim_labels(self, numbers: hlo_pb2.ConvolutionDimensionNumbers) -> None:
+        """`b01f_01io->b01f`: which dimension of input, kernel and output is batch, feature, spatial."""
+        tok = self.peek()
+        first = self.word("convolution dimension labels")
+        self.expect("->", "in convolution dimension labels")
+        output = self.word("output dimension labels")
+        parts = first.split("_")
+        if len(parts) != 2:
+            raise self.error(f"malformed dim_labels '{first}->{output}'", tok)
+        lhs, rhs = parts
+        numbers.SetInParent()
+        try:
+            numbers.input_batch_dimension, numbers.input_feature_dimension = lhs.index("b"), lhs.index("f")
+            numbers.kernel_input_feature_dimension = rhs.index("i")
+            numbers.kernel_output_feature_dimension = rhs.index("o")
+            numbers.output_batch_dimension = output.index("b")
+            numbers.output_feature_dimension = output.index("f")
+        except ValueError:
+            raise self.error(f"malformed dim_labels '{first}->{output}'", tok) from None
+        spatials = ((lhs, numbers.input_spatial_dimensions), (rhs, numbers.kernel_spatial_dimensions),
+                    (output, numbers.output_spatial_dimensions))
+        for labels, field in spatials:
+            spatial = sorted((c, i) for i, c in enumerate(labels) if c.isdigit())
+            field.extend(i for _, i in spatial)
 
     def slice_dims(self, instr: hlo_pb2.HloInstructionProto) -> None:
         self.expect("{", "to open slice bounds")

@@ -38,12 +38,13 @@ from ncc.tools.hlo.hlo_types import (
     shape_str,
     type_name,
 )
+from ncc.tools.hlo.index_math import window_output_size
 
 SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
-    "dynamic-update-slice",
+    "dynamic-update-slice", "convolution", "reduce-window",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -578,6 +579,78 @@ class _Verifier:
                 u > d for u, d in zip(update.dimensions, a.dimensions, strict=True)):
             raise _bad(instr, f"update {shape_str(update)} does not fit in {shape_str(a)}")
 
+    def _convolution(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 2)
+        lhs, rhs = _arrays(instr, ops)
+        _same_types(instr, [lhs, rhs, instr.shape])
+        if lhs.element_type == T.PRED:
+            raise _bad(instr, "convolution is not defined on pred")
+        if instr.batch_group_count > 1:
+            raise CompileError("E207", f"convolution '{_label(instr)}' with batch_group_count="
+                               f"{instr.batch_group_count} is not supported", _label(instr))
+        dn = instr.convolution_dimension_numbers
+        labelled = ((lhs, [dn.input_batch_dimension, dn.input_feature_dimension,
+                           *dn.input_spatial_dimensions]),
+                    (rhs, [dn.kernel_input_feature_dimension, dn.kernel_output_feature_dimension,
+                           *dn.kernel_spatial_dimensions]),
+                    (instr.shape, [dn.output_batch_dimension, dn.output_feature_dimension,
+                                   *dn.output_spatial_dimensions]))
+        for shape, used in labelled:
+            _distinct_in_range(instr, used, len(shape.dimensions), "convolution dimension numbers")
+            if len(used) != len(shape.dimensions) or len(shape.dimensions) != len(lhs.dimensions):
+                raise _bad(instr, f"dim_labels do not describe {shape_str(shape)}")
+        groups = max(1, instr.feature_group_count)
+        features, out_features = lhs.dimensions[dn.input_feature_dimension], rhs.dimensions[
+            dn.kernel_output_feature_dimension]
+        if features % groups or out_features % groups or \
+                rhs.dimensions[dn.kernel_input_feature_dimension] * groups != features:
+            raise _bad(instr, f"{features} input features, {out_features} output features and kernel "
+                              f"{shape_str(rhs)} do not split into {groups} feature groups")
+        window = instr.window.dimensions
+        if len(window) != len(dn.input_spatial_dimensions):
+            raise _bad(instr, f"the window has {len(window)} dimensions, the input "
+                              f"{len(dn.input_spatial_dimensions)} spatial ones")
+        expected = [0] * len(lhs.dimensions)
+        expected[dn.output_batch_dimension] = lhs.dimensions[dn.input_batch_dimension]
+        expected[dn.output_feature_dimension] = out_features
+        for i, w in enumerate(window):
+            if w.size != rhs.dimensions[dn.kernel_spatial_dimensions[i]] or min(
+                    w.stride, w.window_dilation, w.base_dilation) < 1:
+                raise _bad(instr, f"window dimension {i} does not match kernel {shape_str(rhs)}")
+            size = lhs.dimensions[dn.input_spatial_dimensions[i]]
+            expected[dn.output_spatial_dimensions[i]] = window_output_size(
+                size, w.size, w.stride, w.padding_low, w.padding_high, w.window_dilation, w.base_dilation)
+        if expected != list(instr.shape.dimensions):
+            raise _bad(instr, f"convolving {shape_str(lhs)} with {shape_str(rhs)} gives [{_ints(expected)}], "
+                              f"not {shape_str(instr.shape)}")
+
+    def _reduce_window(self, instr: Instr, ops: list[Instr]) -> None:
+        if len(ops) < 2 or len(ops) % 2:
+            raise CompileError("E202", f"reduce-window '{_label(instr)}' takes inputs and as many init "
+                                       "values", _label(instr))
+        shapes = _arrays(instr, ops, result_too=False)
+        k = len(ops) // 2
+        inputs, inits = shapes[:k], shapes[k:]
+        window = instr.window.dimensions
+        data = inputs[0]
+        if len(window) != len(data.dimensions):
+            raise _bad(instr, f"the window has {len(window)} dimensions, the input {len(data.dimensions)}")
+        expected = []
+        for d, w in enumerate(window):
+            if min(w.size, w.stride, w.window_dilation, w.base_dilation) < 1:
+                raise _bad(instr, f"window dimension {d} has a size, stride or dilation below 1")
+            expected.append(window_output_size(data.dimensions[d], w.size, w.stride, w.padding_low,
+                                               w.padding_high, w.window_dilation, w.base_dilation))
+        results = list(instr.shape.tuple_shapes) if k > 1 else [instr.shape]
+        for shape, init in zip(results, inits, strict=True):
+            kind = init.element_type
+            if is_tuple(shape) or list(shape.dimensions) != expected or shape.element_type != kind:
+                raise _bad(instr, f"reduce-window of {shape_str(data)} gives {type_name(init.element_type)}"
+                                  f"[{_ints(expected)}], not {shape_str(shape)}")
+        reducer = self._callee(instr)
+        if len(self.params[reducer.id]) != 2 * k or not self.scalar_only[reducer.id]:
+            raise _bad(instr, f"reducer '{_shown(reducer.name)}' must take {2 * k} scalars")
+
     def _parameter(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 0)
 
@@ -690,7 +763,8 @@ _CHECKS = {
     "is-finite": _Verifier._is_finite, "clamp": _Verifier._clamp, "fusion": _Verifier._call,
     "bitcast": _Verifier._bitcast, "reverse": _Verifier._reverse, "pad": _Verifier._pad,
     "while": _Verifier._while, "conditional": _Verifier._conditional,
-    "dynamic-slice": _Verifier._dynamic_slice, "dynamic-update-slice": _Verifier._dynamic_update_slice,
+    "dynamic-slice": _Verifier._dynamic_slice, "convolution": _Verifier._convolution,
+    "reduce-window": _Verifier._reduce_window, "dynamic-update-slice": _Verifier._dynamic_update_slice,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,
     "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,

@@ -36,3 +36,22 @@ def clamped_starts(shape: Sequence[int], sizes: Sequence[int], starts: Sequence[
     """dynamic-slice start indices clamped, as XLA does, so the slice lies inside the operand."""
     bounds = zip(starts, shape, sizes, strict=True)
     return [min(max(int(start), 0), dim - size) for start, dim, size in bounds]
+
+
+def window_output_size(size: int, window: int, stride: int, low: int, high: int, window_dilation: int,
+                       base_dilation: int) -> int:
+    """Positions of a (dilated) window sliding over a (dilated, padded) dimension (XLA's rule)."""
+    dilated_base = (size - 1) * base_dilation + 1 if size else 0
+    padded = dilated_base + low + high
+    dilated_window = (window - 1) * window_dilation + 1
+    return max(0, (padded - dilated_window) // stride + 1) if padded >= dilated_window else 0
+
+
+def window_slices(offset: Sequence[int], window: Sequence[object], sizes: Sequence[int]) -> list[slice]:
+    """Where window element `offset` sits for every output position: per dimension, the input
+    positions offset * window_dilation + i * stride for i < size (`window` holds WindowDimensions)."""
+    slices = []
+    for o, dim, n in zip(offset, window, sizes, strict=True):
+        start = o * dim.window_dilation
+        slices.append(slice(start, start + (n - 1) * dim.stride + 1, dim.stride))
+    return slices

@@ -25,7 +25,13 @@ from ncc.tools.common.dtypes import from_compute, is_float
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
-from ncc.tools.hlo.index_math import clamped_starts, pad_placement, pad_target, physical_order
+from ncc.tools.hlo.index_math import (
+    clamped_starts,
+    pad_placement,
+    pad_target,
+    physical_order,
+    window_slices,
+)
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.nest_builder import (
     FRONTEND_PREFIX,
@@ -167,6 +173,8 @@ class Lowering:
             return self._conditional(instr, ops)
         if self.region_shape and opcode in REGION_MOVES:
             return self._region_move(instr, ops, shape)
+        if opcode == "reduce-window":
+            return self._reduce_window(instr, ops)
         if opcode == "reduce" and not self._plain_reduce(instr, ops):
             return self._reduce_tree(instr, ops)
         dtype = ncc_dtype(instr.shape.element_type)
@@ -178,6 +186,8 @@ class Lowering:
             return self._layout(instr, ops[0], shape)
         if opcode == "pad":
             return self._pad(instr, ops, shape, dtype)
+        if opcode == "convolution":
+            return self._convolution(instr, ops, shape, dtype)
         if opcode == "dynamic-slice":
             starts = self._static_starts(instr, ops[1:])
             sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
@@ -255,26 +265,111 @@ class Lowering:
         return [int(start.value) for start in starts]
 
     def _pad(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
-        """Fill the result with the padding value, then copy the kept operand elements into their
+        config = instr.padding_config.dimensions
+        edges = [(e.edge_padding_low, e.edge_padding_high, e.interior_padding) for e in config]
+        return self._padded(ops[0], ops[1], edges, instr.name)
+
+    def _padded(self, operand: Value, value: Value, edges: list[tuple[int, int, int]], source: str) -> Value:
+        """Fill a new tensor with the padding value, then copy the kept operand elements into their
         (interior-strided) places; negative padding crops the operand first."""
-        operand, value = ops
+        if all(edge == (0, 0, 0) for edge in edges):
+            return operand
+        shape = tuple(low + high + n + max(n - 1, 0) * interior
+                      for (low, high, interior), n in zip(edges, operand.shape, strict=True))
         if isinstance(operand, Splat) and isinstance(value, Splat) and operand.value == value.value:
-            return Splat(value.value, dtype, shape)
-        edges = instr.padding_config.dimensions
-        kept = [pad_placement(e.edge_padding_low, e.interior_padding, size, extent)
-                for e, size, extent in zip(edges, operand.shape, shape, strict=True)]
-        target = [pad_target(e.edge_padding_low, e.interior_padding, first, last)
-                  for e, (first, last) in zip(edges, kept, strict=True)]
-        out = self._new_output(instr, shape, dtype)
-        fill = value if isinstance(value, Splat) else value.broadcast(shape, ())
-        self._copy_into(Splat(fill.value, dtype, shape) if isinstance(fill, Splat) else fill, out, instr.name)
+            return Splat(value.value, operand.dtype, shape)
+        kept = [pad_placement(low, interior, size, extent)
+                for (low, _, interior), size, extent in zip(edges, operand.shape, shape, strict=True)]
+        target = [pad_target(low, interior, first, last)
+                  for (low, _, interior), (first, last) in zip(edges, kept, strict=True)]
+        name = self.builder.hbm_tensor(f"{source}.pad", operand.dtype, shape, penguin_pb2.INTERNAL, source)
+        out = View.whole(name, operand.dtype, shape)
+        self._copy_into(_broadcast_to(value, shape), out, source)
         if all(last > first for first, last in kept):
-            source = self._layout_slice(operand, [first for first, _ in kept],
-                                        tuple(last - first for first, last in kept))
+            counts = tuple(last - first for first, last in kept)
+            piece = self._layout_slice(operand, [first for first, _ in kept], counts)
             place = out.slice(tuple(t.start for t in target), tuple(t.stop for t in target),
                               tuple(t.step for t in target))
-            self._copy_into(source, place, instr.name)
+            self._copy_into(piece, place, source)
         return out
+
+    def _convolution(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
+        """im2col as a view, then one dot per feature group: the input (padded and base-dilated) is read
+        as [batch, out positions..., kernel positions..., features] with strides (stride x, dilation x
+        the input's), which is linear in every index, so no gather is needed; the dot contracts
+        (kernel positions, features) against the kernel, accumulating in PSUM."""
+        lhs, rhs = (self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops)
+        dn, window = instr.convolution_dimension_numbers, instr.window.dimensions
+        x = lhs.transpose((dn.input_batch_dimension, *dn.input_spatial_dimensions,
+                           dn.input_feature_dimension))
+        w = rhs.transpose((*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension,
+                           dn.kernel_output_feature_dimension))
+        reversed_axes = tuple(axis for axis, d in enumerate(window) if d.window_reversal)
+        w = w.reverse(reversed_axes) if reversed_axes else w
+        spatial_edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
+        edges = [(0, 0, 0), *spatial_edges, (0, 0, 0)]
+        x = self._padded(x, Splat(0.0, lhs.dtype, ()), edges, instr.name)
+        if isinstance(x, Splat):
+            x = self._materialize(x, instr.name)
+        sizes = tuple(shape[d] for d in dn.output_spatial_dimensions)
+        kernel = tuple(d.size for d in window)
+        batch, features, out_features = x.shape[0], x.shape[-1], w.shape[-1]
+        spatial = list(zip(x.strides[1:-1], window, strict=True))
+        strides = (x.strides[0], *(s * d.stride for s, d in spatial), *(s * d.window_dilation for s, d in spatial),
+                   x.strides[-1])
+        columns = View(x.base, x.dtype, (batch, *sizes, *kernel, features), strides, x.offset)
+        groups = max(1, instr.feature_group_count)
+        in_group, out_group = features // groups, out_features // groups
+        positions, taps = _product(sizes), _product(kernel)
+        products = []
+        for g in range(groups):
+            rows = self._feature_slice(columns, g * in_group, in_group)
+            weights = self._feature_slice(w, g * out_group, out_group)
+            lhs_2d = self._reshape(rows, (batch * positions, taps * in_group), instr.name)
+            rhs_2d = self._reshape(weights, (taps * in_group, out_group), instr.name)
+            label = f"{instr.name}.g{g}" if groups > 1 else instr.name
+            dot = hlo_pb2.HloInstructionProto(name=label, opcode="dot")
+            dot.dot_dimension_numbers.lhs_contracting_dimensions.append(1)
+            dot.dot_dimension_numbers.rhs_contracting_dimensions.append(0)
+            product = self._dot(dot, [lhs_2d, rhs_2d], (batch * positions, out_group), dtype)
+            products.append(self._reshape_value(product, (batch, *sizes, out_group), instr.name))
+        result = products[0]
+        if groups > 1:
+            whole = (batch, *sizes, out_features)
+            name = self.builder.hbm_tensor(instr.name, dtype, whole, penguin_pb2.INTERNAL, instr.name)
+            result = View.whole(name, dtype, whole)
+            for g, product in enumerate(products):
+                self._copy_into(product, self._feature_slice(result, g * out_group, out_group), instr.name)
+        order = (dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension)
+        return result.transpose(tuple(int(d) for d in np.argsort(order)))
+
+    def _feature_slice(self, view: View, start: int, count: int) -> View:
+        """Elements [start, start + count) of the last dimension."""
+        rank = len(view.shape)
+        return view.slice((0,) * (rank - 1) + (start,), view.shape[:-1] + (start + count,), (1,) * rank)
+
+    def _reduce_window(self, instr, ops: list[Value]) -> Value:
+        """The reducer folded over every window offset; each offset is a strided view of the (padded
+        with the init value) input, so a window of W elements costs W applications of the reducer."""
+        k = len(ops) // 2
+        inputs, inits = ops[:k], ops[k:]
+        window = instr.window.dimensions
+        edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
+        padded = [self._padded(x, init, edges, instr.name) for x, init in zip(inputs, inits, strict=True)]
+        result_shape = instr.shape.tuple_shapes[0] if k > 1 else instr.shape
+        sizes = self.region_shape + tuple(int(n) for n in result_shape.dimensions)
+        accs = [_broadcast_to(init, sizes) for init in inits]
+        reducer = self.computations[instr.called_computation_ids[0]]
+        for offset in np.ndindex(*(d.size for d in window)):
+            at = window_slices(offset, window, sizes)
+            elements = [self._strided(value, at, sizes) for value in padded]
+            accs = self._apply_reducer(reducer, accs + elements, sizes)
+        return tuple(accs) if k > 1 else accs[0]
+
+    def _strided(self, value: Value, at: list[slice], sizes: tuple[int, ...]) -> Value:
+        if isinstance(value, Splat):
+            return Splat(value.value, value.dtype, sizes)
+        return value.slice(tuple(a.start for a in at), tuple(a.stop for a in at), tuple(a.step for a in at))
 
     def _update_slice(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
         """A new tensor: the operand with the update written over the clamped window."""
@@ -761,6 +856,10 @@ class _Body:
                       attributes={"reverse": "1"})
         else:
             self.emit("tensor_tensor", engine, out, [a, b], func=func)
+
+
+def _product(sizes: tuple[int, ...]) -> int:
+    return int(np.prod(sizes, dtype=np.int64))
 
 
 def _size(view: View, dims: list[int]) -> int:

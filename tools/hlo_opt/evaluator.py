@@ -31,7 +31,13 @@ from ncc.tools.hlo.hlo_types import (
     shape_str,
 )
 from ncc.tools.hlo.hlo_verify import verify_module
-from ncc.tools.hlo.index_math import clamped_starts, pad_placement, pad_target, physical_order
+from ncc.tools.hlo.index_math import (
+    clamped_starts,
+    pad_placement,
+    pad_target,
+    physical_order,
+    window_slices,
+)
 from ncc.tools.hlo.literals import literal_to_numpy
 
 Instr = hlo_pb2.HloInstructionProto
@@ -200,15 +206,58 @@ class _Evaluator:
         return np.flip(ops[0], axis=tuple(instr.dimensions))
 
     def _pad(self, instr: Instr, ops: list) -> np.ndarray:
-        operand, value = np.asarray(ops[0]), ops[1]
-        out = np.full(dims(instr.shape), value, dtype=operand.dtype)
-        source, target = [], []
-        for edge, size, extent in zip(instr.padding_config.dimensions, operand.shape, out.shape, strict=True):
-            first, last = pad_placement(edge.edge_padding_low, edge.interior_padding, size, extent)
-            source.append(slice(first, last))
-            target.append(pad_target(edge.edge_padding_low, edge.interior_padding, first, last))
-        out[tuple(target)] = operand[tuple(source)]
-        return out
+        edges = [(e.edge_padding_low, e.edge_padding_high, e.interior_padding)
+                 for e in instr.padding_config.dimensions]
+        return pad_array(np.asarray(ops[0]), ops[1], edges)
+
+    def _convolution(self, instr: Instr, ops: list) -> np.ndarray:
+        """Sum over kernel positions of (strided input window) @ (kernel slice), per feature group."""
+        dn, window = instr.convolution_dimension_numbers, instr.window.dimensions
+        kind = instr.shape.element_type
+        work = np.float32 if kind in FLOAT_TYPES else np.int64
+        x = np.transpose(np.asarray(ops[0]), [dn.input_batch_dimension, *dn.input_spatial_dimensions,
+                                              dn.input_feature_dimension]).astype(work)
+        kernel_order = [*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension,
+                        dn.kernel_output_feature_dimension]
+        w = np.transpose(np.asarray(ops[1]), kernel_order).astype(work)
+        for axis, dim in enumerate(window):
+            if dim.window_reversal:
+                w = np.flip(w, axis=axis)
+        spatial_edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
+        x = pad_array(x, 0, [(0, 0, 0), *spatial_edges, (0, 0, 0)])
+        sizes = [dims(instr.shape)[d] for d in dn.output_spatial_dimensions]
+        groups = max(1, instr.feature_group_count)
+        in_group, out_group = x.shape[-1] // groups, w.shape[-1] // groups
+        out = np.zeros((x.shape[0], *sizes, w.shape[-1]), dtype=work)
+        if 0 not in sizes:
+            for position in np.ndindex(*w.shape[:-2]):
+                patch = x[(slice(None), *window_slices(position, window, sizes))]
+                for g in range(groups):
+                    taken = slice(g * in_group, (g + 1) * in_group)
+                    made = slice(g * out_group, (g + 1) * out_group)
+                    out[..., made] += patch[..., taken] @ w[position][taken, made]
+        order = [dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension]
+        return round_to(np.transpose(out, np.argsort(order)), kind)
+
+    def _reduce_window(self, instr: Instr, ops: list) -> object:
+        """Fold the reducer over every window offset, vectorised over the output positions; padding
+        holds the init value."""
+        k = len(ops) // 2
+        inputs, inits = [np.asarray(x) for x in ops[:k]], ops[k:]
+        window = instr.window.dimensions
+        kinds = [s.element_type for s in (instr.shape.tuple_shapes if k > 1 else [instr.shape])]
+        sizes = dims(instr.shape.tuple_shapes[0] if k > 1 else instr.shape)
+        edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
+        padded = [pad_array(x, init, edges) for x, init in zip(inputs, inits, strict=True)]
+        accs = [np.full(sizes, init, dtype=x.dtype) for x, init in zip(inputs, inits, strict=True)]
+        reducer = self.comps[instr.called_computation_ids[0]]
+        if 0 not in sizes:
+            for offset in np.ndindex(*[d.size for d in window]):
+                at = tuple(window_slices(offset, window, sizes))
+                result = self.run(reducer, accs + [x[at] for x in padded], True)
+                accs = list(result) if k > 1 else [result]
+        results = [round_to(np.broadcast_to(acc, sizes), kind) for acc, kind in zip(accs, kinds, strict=True)]
+        return tuple(results) if k > 1 else results[0]
 
     def _dynamic_slice(self, instr: Instr, ops: list) -> np.ndarray:
         operand = np.asarray(ops[0])
@@ -333,6 +382,20 @@ def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object
     return literal_to_numpy(literal, shape, "constant").astype(compute_dtype(shape.element_type))
 
 
+def pad_array(operand: np.ndarray, value: object, edges: list[tuple[int, int, int]]) -> np.ndarray:
+    """`operand` padded by (low, high, interior) per dimension with `value` (negative edges crop)."""
+    shape = [low + high + n + max(n - 1, 0) * interior for (low, high, interior), n in
+             zip(edges, operand.shape, strict=True)]
+    out = np.full(shape, value, dtype=operand.dtype)
+    source, target = [], []
+    for (low, _, interior), size, extent in zip(edges, operand.shape, shape, strict=True):
+        first, last = pad_placement(low, interior, size, extent)
+        source.append(slice(first, last))
+        target.append(pad_target(low, interior, first, last))
+    out[tuple(target)] = operand[tuple(source)]
+    return out
+
+
 def _convert(values: np.ndarray, kind: int) -> np.ndarray:
     """XLA convert: float → int truncates toward zero and saturates (NaN → 0); int → int wraps."""
     if kind == T.PRED:
@@ -365,6 +428,8 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "bitcast": _Evaluator._bitcast,
     "reverse": _Evaluator._reverse,
     "pad": _Evaluator._pad,
+    "convolution": _Evaluator._convolution,
+    "reduce-window": _Evaluator._reduce_window,
     "dynamic-slice": _Evaluator._dynamic_slice,
     "dynamic-update-slice": _Evaluator._dynamic_update_slice,
     "while": _Evaluator._while,
