@@ -315,8 +315,8 @@ class Lowering:
         kernel = tuple(d.size for d in window)
         batch, features, out_features = x.shape[0], x.shape[-1], w.shape[-1]
         spatial = list(zip(x.strides[1:-1], window, strict=True))
-        strides = (x.strides[0], *(s * d.stride for s, d in spatial), *(s * d.window_dilation for s, d in spatial),
-                   x.strides[-1])
+        strides = (x.strides[0], *(s * d.stride for s, d in spatial),
+                   *(s * d.window_dilation for s, d in spatial), x.strides[-1])
         columns = View(x.base, x.dtype, (batch, *sizes, *kernel, features), strides, x.offset)
         groups = max(1, instr.feature_group_count)
         in_group, out_group = features // groups, out_features // groups
