@@ -38,13 +38,13 @@ from ncc.tools.hlo.hlo_types import (
     shape_str,
     type_name,
 )
-from ncc.tools.hlo.index_math import window_output_size
+from ncc.tools.hlo.index_math import gather_batch_shape, gather_output_order, window_output_size
 
 SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
-    "dynamic-update-slice", "convolution", "reduce-window",
+    "dynamic-update-slice", "convolution", "reduce-window", "gather",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -624,6 +624,43 @@ class _Verifier:
             raise _bad(instr, f"convolving {shape_str(lhs)} with {shape_str(rhs)} gives [{_ints(expected)}], "
                               f"not {shape_str(instr.shape)}")
 
+    def _gather(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 2)
+        operand, indices = _arrays(instr, ops)
+        _same_types(instr, [operand, instr.shape])
+        if indices.element_type not in INTEGER_TYPES:
+            raise _bad(instr, f"indices must be integers, not {shape_str(indices)}")
+        dn = instr.gather_dimension_numbers
+        if dn.operand_batching_dims or dn.start_indices_batching_dims:
+            raise CompileError("E207", f"gather '{_label(instr)}' with batching dimensions is not supported",
+                               _label(instr))
+        rank, sizes = len(operand.dimensions), list(instr.gather_slice_sizes)
+        if len(sizes) != rank or any(not 0 <= n <= d for n, d in zip(sizes, operand.dimensions, strict=True)):
+            raise _bad(instr, f"slice_sizes={{{_ints(sizes)}}} do not fit {shape_str(operand)}")
+        _distinct_in_range(instr, list(dn.start_index_map), rank, "start_index_map")
+        _distinct_in_range(instr, list(dn.collapsed_slice_dims), rank, "collapsed_slice_dims")
+        if any(sizes[d] != 1 for d in dn.collapsed_slice_dims):
+            raise _bad(instr, "a collapsed slice dimension must have slice size 1")
+        vector = dn.index_vector_dim
+        if not 0 <= vector <= len(indices.dimensions):
+            raise _bad(instr, f"index_vector_dim {vector} is out of range for {shape_str(indices)}")
+        width = indices.dimensions[vector] if vector < len(indices.dimensions) else 1
+        if width != len(dn.start_index_map):
+            raise _bad(instr, f"indices give {width} coordinates, start_index_map names "
+                              f"{len(dn.start_index_map)}")
+        batch = gather_batch_shape(indices.dimensions, vector)
+        kept = [n for d, n in enumerate(sizes) if d not in dn.collapsed_slice_dims]
+        out_rank = len(batch) + len(kept)
+        _distinct_in_range(instr, list(dn.offset_dims), out_rank, "offset_dims")
+        if len(dn.offset_dims) != len(kept):
+            raise _bad(instr, f"offset_dims name {len(dn.offset_dims)} dimensions, the slice keeps "
+                              f"{len(kept)}")
+        natural = batch + kept
+        expected = [natural[d] for d in gather_output_order(dn.offset_dims, len(batch), out_rank)]
+        if expected != list(instr.shape.dimensions):
+            raise _bad(instr, f"gathering from {shape_str(operand)} gives [{_ints(expected)}], not "
+                              f"{shape_str(instr.shape)}")
+
     def _reduce_window(self, instr: Instr, ops: list[Instr]) -> None:
         if len(ops) < 2 or len(ops) % 2:
             raise CompileError("E202", f"reduce-window '{_label(instr)}' takes inputs and as many init "
@@ -764,7 +801,8 @@ _CHECKS = {
     "bitcast": _Verifier._bitcast, "reverse": _Verifier._reverse, "pad": _Verifier._pad,
     "while": _Verifier._while, "conditional": _Verifier._conditional,
     "dynamic-slice": _Verifier._dynamic_slice, "convolution": _Verifier._convolution,
-    "reduce-window": _Verifier._reduce_window, "dynamic-update-slice": _Verifier._dynamic_update_slice,
+    "reduce-window": _Verifier._reduce_window, "gather": _Verifier._gather,
+    "dynamic-update-slice": _Verifier._dynamic_update_slice,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,
     "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,

@@ -55,3 +55,21 @@ def window_slices(offset: Sequence[int], window: Sequence[object], sizes: Sequen
         start = o * dim.window_dilation
         slices.append(slice(start, start + (n - 1) * dim.stride + 1, dim.stride))
     return slices
+
+
+def gather_batch_shape(indices_shape: Sequence[int], index_vector_dim: int) -> list[int]:
+    """The batch dimensions of a gather: the indices' dimensions without the index vector one."""
+    return [n for d, n in enumerate(indices_shape) if d != index_vector_dim]
+
+
+def gather_output_order(offset_dims: Sequence[int], batch_rank: int, out_rank: int) -> list[int]:
+    """For each output dimension, the dimension of (batch dims..., slice dims...) it comes from:
+    slice dims sit at `offset_dims`, batch dims fill the other positions in order."""
+    order, batch, offsets = [], 0, sorted(offset_dims)
+    for position in range(out_rank):
+        if position in offsets:
+            order.append(batch_rank + offsets.index(position))
+        else:
+            order.append(batch)
+            batch += 1
+    return order

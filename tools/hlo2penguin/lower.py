@@ -27,6 +27,8 @@ from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
 from ncc.tools.hlo.index_math import (
     clamped_starts,
+    gather_batch_shape,
+    gather_output_order,
     pad_placement,
     pad_target,
     physical_order,
@@ -189,11 +191,11 @@ class Lowering:
         if opcode == "convolution":
             return self._convolution(instr, ops, shape, dtype)
         if opcode == "dynamic-slice":
-            starts = self._static_starts(instr, ops[1:])
-            sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
-            return self._layout_slice(ops[0], clamped_starts(ops[0].shape, sizes, starts), sizes)
+            return self._dynamic_slice(instr, ops, shape)
         if opcode == "dynamic-update-slice":
             return self._update_slice(instr, ops, shape, dtype)
+        if opcode == "gather":
+            return self._gather(instr, ops, shape)
         if opcode == "concatenate":
             return self._concatenate(instr, ops, shape, dtype)
         if opcode == "iota":
@@ -257,12 +259,121 @@ class Lowering:
         limits = tuple(s + n for s, n in zip(starts, sizes, strict=True))
         return operand.slice(tuple(starts), limits, (1,) * len(sizes))
 
-    def _static_starts(self, instr, starts: list[Value]) -> list[int]:
-        """Start indices known at compile time (constants, or folded from a loop counter)."""
-        if not all(isinstance(start, Splat) for start in starts):
-            raise CompileError("E207", f"{instr.opcode} with start indices computed at run time is not "
-                                       "supported (only constant or loop-counter indices)", instr.name)
-        return [int(start.value) for start in starts]
+    def _runtime_dim(self, instr, operand_shape: tuple[int, ...], sizes: tuple[int, ...],
+                     starts: list[Value]) -> int | None:
+        """The one dimension whose start is computed at run time and matters (a window as wide as its
+        dimension always starts at 0), or None when every start is known; more than one is E207."""
+        runtime = [d for d, start in enumerate(starts)
+                   if not isinstance(start, Splat) and sizes[d] < operand_shape[d]]
+        if len(runtime) > 1:
+            raise CompileError("E207", f"{instr.opcode} with run-time start indices in {len(runtime)} "
+                                       "dimensions is not supported (one at most)", instr.name)
+        return runtime[0] if runtime else None
+
+    def _known_starts(self, operand_shape: tuple[int, ...], sizes: tuple[int, ...], starts: list[Value],
+                      skip: int | None) -> list[int]:
+        """Clamped compile-time starts; the run-time dimension `skip` gets 0 (its rows are indexed)."""
+        known = [0 if d == skip or not isinstance(start, Splat) else int(start.value)
+                 for d, start in enumerate(starts)]
+        return clamped_starts(operand_shape, sizes, known)
+
+    def _dynamic_slice(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
+        """A window at constant starts is a view; a run-time start in one dimension d gathers rows
+        start..start+size-1 of d (start clamped as XLA does) with POOL's indirect dma."""
+        operand, starts = ops[0], ops[1:]
+        sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
+        d = self._runtime_dim(instr, operand.shape, sizes, starts)
+        known = self._known_starts(operand.shape, sizes, starts, d)
+        if d is None:
+            return self._layout_slice(operand, known, sizes)
+        window = list(sizes)
+        window[d] = operand.shape[d]
+        narrowed = self._layout_slice(operand, known, tuple(window))
+        if isinstance(narrowed, Splat):
+            return Splat(narrowed.value, narrowed.dtype, shape)
+        rows = self._window_rows(instr, starts[d], operand.shape[d], sizes[d])
+        order = (d, *(k for k in range(len(shape)) if k != d))
+        gathered = self._gather_rows(instr, narrowed.transpose(order), rows)
+        return gathered.transpose(tuple(int(k) for k in np.argsort(order)))
+
+    def _window_rows(self, instr, start: Value, extent: int, size: int) -> View:
+        """s32 row numbers clamp(start, 0, extent - size) + [0, size), computed on the device."""
+        index_dtype = common_pb2.S32
+        if start.dtype != index_dtype:
+            start = self._synthetic(instr, "convert", [start], (), index_dtype)
+        spread = start.broadcast((size,), ()) if isinstance(start, View) else start
+        low, high = Splat(0.0, index_dtype, ()), Splat(float(extent - size), index_dtype, ())
+        first = self._synthetic(instr, "clamp", [low, spread, high], (size,), index_dtype)
+        counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.rows", opcode="iota", dimensions=[0])
+        counting = self._iota(counter, (size,), index_dtype)
+        return self._synthetic(instr, "add", [first, counting], (size,), index_dtype)
+
+    def _gather(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
+        """Whole rows along one dimension (embedding lookups, `take`): the indices go to SBUF and
+        POOL's indirect dma brings row index[p] of the table into partition p."""
+        operand, indices = ops
+        dn, sizes = instr.gather_dimension_numbers, [int(n) for n in instr.gather_slice_sizes]
+        rank = len(operand.shape)
+        d = dn.start_index_map[0] if len(dn.start_index_map) == 1 else -1
+        if d < 0 or any(sizes[k] != operand.shape[k] for k in range(rank) if k != d) or sizes[d] != 1:
+            raise CompileError("E207", f"gather '{instr.name}' does not take whole rows along one dimension; "
+                                       "only that form (embedding lookups, take) is supported", instr.name)
+        if isinstance(operand, Splat):
+            return Splat(operand.value, operand.dtype, shape)
+        batch = gather_batch_shape(indices.shape, dn.index_vector_dim)
+        count = _product(tuple(batch))
+        rows = self._reshape_value(indices, (count,), instr.name)
+        if isinstance(rows, Splat) or rows.dtype != common_pb2.S32:
+            rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
+        order = (d, *(k for k in range(rank) if k != d))
+        gathered = self._gather_rows(instr, operand.transpose(order), rows)  # (count, others...)
+        kept = [sizes[k] for k in range(rank) if k not in dn.collapsed_slice_dims]
+        if d in dn.collapsed_slice_dims:
+            natural = self._reshape_value(gathered, (*batch, *kept), instr.name)
+        else:  # the size-1 row dimension stays, at its place among the slice dimensions
+            with_row = (*batch, 1, *(operand.shape[k] for k in order[1:]))
+            moved = self._reshape_value(gathered, with_row, instr.name)
+            slice_order = tuple(range(len(batch))) + tuple(len(batch) + order.index(k) for k in range(rank))
+            natural = moved.transpose(slice_order)
+        out_order = gather_output_order(dn.offset_dims, len(batch), len(shape))
+        return natural.transpose(tuple(out_order))
+
+    def _gather_rows(self, instr, table: View, rows: View) -> View:
+        """(count, others...) = table[rows[i], ...] for a table whose first dimension is indexed."""
+        extent, others = table.shape[0], table.shape[1:]
+        width = _product(others)
+        flat = table.reshape((extent, width))
+        if flat is None:  # rows that are not evenly strided: copy the table row-major first
+            flat = self._materialize(table, instr.name).reshape((extent, width))
+        count = rows.shape[0]
+        name = self.builder.hbm_tensor(f"{instr.name}.rows", table.dtype, (count, width),
+                                       penguin_pb2.INTERNAL, instr.name)
+        out = View.whole(name, table.dtype, (count, width))
+        tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
+        nest = self.builder.nest(f"{instr.name}.gather", instr.name, tiling.axes(), self._attributes(instr))
+        index_box = self._index_tile(nest, tiling, rows, instr.name)
+        block = (PARTITIONS, tiling.free_tile)
+        tile = self.builder.tile(f"{instr.name}.rows", table.dtype, (count, width), block)
+        add_statement(nest, "gather", "dma_gather", POOL, [tiling.box(tile)],
+                      [self._every_row(flat, tiling), index_box])
+        self._store(nest, tiling, tiling.box(tile), out, instr.name)
+        return out.reshape((count, *others))
+
+    def _every_row(self, flat: View, tiling: Tiling) -> penguin_pb2.Access:
+        """The current column tile of every row of an indexed table: what an indirect dma may touch."""
+        starts = [affine.expr(), affine.expr({tiling.col_axis: tiling.free_tile})]
+        return penguin_pb2.Access(tensor=self.builder.view(flat), extents=[flat.shape[0], tiling.free_tile],
+                                  starts=starts)
+
+    def _index_tile(self, nest, tiling: Tiling, rows: View, source: str) -> penguin_pb2.Access:
+        """Load the s32 row numbers of the current row tile into SBUF, one per partition."""
+        count = rows.shape[0]
+        index = self.builder.tile(f"{source}.index", common_pb2.S32, (count, 1), (PARTITIONS, 1))
+        column = Tiling((count, 1), 1, col_axis=tiling.col_axis)
+        box = column.box(index, col_tile=1)
+        source_box = column.box(self.builder.view(self._reshape(rows, (count, 1), source)), col_tile=1)
+        add_statement(nest, "load_index", "dma", SP, [box], [source_box])
+        return box
 
     def _pad(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
         config = instr.padding_config.dimensions
@@ -372,14 +483,42 @@ class Lowering:
         return value.slice(tuple(a.start for a in at), tuple(a.stop for a in at), tuple(a.step for a in at))
 
     def _update_slice(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
-        """A new tensor: the operand with the update written over the clamped window."""
-        operand, update = ops[0], ops[1]
-        starts = clamped_starts(shape, update.shape, self._static_starts(instr, ops[2:]))
-        out = self._new_output(instr, shape, dtype)
-        self._copy_into(operand, out, instr.name)
-        limits = tuple(s + n for s, n in zip(starts, update.shape, strict=True))
-        self._copy_into(update, out.slice(tuple(starts), limits, (1,) * len(shape)), instr.name)
-        return out
+        """A new tensor: the operand with the update written over the clamped window. A run-time
+        start in one dimension d scatters the update's rows with POOL's indirect dma into a tensor
+        laid out with d outermost, so each row is contiguous."""
+        operand, update, starts = ops[0], ops[1], ops[2:]
+        d = self._runtime_dim(instr, shape, update.shape, starts)
+        known = self._known_starts(shape, update.shape, starts, d)
+        if d is None:
+            out = self._new_output(instr, shape, dtype)
+            self._copy_into(operand, out, instr.name)
+            limits = tuple(s + n for s, n in zip(known, update.shape, strict=True))
+            self._copy_into(update, out.slice(tuple(known), limits, (1,) * len(shape)), instr.name)
+            return out
+        if any(update.shape[k] != shape[k] for k in range(len(shape)) if k != d):
+            raise CompileError("E207", f"dynamic-update-slice '{instr.name}' with a run-time start must "
+                                       "cover every other dimension whole", instr.name)
+        order = (d, *(k for k in range(len(shape)) if k != d))
+        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
+        back = tuple(int(k) for k in np.argsort(order))
+        self._copy_into(operand, laid_out.transpose(back), instr.name)
+        rows = self._window_rows(instr, starts[d], shape[d], update.shape[d])
+        self._scatter_rows(instr, laid_out, rows, update.transpose(order))
+        return laid_out.transpose(back)
+
+    def _scatter_rows(self, instr, table: View, rows: View, values: Value) -> None:
+        """table[rows[i], ...] = values[i, ...] for a row-major table whose first dimension is indexed."""
+        extent, width = table.shape[0], _product(table.shape[1:])
+        count = rows.shape[0]
+        flat = table.reshape((extent, width))
+        tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
+        nest = self.builder.nest(f"{instr.name}.scatter", instr.name, tiling.axes(), self._attributes(instr))
+        index_box = self._index_tile(nest, tiling, rows, instr.name)
+        source = values if isinstance(values, Splat) else self._reshape(values, (count, width), instr.name)
+        tile_box = self._load(nest, tiling, source, instr.name, 1)
+        add_statement(nest, "scatter", "dma_scatter", POOL, [self._every_row(flat, tiling)],
+                      [tile_box, index_box])
+        self.produced.add(table.base)
 
     def _while(self, instr, state: Value) -> Value:
         """Unroll: the condition must fold to a constant each time round (a counter that starts from

@@ -33,6 +33,7 @@ from ncc.tools.hlo.hlo_types import (
 from ncc.tools.hlo.hlo_verify import verify_module
 from ncc.tools.hlo.index_math import (
     clamped_starts,
+    gather_output_order,
     pad_placement,
     pad_target,
     physical_order,
@@ -239,6 +240,27 @@ class _Evaluator:
         order = [dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension]
         return round_to(np.transpose(out, np.argsort(order)), kind)
 
+    def _gather(self, instr: Instr, ops: list) -> np.ndarray:
+        """XLA gather, one batch position at a time: its start indices (clamped so the slice fits)
+        pick a slice of the operand; collapsed dimensions go; slices land at offset_dims."""
+        operand, indices = np.asarray(ops[0]), np.asarray(ops[1]).astype(np.int64)
+        dn, sizes = instr.gather_dimension_numbers, list(instr.gather_slice_sizes)
+        vector = dn.index_vector_dim
+        if vector == indices.ndim:
+            indices = indices[..., None]
+        indices = np.moveaxis(indices, vector, -1)
+        batch = indices.shape[:-1]
+        kept = [d for d in range(operand.ndim) if d not in dn.collapsed_slice_dims]
+        natural = np.empty((*batch, *(sizes[d] for d in kept)), dtype=operand.dtype)
+        for position in np.ndindex(*batch):
+            starts = [0] * operand.ndim
+            for coordinate, dim in zip(indices[position], dn.start_index_map, strict=True):
+                starts[dim] = int(np.clip(coordinate, 0, operand.shape[dim] - sizes[dim]))
+            piece = operand[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
+            natural[position] = piece.reshape([sizes[d] for d in kept])
+        order = gather_output_order(dn.offset_dims, len(batch), natural.ndim)
+        return np.transpose(natural, order)
+
     def _reduce_window(self, instr: Instr, ops: list) -> object:
         """Fold the reducer over every window offset, vectorised over the output positions; padding
         holds the init value."""
@@ -430,6 +452,7 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "pad": _Evaluator._pad,
     "convolution": _Evaluator._convolution,
     "reduce-window": _Evaluator._reduce_window,
+    "gather": _Evaluator._gather,
     "dynamic-slice": _Evaluator._dynamic_slice,
     "dynamic-update-slice": _Evaluator._dynamic_update_slice,
     "while": _Evaluator._while,

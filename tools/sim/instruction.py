@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ncc.tools.sim.memory import Access
-from ncc.tools.target import ENGINE_NAMES
+from ncc.tools.target import ENGINE_NAMES, is_dma
 
 
 def engine_name(engine: int) -> str:
@@ -50,7 +50,14 @@ class Op:
 
     @property
     def is_dma(self) -> bool:
-        return self.op == "dma"
+        return is_dma(self.op)
+
+    @property
+    def moved_bytes(self) -> int:
+        """Bytes a dma moves: its on-chip side (an indirect dma's HBM operand is the whole table)."""
+        if self.op == "dma_gather":
+            return self.outputs[0].nbytes
+        return self.inputs[0].nbytes
 
     @property
     def label(self) -> str:

@@ -33,6 +33,8 @@ class OpSpec:
 
 SPECS: dict[str, OpSpec] = {
     "dma": OpSpec(ALL_ENGINES, 1, 1),
+    "dma_gather": OpSpec(frozenset({common_pb2.POOL}), 2, 1),  # (HBM table, SBUF s32 indices) -> rows
+    "dma_scatter": OpSpec(frozenset({common_pb2.POOL}), 2, 1),  # (rows, SBUF s32 indices) -> HBM table
     "matmul": OpSpec(frozenset({common_pb2.PE}), 2, 1),
     "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1),
     "tensor_tensor": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 2, 1),
@@ -125,6 +127,9 @@ def validate(op: Op, target: Target) -> None:
     if op.is_dma:
         if not 0 <= op.queue < target.dma_queues:
             raise _fail(op, f"dma queue {op.queue} does not exist (the target has {target.dma_queues})")
+        if op.op != "dma":
+            _check_indirect(op)
+            return
         src, dst = op.inputs[0], op.outputs[0]
         if src.dtype != dst.dtype:
             raise _fail(op, f"dma cannot convert {dtypes.name(src.dtype)} to {dtypes.name(dst.dtype)}")
@@ -139,6 +144,23 @@ def validate(op: Op, target: Target) -> None:
     checker = _CHECKS.get(op.op)
     if checker is not None:
         checker(op, target)
+
+
+def _check_indirect(op: Op) -> None:
+    """dma_gather/dma_scatter: an HBM table whose first dimension is indexed, one s32 index per
+    partition in SBUF, rows as wide as the table's."""
+    gather = op.op == "dma_gather"
+    table, rows = (op.inputs[0], op.outputs[0]) if gather else (op.outputs[0], op.inputs[0])
+    index = op.inputs[1]
+    if table.memory != common_pb2.HBM or rows.memory == common_pb2.HBM or index.memory == common_pb2.HBM:
+        raise _fail(op, f"{op.op} moves rows between an HBM table and SBUF, indexed from SBUF")
+    if index.dtype != common_pb2.S32 or index.size != index.partitions:
+        raise _fail(op, "indices must be one s32 per partition")
+    if index.partitions != rows.partitions or table.dtype != rows.dtype:
+        raise _fail(op, f"{index.partitions} indices for {rows.partitions} rows, or the dtypes differ")
+    row = table.size // max(1, table.shape[0]) if table.shape else table.size
+    if rows.size != rows.partitions * row:
+        raise _fail(op, f"rows of {rows.size // max(1, rows.partitions)} elements, table rows of {row}")
 
 
 def _check_elementwise(op: Op, _target: Target) -> None:
@@ -220,6 +242,24 @@ def _nop(_op: Op) -> None:
 
 def _dma(op: Op) -> None:
     op.outputs[0].write_storage(op.inputs[0].read())
+
+
+def _dma_gather(op: Op) -> None:
+    """Row p of the output is row index[p] of the table; an index out of range is clamped."""
+    table, index = op.inputs
+    out = op.outputs[0]
+    rows = np.clip(index.read_compute().reshape(-1), 0, table.shape[0] - 1)
+    out.write_storage(table.read()[rows].reshape(out.shape))
+
+
+def _dma_scatter(op: Op) -> None:
+    """Row index[p] of the table becomes row p of the input; an index out of range writes nothing."""
+    source, index = op.inputs
+    table = op.outputs[0]
+    rows = index.read_compute().reshape(-1)
+    keep = (rows >= 0) & (rows < table.shape[0])
+    values = source.read().reshape((source.partitions, *table.shape[1:]))
+    table.view[rows[keep]] = values[keep]
 
 
 def _matmul(op: Op) -> None:
@@ -343,6 +383,8 @@ def _select(op: Op) -> None:
 _EXECUTE: dict[str, Callable[[Op], None]] = {
     "nop": _nop,
     "dma": _dma,
+    "dma_gather": _dma_gather,
+    "dma_scatter": _dma_scatter,
     "matmul": _matmul,
     "activation": _activation,
     "tensor_tensor": _tensor_tensor,

@@ -20,8 +20,6 @@ class CostModel:
 
     def engine_ns(self, op: Op) -> float:
         """How long `op` occupies its engine (a dma: only the trigger's issue time)."""
-        if op.is_dma:
-            return self.target.cycles_to_ns(op.engine, self.target.dma_issue_cycles)
         return self.target.cycles_to_ns(op.engine, self.engine_cycles(op))
 
     def engine_cycles(self, op: Op) -> float:
@@ -39,7 +37,7 @@ class CostModel:
 
     def transfer_ns(self, op: Op) -> float:
         """How long a dma's data occupies its queue."""
-        return self.target.dma_ns(op.inputs[0].nbytes) if op.is_dma else 0.0
+        return self.target.dma_ns(op.moved_bytes) if op.is_dma else 0.0
 
     def hbm_ns(self, op: Op) -> float:
         """How long a dma's bytes occupy the core's aggregate HBM bandwidth (hbm_bandwidth_gbps,
@@ -47,7 +45,7 @@ class CostModel:
         touches_hbm = any(a.memory == common_pb2.HBM for a in (*op.inputs, *op.outputs))
         if not op.is_dma or not touches_hbm:
             return 0.0
-        return op.inputs[0].nbytes / self.target.hbm_bandwidth_gbps
+        return op.moved_bytes / self.target.hbm_bandwidth_gbps
 
     @staticmethod
     def ports(op: Op) -> tuple[str, ...]:

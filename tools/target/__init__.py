@@ -26,6 +26,19 @@ ENGINE_NAMES = {value: key for key, value in ENGINES.items()}
 # How the backend cuts a large tile DMA (walrus split_dma): into at most DMA_SPLIT_MAX_PARTS pieces
 # over partition ranges, each moving at least DMA_SPLIT_MIN_BYTES. The instruction budget
 # (tools/common/penguin_budget) counts with the same rule, so it sees the program the backend holds.
+# Ops that move data on a DMA queue. `dma` has its descriptors written at compile time (hardware
+# DGE, triggered on SP/ACT/DVE); `dma_gather` (rows of an HBM table into partitions, row p chosen
+# by index p of an SBUF tile) and `dma_scatter` (partitions into rows chosen the same way) have
+# descriptors that depend on data known only at run time, so POOL's software DGE writes them and
+# triggers them (SWDGE).
+DMA_OPS = frozenset({"dma", "dma_gather", "dma_scatter"})
+INDIRECT_DMA_OPS = frozenset({"dma_gather", "dma_scatter"})
+
+
+def is_dma(op: str) -> bool:
+    return op in DMA_OPS
+
+
 DMA_SPLIT_MAX_PARTS = 8
 DMA_SPLIT_MIN_BYTES = 32768
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ncc.schemas import common_pb2
-from ncc.tools.target import Target
+from ncc.tools.target import INDIRECT_DMA_OPS, Target, is_dma
 
 SBUF_PORT = "SBUF port (DVE/POOL)"
 PSUM_PORT = "PSUM port (DVE/ACT)"
@@ -45,7 +45,9 @@ def engine_cycles(
     """Cycles `op` occupies `engine` (a dma: only its trigger's issue). `free`: the largest operand's
     free elements per partition; `moving_free` and `fp32` matter for matmul only."""
     costs = target.costs
-    if op == "dma":
+    if op in INDIRECT_DMA_OPS:  # POOL reads the index tile and writes one descriptor per partition
+        return float(target.dma_issue_cycles) + float(costs.get("pool_start_cycles", 150)) + free
+    if is_dma(op):
         return float(target.dma_issue_cycles)
     if op == "nop":
         return float(costs.get("nop_cycles", 4))
@@ -65,7 +67,7 @@ def engine_cycles(
 
 def ports(*, op: str, engine: int, memories: Iterable[int]) -> tuple[str, ...]:
     """The shared memory ports an instruction on `engine` touching `memories` holds (a dma: none)."""
-    if op == "dma":
+    if is_dma(op):
         return ()
     touched = set(memories)
     return tuple(

@@ -23,6 +23,8 @@ MEMORY_NAMES = {SBUF: "SBUF", PSUM: "PSUM", HBM: "HBM"}
 # op -> engines allowed to run it (docs/ir.md); None = any engine (dma is triggered anywhere).
 OP_ENGINES: dict[str, frozenset[int] | None] = {
     "dma": None,
+    "dma_gather": frozenset({POOL}),  # software DGE: descriptors made from run-time indices
+    "dma_scatter": frozenset({POOL}),
     "matmul": frozenset({PE}),
     "activation": frozenset({ACT}),
     "tensor_tensor": frozenset({DVE, POOL}),
@@ -37,6 +39,8 @@ OP_ENGINES: dict[str, frozenset[int] | None] = {
 # op -> (number of inputs, number of outputs).
 OP_ARITY: dict[str, tuple[int, int]] = {
     "dma": (1, 1),
+    "dma_gather": (2, 1),  # (HBM table, SBUF indices) -> SBUF rows
+    "dma_scatter": (2, 1),  # (SBUF rows, SBUF indices) -> HBM table
     "matmul": (2, 1),
     "activation": (1, 1),
     "tensor_tensor": (2, 1),
@@ -219,6 +223,9 @@ def dma_direction(instr: bir_pb2.Instruction) -> str:
 
 
 def transfer_bytes(instr: bir_pb2.Instruction) -> int:
+    """Bytes a dma moves: its on-chip side (an indirect dma names the whole HBM table it may touch)."""
+    if instr.op == "dma_scatter":
+        return operand_bytes(instr.inputs[0])
     return operand_bytes(instr.outputs[0]) if instr.outputs else 0
 
 

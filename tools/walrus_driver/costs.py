@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.target import Target
+from ncc.tools.target import Target, is_dma
 from ncc.tools.target import costs as target_costs
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.depgraph import DepGraph
@@ -46,7 +46,7 @@ def engine_ns(instr: bir_pb2.Instruction, target: Target) -> float:
 
 def transfer_ns(instr: bir_pb2.Instruction, target: Target) -> float:
     """Time a dma occupies its queue; 0 for other instructions."""
-    return target.dma_ns(birutil.transfer_bytes(instr)) if instr.op == "dma" else 0.0
+    return target.dma_ns(birutil.transfer_bytes(instr)) if is_dma(instr.op) else 0.0
 
 
 def latency_ns(instr: bir_pb2.Instruction, target: Target) -> float:
@@ -83,7 +83,7 @@ class CostTable:
         cost = self._costs.get(instr.id)
         if cost is None or cost.engine != engine:
             target = self.target
-            if instr.op == "dma":  # most instructions: the issue on the trigger, the bytes on a queue
+            if is_dma(instr.op):  # most instructions: the issue on the trigger, the bytes on a queue
                 moved = birutil.transfer_bytes(instr)
                 issue = target.cycles_to_ns(engine, float(target.dma_issue_cycles))
                 cost = Cost(engine, issue, target.dma_ns(moved), (), moved)

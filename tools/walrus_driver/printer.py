@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes
+from ncc.tools.target import is_dma
 from ncc.tools.walrus_driver import birutil
 
 
@@ -25,7 +26,7 @@ def format_ap(ap: bir_pb2.AccessPattern) -> str:
 
 def format_instruction(instr: bir_pb2.Instruction) -> str:
     engine = birutil.engine_name(instr.engine)
-    if instr.op == "dma":
+    if is_dma(instr.op):
         engine += f"/q{instr.dma_queue}"
     text = f"%{instr.id} {instr.name} {engine} {instr.op}"
     if instr.func:

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 import numpy as np
 
 from ncc.schemas import bir_pb2
+from ncc.tools.target import is_dma
 from ncc.tools.walrus_driver import birutil
 
 Thread = tuple[str, int, int]  # ("E", engine, 0) or ("Q", queue, trigger engine)
@@ -37,7 +38,7 @@ def engine_thread(engine: int) -> Thread:
 
 def access_thread(instr: bir_pb2.Instruction) -> Thread:
     """The thread whose completion is the instruction's completion (and whose semaphore it bumps)."""
-    if instr.op == "dma":
+    if is_dma(instr.op):
         return ("Q", instr.dma_queue, instr.engine)
     return engine_thread(instr.engine)
 
@@ -95,7 +96,7 @@ class ClockWalk:
     def base_clock(self, instr: bir_pb2.Instruction) -> Clock:
         """What the instruction's access is ordered after without any wait of its own."""
         clock = self._engine_clock(instr.engine)
-        if instr.op == "dma":
+        if is_dma(instr.op):
             queue = self.queue_clock.get(access_thread(instr))
             if queue is not None:
                 join_into(clock, queue)
@@ -115,7 +116,7 @@ class ClockWalk:
         engine_index = self.space.index[engine]
         after_issue[engine_index] = engine_position
         self.engine_clock[instr.engine] = after_issue
-        if instr.op != "dma":
+        if not is_dma(instr.op):
             self.position[instr.id] = engine_position
             self.thread_index[instr.id] = engine_index
             self.access_clock[instr.id] = start

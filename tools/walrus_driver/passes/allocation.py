@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
+from ncc.tools.target import is_dma
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.costs import CostTable
@@ -104,7 +105,7 @@ class _Layout:
                 uses.setdefault(name, []).append(key)
         queue_load: Counter[int] = Counter()
         for instr in program.instructions:
-            if instr.op == "dma":
+            if is_dma(instr.op):
                 queue_load[instr.dma_queue] += costs(instr).moved_bytes
         return cls(
             instructions,

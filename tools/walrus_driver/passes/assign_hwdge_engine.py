@@ -1,5 +1,8 @@
 """Choose each dma's trigger engine (SP/ACT/DVE hardware DGE) and spread dmas over the DMA queues.
 
+Indirect dmas (dma_gather, dma_scatter) keep POOL, whose software DGE writes their descriptors
+from the run-time indices; they take queues like every other dma.
+
 Trigger engine. Engines run their streams in order, so a dma that must wait for a producer blocks
 every later instruction of its trigger engine; on SP that stalls the loads of the next tiles
 behind a store still waiting for its data. The heuristic therefore triggers a dma on the engine
@@ -30,7 +33,7 @@ from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.target import ENGINES
+from ncc.tools.target import ENGINES, INDIRECT_DMA_OPS, is_dma
 from ncc.tools.walrus_driver import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -63,21 +66,23 @@ def run(ctx: PassContext) -> None:
     default = engines[0]
     position = {instr.id: index for index, instr in enumerate(program.instructions)}
     by_id = {instr.id: instr for instr in program.instructions}
-    dmas = [instr for instr in program.instructions if instr.op == "dma"]
+    dmas = [instr for instr in program.instructions if is_dma(instr.op)]
+    hardware = [dma for dma in dmas if dma.op not in INDIRECT_DMA_OPS]  # SWDGE ones stay on POOL
 
     followed = 0
-    for dma in dmas:
+    for dma in hardware:
         dma.engine = default
         if not options.follow_producer or dma.id not in deps:
             continue
-        compute_preds = [by_id[p] for p in deps.predecessors(dma.id) if p in by_id and by_id[p].op != "dma"]
+        preds = (by_id[p] for p in deps.predecessors(dma.id) if p in by_id)
+        compute_preds = [pred for pred in preds if not is_dma(pred.op)]
         if compute_preds:
             latest = max(compute_preds, key=lambda p: position[p.id])
             if latest.engine in engines and latest.engine != default:
                 dma.engine = latest.engine
                 followed += 1
 
-    spread = _spread(program, dmas, engines, default, options.min_trigger_engines, ctx.costs())
+    spread = _spread(program, hardware, engines, default, options.min_trigger_engines, ctx.costs())
     # Semaphores: one per engine that others wait for, one per (queue, trigger engine) pair.
     budget = max(1, min(options.max_transfer_threads, target.num_semaphores - len(ENGINES)))
     ctx.queue_pools = _assign_queues(dmas, target.dma_queues, budget, ctx.costs())

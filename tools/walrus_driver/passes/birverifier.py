@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
-from ncc.tools.target import Target
+from ncc.tools.target import INDIRECT_DMA_OPS, Target, is_dma
 from ncc.tools.walrus_driver import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -117,11 +117,11 @@ def _check_instructions(ctx: PassContext, report: _Report) -> None:
         for ap in [*instr.inputs, *instr.outputs]:
             _check_operand(ap, instr, where, buffers, tensors, target.partitions, report)
         _check_op_shapes(instr, where, target, report)
-        if instr.op == "dma" and not 0 <= instr.dma_queue < target.dma_queues:
+        if is_dma(instr.op) and not 0 <= instr.dma_queue < target.dma_queues:
             report.fail(
                 "dma_queue", where, f"queue {instr.dma_queue} does not exist (target has {target.dma_queues})"
             )
-        if instr.op != "dma":
+        if not is_dma(instr.op):
             for ap in [*instr.inputs, *instr.outputs]:
                 if ap.memory == birutil.HBM:
                     report.fail(
@@ -201,11 +201,42 @@ def _check_operand(
         report.fail("operand_memory", where, f"operand {ap.tensor!r} has no memory class")
 
 
+def _check_indirect_dma(instr: bir_pb2.Instruction, where: str, report: _Report) -> None:
+    """dma_gather (table, indices) -> rows and dma_scatter (rows, indices) -> table: one s32 index per
+    partition, each row as wide as the table's row, no conversion, and triggered by POOL's software
+    DGE (its descriptors depend on the indices, known only at run time)."""
+    if instr.engine != birutil.POOL:
+        report.fail("swdge_engine", where, f"{instr.op} must be triggered on POOL (software DGE), "
+                                           f"not {birutil.engine_name(instr.engine)}")
+    gather = instr.op == "dma_gather"
+    table, rows = (instr.inputs[0], instr.outputs[0]) if gather else (instr.outputs[0], instr.inputs[0])
+    index = instr.inputs[1]
+    if table.memory != birutil.HBM or rows.memory == birutil.HBM or index.memory == birutil.HBM:
+        report.fail("indirect_operands", where, f"{instr.op} moves rows between an HBM table and SBUF, "
+                                                "indexed from SBUF")
+        return
+    if index.dtype != common_pb2.S32 or birutil.free_elements(index) != 1:
+        report.fail("indirect_index", where, "indices must be one s32 per partition")
+    if index.partition_count != rows.partition_count:
+        report.fail("indirect_index", where,
+                    f"{index.partition_count} indices for {rows.partition_count} rows")
+    table_rows = table.dims[0].count if table.dims else 1
+    row = birutil.element_count(table) // max(1, table_rows)
+    if birutil.free_elements(rows) != row:
+        report.fail("element_count", where,
+                    f"rows of {birutil.free_elements(rows)} elements, table rows of {row}")
+    if table.dtype != rows.dtype:
+        report.fail("dtype", where,
+                    f"{instr.op} converts {dtypes.name(table.dtype)} to {dtypes.name(rows.dtype)}")
+
+
 def _check_op_shapes(instr: bir_pb2.Instruction, where: str, target: Target, report: _Report) -> None:
     report.checks += 1
     count = birutil.element_count
     out = instr.outputs[0] if instr.outputs else None
-    if instr.op == "dma":
+    if instr.op in INDIRECT_DMA_OPS:
+        _check_indirect_dma(instr, where, report)
+    elif is_dma(instr.op):
         src, dst = instr.inputs[0], instr.outputs[0]
         if count(src) != count(dst):
             report.fail("element_count", where, f"dma moves {count(src)} elements into {count(dst)}")

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.target import Target
+from ncc.tools.target import Target, is_dma
 from ncc.tools.walrus_driver import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.depgraph import DepGraph
@@ -88,7 +88,7 @@ class _Machine:
         self.engine_free[instr.engine] = issue_end
         for port in cost.ports:
             self.port_free[port] = issue_end
-        if instr.op != "dma":
+        if not is_dma(instr.op):
             return issue_end
         free = self.queue_free
         queue = min(self.pools[instr.engine], key=free.__getitem__)
@@ -157,7 +157,7 @@ def run(ctx: PassContext) -> None:
     ctx.order_before_schedule = [instr.id for instr in instructions]
     if ctx.queues_assigned:  # plan and program agree: each dma goes where the schedule put it
         for instr in new_order:
-            if instr.op == "dma":
+            if is_dma(instr.op):
                 instr.dma_queue = best.queue_of[instr.id]
     del program.instructions[:]
     program.instructions.extend(new_order)
