@@ -349,8 +349,112 @@ ENTRY main {
     lambda x: (x.reshape(3, 2) - x.T,),
 )
 
+def _conv_nhwc(x: np.ndarray, w: np.ndarray, stride: tuple[int, int], pads: tuple[tuple[int, int], ...],
+               dilation: tuple[int, int] = (1, 1), groups: int = 1) -> np.ndarray:
+    """Direct convolution NHWC x HWIO, written out with loops over the kernel taps."""
+    x = np.pad(x.astype(np.float64), ((0, 0), *pads, (0, 0)))
+    kh, kw, per_group, out_features = w.shape
+    oh = (x.shape[1] - (kh - 1) * dilation[0] - 1) // stride[0] + 1
+    ow = (x.shape[2] - (kw - 1) * dilation[1] - 1) // stride[1] + 1
+    out = np.zeros((x.shape[0], oh, ow, out_features))
+    step = out_features // groups
+    for i in range(kh):
+        for j in range(kw):
+            rows = slice(i * dilation[0], i * dilation[0] + (oh - 1) * stride[0] + 1, stride[0])
+            cols = slice(j * dilation[1], j * dilation[1] + (ow - 1) * stride[1] + 1, stride[1])
+            patch = x[:, rows, cols, :]
+            for g in range(groups):
+                out[..., g * step:(g + 1) * step] += patch[..., g * per_group:(g + 1) * per_group] @ \
+                    w[i, j, :, g * step:(g + 1) * step]
+    return out
+
+
+def _max_pool(x: np.ndarray) -> np.ndarray:
+    """3x3 windows, stride 2, padding 1 on each side (padding is -inf)."""
+    padded = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
+    oh, ow = (padded.shape[1] - 3) // 2 + 1, (padded.shape[2] - 3) // 2 + 1
+    windows = [padded[:, i:i + 2 * oh - 1:2, j:j + 2 * ow - 1:2] for i in range(3) for j in range(3)]
+    return np.max(windows, axis=0)
+
+
+# lax.conv_general_dilated as JAX emits it: strides, asymmetric padding, kernel dilation, a depthwise
+# (feature-grouped) conv; a max pool and a cumulative sum as reduce-windows
+WINDOWS = Case(
+    "windows",
+    """HloModule windows
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[2,9,11,6] parameter(0)
+  w = f32[3,3,6,8] parameter(1)
+  dw = f32[3,3,1,6] parameter(2)
+  c = f32[2,5,5,8] convolution(x, w), window={size=3x3 stride=2x2 pad=1_1x0_2 rhs_dilate=1x2},
+    dim_labels=b01f_01io->b01f
+  d = f32[2,9,11,6] convolution(x, dw), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f,
+    feature_group_count=6
+  ninf = f32[] constant(-inf)
+  p = f32[2,5,6,6] reduce-window(x, ninf), window={size=1x3x3x1 stride=1x2x2x1 pad=0_0x1_1x1_1x0_0},
+    to_apply=max
+  flat = f32[18,66] reshape(x)
+  zero = f32[] constant(0)
+  cs = f32[18,66] reduce-window(flat, zero), window={size=1x66 pad=0_0x65_0}, to_apply=add
+  ROOT out = (f32[2,5,5,8], f32[2,9,11,6], f32[2,5,6,6], f32[18,66]) tuple(c, d, p, cs)
+}
+""",
+    lambda rng: [rng.standard_normal((2, 9, 11, 6)).astype(np.float32),
+                 rng.standard_normal((3, 3, 6, 8)).astype(np.float32),
+                 rng.standard_normal((3, 3, 1, 6)).astype(np.float32)],
+    lambda x, w, dw: (_conv_nhwc(x, w, (2, 2), ((1, 1), (0, 2)), dilation=(1, 2)),
+                      _conv_nhwc(x, dw, (1, 1), ((1, 1), (1, 1)), groups=6), _max_pool(x),
+                      np.cumsum(x.reshape(18, 66).astype(np.float64), axis=1)),
+)
+
+# an embedding lookup (indices out of range clamp, as XLA's gather does) and a KV-cache update and
+# read at a run-time position: POOL's indirect dmas
+INDEXED = Case(
+    "indexed",
+    """HloModule indexed
+ENTRY main {
+  table = f32[100,300] parameter(0)
+  tokens = s32[200] parameter(1)
+  cache = f32[4,16,64] parameter(2)
+  new = f32[4,1,64] parameter(3)
+  pos = s32[] parameter(4)
+  idx = s32[200,1] reshape(tokens)
+  g = f32[200,300] gather(table, idx), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0},
+    index_vector_dim=1, slice_sizes={1,300}
+  z = s32[] constant(0)
+  u = f32[4,16,64] dynamic-update-slice(cache, new, z, pos, z)
+  s = f32[4,3,64] dynamic-slice(u, z, pos, z), dynamic_slice_sizes={4,3,64}
+  ROOT out = (f32[200,300], f32[4,16,64], f32[4,3,64]) tuple(g, u, s)
+}
+""",
+    lambda rng: [rng.standard_normal((100, 300)).astype(np.float32),
+                 rng.integers(-5, 105, 200).astype(np.int32),
+                 rng.standard_normal((4, 16, 64)).astype(np.float32),
+                 rng.standard_normal((4, 1, 64)).astype(np.float32), np.int32(14)],
+    lambda table, tokens, cache, new, pos: _indexed_reference(table, tokens, cache, new, int(pos)),
+)
+
+
+def _indexed_reference(table, tokens, cache, new, pos):
+    updated = cache.copy()
+    at = min(max(pos, 0), 15)
+    updated[:, at:at + 1] = new
+    window = min(max(pos, 0), 13)
+    return table[np.clip(tokens, 0, 99)], updated, updated[:, window:window + 3]
+
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS]
+         TEXT_FORMS, WINDOWS, INDEXED]
 
 
 @pytest.mark.slow

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from walrus_builders import ACT, DVE, POOL, PSUM, Bir, by_name, chain_program, run_passes, tile
+from walrus_builders import ACT, DVE, POOL, PSUM, SP, Bir, by_name, chain_program, hbm_ap, run_passes, tile
 
-from ncc.schemas import bir_pb2
+from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver.pass_manager import DEFAULT_PASSES, PassManager
 
@@ -33,6 +33,46 @@ def matmul_program() -> bir_pb2.Program:
     program = b.build()
     run_passes(program, WHOLE_DMAS)
     return program
+
+
+def gather_program() -> bir_pb2.Program:
+    """load indices -> POOL's dma_gather of table rows -> store; then dma_scatter of them back; compiled."""
+    b = Bir("gather")
+    b.hbm("table", [50, 64])
+    b.hbm("rows", [128, 1], dtype=common_pb2.S32, index=1)
+    b.hbm("out", [128, 64], role=bir_pb2.OUTPUT)
+    b.buffer("i", 4)
+    b.buffer("g", 256)
+    index = tile("i", 128, 1, dtype=common_pb2.S32)
+    b.add("dma", SP, [index], [hbm_ap("rows", 128, 1, dtype=common_pb2.S32)], name="load_i")
+    b.add("dma_gather", POOL, [tile("g", 128, 64)], [hbm_ap("table", 50, 64), index], name="gather")
+    b.store("out", "g", 128, 64, name="store")
+    b.add("dma_scatter", POOL, [hbm_ap("table", 50, 64)], [tile("g", 128, 64), index], name="scatter")
+    program = b.build()
+    run_passes(program, WHOLE_DMAS)
+    return program
+
+
+INDIRECT_CASES: list[tuple[str, Mutation]] = [
+    ("swdge_engine", lambda p: setattr(by_name(p)["gather"], "engine", SP)),
+    ("swdge_engine", lambda p: setattr(by_name(p)["scatter"], "engine", ACT)),
+    ("indirect_index", lambda p: setattr(by_name(p)["gather"].inputs[1], "dtype", common_pb2.F32)),
+    ("indirect_operands", lambda p: by_name(p)["gather"].inputs[0].CopyFrom(by_name(p)["store"].inputs[0])),
+    ("element_count", lambda p: setattr(by_name(p)["gather"].inputs[0].dims[1], "count", 32)),
+]
+
+
+@pytest.mark.parametrize(("check", "mutate"), INDIRECT_CASES,
+                         ids=[f"{c}-{i}" for i, (c, _) in enumerate(INDIRECT_CASES)])
+def test_each_broken_indirect_dma_rule_is_named(check, mutate):
+    program = gather_program()
+    verify(program, deps=True)  # the compiled program passes, POOL triggering both indirect dmas
+    mutate(program)
+    with pytest.raises(CompileError) as err:
+        verify(program)
+    assert err.value.code == "E410"
+    first, _, more = err.value.message.partition(" (and ")
+    assert first.startswith(f"birverifier: {check}: ") or check in more, err.value.message
 
 
 def verify(program: bir_pb2.Program, options: str = "", deps: bool = False) -> None:

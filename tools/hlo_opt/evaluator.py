@@ -236,7 +236,7 @@ class _Evaluator:
                 for g in range(groups):
                     taken = slice(g * in_group, (g + 1) * in_group)
                     made = slice(g * out_group, (g + 1) * out_group)
-                    out[..., made] += patch[..., taken] @ w[position][taken, made]
+                    out[..., made] += patch[..., taken] @ w[position][:, made]
         order = [dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension]
         return round_to(np.transpose(out, np.argsort(order)), kind)
 
