@@ -1,0 +1,130 @@
+"""Regenerate the JAX model zoo in models/: programs built from the HLO that real JAX code emits.
+
+Needs JAX (`pip install jax jaxlib`, an optional extra: the files it writes are committed, so
+nothing else needs JAX). For each model it traces the function with `jax.jit(f).lower(*args)`,
+runs it on seeded inputs and writes, like the bundled models:
+
+  NAME.hlo.pb   the serialized HloModuleProto
+  NAME.hlo      the same module as HLO text
+  NAME.io.npz   the inputs arg0..argN and JAX's outputs out0..outM
+
+and adds NAME to models/index.json (argument dtypes and shapes, HLO instruction count, and how
+long XLA:CPU took to compile it here). Usage: python scripts/make_zoo.py [NAME ...]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+
+
+def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.ndarray]], str]]:
+    """name -> (function, seeded inputs, one-line description)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    def cnn(x, w1, w2, dense):
+        nhwc = ("NHWC", "HWIO", "NHWC")
+        y = lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=nhwc)
+        y = lax.reduce_window(jax.nn.relu(y), -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        y = lax.conv_general_dilated(y, w2, (2, 2), ((1, 1), (1, 1)), dimension_numbers=nhwc)
+        return jnp.mean(jax.nn.relu(y), axis=(1, 2)) @ dense
+
+    def decoder_step(tokens, table, k_cache, v_cache, pos, wq):
+        h = table[tokens]
+        q = h @ wq
+        k_cache = lax.dynamic_update_slice(k_cache, h[:, None, :], (0, pos, 0))
+        v_cache = lax.dynamic_update_slice(v_cache, h[:, None, :], (0, pos, 0))
+        p = jax.nn.softmax(jnp.einsum("bd,btd->bt", q, k_cache) / 8.0, axis=-1)
+        return jnp.einsum("bt,btd->bd", p, v_cache), k_cache, v_cache
+
+    def rnn(xs, h0, w, u):
+        def step(h, x):
+            h = jnp.tanh(x @ w + h @ u)
+            return h, h
+        return lax.scan(step, h0, xs)
+
+    def sample_head(logits):
+        return jnp.argmax(logits, axis=-1), jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+
+    def cumsum(x, counts):
+        return jnp.cumsum(x, axis=1), jnp.cumsum(counts, axis=0)
+
+    def padded_batch(x, lengths):
+        padded = jnp.pad(x, ((0, 0), (0, 5)))
+        mask = jnp.arange(padded.shape[1])[None, :] < lengths[:, None]
+        return jnp.where(mask, padded, 0.0).sum(axis=1) / jnp.maximum(lengths, 1)
+
+    def normal(*shape):
+        return lambda rng: rng.standard_normal(shape).astype(np.float32)
+
+    def ints(low, high, *shape):
+        return lambda rng: rng.integers(low, high, shape).astype(np.int32)
+
+    def inputs(*makers):
+        return lambda rng: [make(rng) for make in makers]
+
+    def quarter_steps(rng):  # logits rounded to 0.25: ties, so argmax's first-index rule matters
+        return (np.round(rng.standard_normal((4, 1000)) * 4) / 4).astype(np.float32)
+
+    return {
+        "cnn": (cnn, inputs(normal(2, 16, 16, 3), normal(3, 3, 3, 8), normal(3, 3, 8, 16), normal(16, 10)),
+                "two convolutions (SAME, then stride 2), ReLU, 2x2 max pool, global mean, dense"),
+        "decoder_step": (decoder_step, inputs(ints(0, 100, 4), normal(100, 64), normal(4, 16, 64),
+                                              normal(4, 16, 64), ints(0, 16), normal(64, 64)),
+                         "embedding lookup (gather), KV-cache update at a run-time position, attention read"),
+        "rnn": (rnn, inputs(normal(10, 4, 32), normal(4, 32), normal(32, 32), normal(32, 32)),
+                "lax.scan tanh RNN over 10 steps (a while loop with dynamic slices)"),
+        "sample_head": (sample_head, inputs(quarter_steps),
+                        "argmax (a variadic reduce) and the top probability of a softmax over 1000 logits"),
+        "cumsum": (cumsum, inputs(normal(8, 50), ints(-9, 10, 8, 50)),
+                   "cumulative sums (reduce-window): f32 along rows, s32 down columns"),
+        "padded_batch": (padded_batch, inputs(normal(4, 20), ints(0, 26, 4)),
+                         "pad, a length mask from iota, masked mean"),
+    }
+
+
+def main() -> int:
+    import jax
+
+    chosen = set(sys.argv[1:])
+    index_path = MODELS / "index.json"
+    index = json.loads(index_path.read_text())
+    for name, (function, make_inputs, _) in zoo().items():
+        if chosen and name not in chosen:
+            continue
+        args = [np.asarray(a) for a in make_inputs(np.random.default_rng(sum(map(ord, name))))]
+        lowered = jax.jit(function).lower(*args)
+        hlo = lowered.compiler_ir("hlo")
+        (MODELS / f"{name}.hlo.pb").write_bytes(hlo.as_serialized_hlo_module_proto())
+        text = hlo.as_hlo_text()
+        (MODELS / f"{name}.hlo").write_text(text)
+        start = time.perf_counter()
+        compiled = lowered.compile()
+        compile_s = time.perf_counter() - start
+        outputs = jax.tree_util.tree_leaves(compiled(*args))
+        arrays = {f"arg{k}": a for k, a in enumerate(args)}
+        arrays.update({f"out{k}": np.asarray(o) for k, o in enumerate(outputs)})
+        np.savez(MODELS / f"{name}.io.npz", **arrays)
+        index[name] = {
+            "args": [[str(a.dtype), list(a.shape)] for a in args],
+            "xla_cpu_compile_s": round(compile_s, 4),
+            "hlo_instructions": sum(1 for line in text.splitlines() if " = " in line),
+            "zoo": True,
+        }
+        print(f"{name}: {len(outputs)} output(s), XLA:CPU compile {compile_s:.3f} s")
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
