@@ -64,6 +64,9 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
         mask = jnp.arange(padded.shape[1])[None, :] < lengths[:, None]
         return jnp.where(mask, padded, 0.0).sum(axis=1) / jnp.maximum(lengths, 1)
 
+    def scatter_add(x, rows, updates):
+        return x.at[rows].add(updates), x.at[rows].max(updates)
+
     def normal(*shape):
         return lambda rng: rng.standard_normal(shape).astype(np.float32)
 
@@ -90,6 +93,8 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
                    "cumulative sums (reduce-window): f32 along rows, s32 down columns"),
         "padded_batch": (padded_batch, inputs(normal(4, 20), ints(0, 26, 4)),
                          "pad, a length mask from iota, masked mean"),
+        "scatter_add": (scatter_add, inputs(normal(10, 8), ints(0, 10, 12), normal(12, 8)),
+                        "x.at[rows].add(u) and .max(u) with repeated rows (scatter)"),
     }
 
 

@@ -453,8 +453,57 @@ def _indexed_reference(table, tokens, cache, new, pos):
     return table[np.clip(tokens, 0, 99)], updated, updated[:, window:window + 3]
 
 
+def _scatter_reference(x, rows, updates, table, columns, values):
+    added = x.astype(np.float64)
+    for k, row in enumerate(rows[:, 0]):
+        if 0 <= row < x.shape[0]:
+            added[row] += updates[k]
+    maxed = table.copy()
+    for k, column in enumerate(columns):
+        if 0 <= column < table.shape[1]:
+            maxed[:, column] = np.maximum(maxed[:, column], values[:, k])
+    return added, maxed
+
+
+# scatter with repeated, negative and out-of-range rows (combined in order, or skipped), and into
+# a non-leading dimension with an integer max
+SCATTERS = Case(
+    "scatters",
+    """HloModule scatters
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+mx {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  ROOT s = s32[] maximum(a, b)
+}
+ENTRY main {
+  x = f32[10,3,8] parameter(0)
+  idx = s32[6,1] parameter(1)
+  upd = f32[6,3,8] parameter(2)
+  y = f32[10,3,8] scatter(x, idx, upd), update_window_dims={1,2}, inserted_window_dims={0},
+    scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
+  t = s32[7,20] parameter(3)
+  cols = s32[4] parameter(4)
+  u = s32[7,4] parameter(5)
+  z = s32[7,20] scatter(t, cols, u), update_window_dims={0}, inserted_window_dims={1},
+    scatter_dims_to_operand_dims={1}, index_vector_dim=1, to_apply=mx
+  ROOT out = (f32[10,3,8], s32[7,20]) tuple(y, z)
+}
+""",
+    lambda rng: [rng.standard_normal((10, 3, 8)).astype(np.float32),
+                 np.array([[1], [4], [1], [-1], [9], [12]], dtype=np.int32),
+                 rng.standard_normal((6, 3, 8)).astype(np.float32),
+                 rng.integers(-50, 50, (7, 20)).astype(np.int32), np.array([3, 19, 3, 25], dtype=np.int32),
+                 rng.integers(-50, 50, (7, 4)).astype(np.int32)],
+    _scatter_reference,
+)
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED]
+         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS]
 
 
 @pytest.mark.slow

@@ -44,7 +44,7 @@ SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
-    "dynamic-update-slice", "convolution", "reduce-window", "gather",
+    "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -661,6 +661,38 @@ class _Verifier:
             raise _bad(instr, f"gathering from {shape_str(operand)} gives [{_ints(expected)}], not "
                               f"{shape_str(instr.shape)}")
 
+    def _scatter(self, instr: Instr, ops: list[Instr]) -> None:
+        if len(ops) != 3:
+            raise CompileError("E207", f"scatter '{_label(instr)}' of {len(ops)} operands is not supported "
+                                       "(one operand, its indices and its updates)", _label(instr))
+        operand, indices, updates = _arrays(instr, ops)
+        _same_dims(instr, [operand], instr.shape)
+        _same_types(instr, [operand, updates, instr.shape])
+        if indices.element_type not in INTEGER_TYPES:
+            raise _bad(instr, f"indices must be integers, not {shape_str(indices)}")
+        dn = instr.scatter_dimension_numbers
+        if dn.input_batching_dims or dn.scatter_indices_batching_dims:
+            raise CompileError("E207", f"scatter '{_label(instr)}' with batching dimensions is not supported",
+                               _label(instr))
+        rank = len(operand.dimensions)
+        _distinct_in_range(instr, list(dn.scatter_dims_to_operand_dims), rank, "scatter_dims_to_operand_dims")
+        _distinct_in_range(instr, list(dn.inserted_window_dims), rank, "inserted_window_dims")
+        _distinct_in_range(instr, list(dn.update_window_dims), len(updates.dimensions), "update_window_dims")
+        vector = dn.index_vector_dim
+        width = indices.dimensions[vector] if vector < len(indices.dimensions) else 1
+        if not 0 <= vector <= len(indices.dimensions) or width != len(dn.scatter_dims_to_operand_dims):
+            raise _bad(instr, f"indices {shape_str(indices)} do not give one coordinate per "
+                              "scatter_dims_to_operand_dims entry")
+        batch = gather_batch_shape(indices.dimensions, vector)
+        scatter_dims = [d for d in range(len(updates.dimensions)) if d not in dn.update_window_dims]
+        if [updates.dimensions[d] for d in scatter_dims] != batch or \
+                len(dn.update_window_dims) + len(dn.inserted_window_dims) != rank:
+            raise _bad(instr, f"updates {shape_str(updates)} do not match indices {shape_str(indices)} and "
+                              f"operand {shape_str(operand)}")
+        reducer = self._callee(instr)
+        if len(self.params[reducer.id]) != 2 or not self.scalar_only[reducer.id]:
+            raise _bad(instr, f"update computation '{_shown(reducer.name)}' must take 2 scalars")
+
     def _reduce_window(self, instr: Instr, ops: list[Instr]) -> None:
         if len(ops) < 2 or len(ops) % 2:
             raise CompileError("E202", f"reduce-window '{_label(instr)}' takes inputs and as many init "
@@ -801,7 +833,7 @@ _CHECKS = {
     "bitcast": _Verifier._bitcast, "reverse": _Verifier._reverse, "pad": _Verifier._pad,
     "while": _Verifier._while, "conditional": _Verifier._conditional,
     "dynamic-slice": _Verifier._dynamic_slice, "convolution": _Verifier._convolution,
-    "reduce-window": _Verifier._reduce_window, "gather": _Verifier._gather,
+    "reduce-window": _Verifier._reduce_window, "gather": _Verifier._gather, "scatter": _Verifier._scatter,
     "dynamic-update-slice": _Verifier._dynamic_update_slice,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,

@@ -196,6 +196,8 @@ class Lowering:
             return self._update_slice(instr, ops, shape, dtype)
         if opcode == "gather":
             return self._gather(instr, ops, shape)
+        if opcode == "scatter":
+            return self._scatter(instr, ops, shape, dtype)
         if opcode == "concatenate":
             return self._concatenate(instr, ops, shape, dtype)
         if opcode == "iota":
@@ -505,6 +507,53 @@ class Lowering:
         rows = self._window_rows(instr, starts[d], shape[d], update.shape[d])
         self._scatter_rows(instr, laid_out, rows, update.transpose(order))
         return laid_out.transpose(back)
+
+    def _scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        """Whole rows along one dimension (`x.at[i].add(u)`, `x.at[i].set(u)`): the result is laid out
+        with that dimension outermost; each update row is gathered, combined with its update by the
+        update computation, and scattered back (an out-of-range row is skipped, as XLA does). With
+        unique_indices all rows go at once; otherwise one row at a time, so repeated indices combine
+        in order."""
+        operand, indices, updates = ops
+        dn, rank = instr.scatter_dimension_numbers, len(shape)
+        window_dims = list(dn.update_window_dims)
+        operand_window = [k for k in range(rank) if k not in dn.inserted_window_dims]
+        window = [1] * rank
+        for operand_dim, update_dim in zip(operand_window, window_dims, strict=True):
+            window[operand_dim] = updates.shape[update_dim]
+        d = dn.scatter_dims_to_operand_dims[0] if len(dn.scatter_dims_to_operand_dims) == 1 else -1
+        if d < 0 or window[d] != 1 or any(window[k] != shape[k] for k in range(rank) if k != d):
+            raise CompileError("E207", f"scatter '{instr.name}' does not update whole rows along one "
+                                       "dimension; only that form is supported", instr.name)
+        scatter_dims = [k for k in range(len(updates.shape)) if k not in window_dims]
+        count = _product(tuple(updates.shape[k] for k in scatter_dims))
+        order = (d, *(k for k in range(rank) if k != d))
+        row_shape = tuple(shape[k] for k in order[1:])
+        rows = self._reshape_value(indices, (count,), instr.name)
+        if isinstance(rows, Splat) or rows.dtype != common_pb2.S32:
+            rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
+        ordered = updates.transpose((*scatter_dims, *window_dims)) if isinstance(updates, View) else updates
+        values = self._reshape_value(ordered, (count, *row_shape), instr.name)
+        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
+        back = tuple(int(k) for k in np.argsort(order))
+        self._copy_into(operand, laid_out.transpose(back), instr.name)
+        combine = self.computations[instr.called_computation_ids[0]]
+        batches = [(0, count)] if instr.unique_indices else [(i, i + 1) for i in range(count)]
+        for first, last in batches:
+            some_rows = self._cut(rows, first, last) if (first, last) != (0, count) else rows
+            old = self._gather_rows(instr, laid_out, some_rows)
+            new = self._slice_rows(values, first, last)
+            (combined,) = self._apply_reducer(combine, [old, new], (last - first, *row_shape))
+            self._scatter_rows(instr, laid_out, some_rows, combined)
+        return laid_out.transpose(back)
+
+    def _slice_rows(self, value: Value, first: int, last: int) -> Value:
+        """Rows [first, last) of the leading dimension."""
+        shape = (last - first, *value.shape[1:])
+        if isinstance(value, Splat):
+            return Splat(value.value, value.dtype, shape)
+        rank = len(value.shape)
+        return value.slice((first,) + (0,) * (rank - 1), (last, *value.shape[1:]), (1,) * rank)
 
     def _scatter_rows(self, instr, table: View, rows: View, values: Value) -> None:
         """table[rows[i], ...] = values[i, ...] for a row-major table whose first dimension is indexed."""

@@ -261,6 +261,35 @@ class _Evaluator:
         order = gather_output_order(dn.offset_dims, len(batch), natural.ndim)
         return np.transpose(natural, order)
 
+    def _scatter(self, instr: Instr, ops: list) -> np.ndarray:
+        """XLA scatter, one update window at a time in order: the window's operand start comes from
+        its indices; a window that does not fit in the operand is skipped; the update computation
+        combines the old values with the update's."""
+        out = np.array(ops[0], copy=True)
+        indices, updates = np.asarray(ops[1]).astype(np.int64), np.asarray(ops[2])
+        dn = instr.scatter_dimension_numbers
+        if dn.index_vector_dim == indices.ndim:
+            indices = indices[..., None]
+        indices = np.moveaxis(indices, dn.index_vector_dim, -1)
+        window_dims = list(dn.update_window_dims)
+        scatter_dims = [d for d in range(updates.ndim) if d not in window_dims]
+        moved = np.transpose(updates, scatter_dims + window_dims)
+        operand_window = [d for d in range(out.ndim) if d not in dn.inserted_window_dims]
+        sizes = [1] * out.ndim
+        for d, n in zip(operand_window, moved.shape[len(scatter_dims):], strict=True):
+            sizes[d] = n
+        combine = self.comps[instr.called_computation_ids[0]]
+        for position in np.ndindex(*indices.shape[:-1]):
+            starts = [0] * out.ndim
+            for coordinate, dim in zip(indices[position], dn.scatter_dims_to_operand_dims, strict=True):
+                starts[dim] = int(coordinate)
+            if any(s < 0 or s + n > extent for s, n, extent in zip(starts, sizes, out.shape, strict=True)):
+                continue
+            where = tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))
+            update = moved[position].reshape(sizes)
+            out[where] = round_to(self.run(combine, [out[where], update], True), instr.shape.element_type)
+        return out
+
     def _reduce_window(self, instr: Instr, ops: list) -> object:
         """Fold the reducer over every window offset, vectorised over the output positions; padding
         holds the init value."""
@@ -453,6 +482,7 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "convolution": _Evaluator._convolution,
     "reduce-window": _Evaluator._reduce_window,
     "gather": _Evaluator._gather,
+    "scatter": _Evaluator._scatter,
     "dynamic-slice": _Evaluator._dynamic_slice,
     "dynamic-update-slice": _Evaluator._dynamic_update_slice,
     "while": _Evaluator._while,
