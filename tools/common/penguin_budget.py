@@ -39,13 +39,18 @@ def instruction_count(program: penguin_pb2.Program) -> tuple[int, int, penguin_p
     total = points = largest_count = 0
     largest = None
     for nest in program.nests:
-        extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-        points += math.prod(extents.values())
-        count = sum(_statement_points(nest, st, extents) for st in nest.statements)
+        points += math.prod(max(0, int(axis.extent)) for axis in nest.axes)
+        count = nest_instructions(nest)
         total += count
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
     return total, points, largest, largest_count
+
+
+def nest_instructions(nest: penguin_pb2.LoopNest) -> int:
+    """The BIR instructions one nest unrolls to (instruction_count's term for it)."""
+    extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
+    return sum(_statement_points(nest, st, extents) for st in nest.statements)
 
 
 def backend_instruction_count(program: penguin_pb2.Program) -> tuple[int, penguin_pb2.LoopNest | None, int]:

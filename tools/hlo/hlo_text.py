@@ -613,6 +613,8 @@ class _Parser:
             scatter = instr.opcode == "scatter"
             numbers = instr.scatter_dimension_numbers if scatter else instr.gather_dimension_numbers
             numbers.index_vector_dim = self.integer(0, _INT64[1], "an index_vector_dim")
+        elif key == "k":
+            instr.k = self.integer(0, _INT64[1], "a k")
         elif key in ("indices_are_sorted", "unique_indices"):
             setattr(instr, key, self.boolean())
         elif key == "control-predecessors":

@@ -44,7 +44,7 @@ SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
-    "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter",
+    "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter", "sort", "topk",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -693,6 +693,42 @@ class _Verifier:
         if len(self.params[reducer.id]) != 2 or not self.scalar_only[reducer.id]:
             raise _bad(instr, f"update computation '{_shown(reducer.name)}' must take 2 scalars")
 
+    def _sort(self, instr: Instr, ops: list[Instr]) -> None:
+        if not ops:
+            raise CompileError("E202", f"sort '{_label(instr)}' needs at least one operand", _label(instr))
+        shapes = _arrays(instr, ops, result_too=False)
+        for shape in shapes[1:]:
+            if dims(shape) != dims(shapes[0]):
+                raise _bad(instr, f"sort operands {shape_str(shapes[0])} and {shape_str(shape)} differ")
+        if len(instr.dimensions) != 1:
+            raise _bad(instr, "sort needs exactly one dimension")
+        _distinct_in_range(instr, list(instr.dimensions), len(shapes[0].dimensions), "dimensions")
+        results = list(instr.shape.tuple_shapes) if len(ops) > 1 else [instr.shape]
+        pairs = zip(results, shapes, strict=False)
+        if len(results) != len(ops) or not all(same_shape(result, shape) for result, shape in pairs):
+            raise _bad(instr, f"sorting gives the operands' shapes, not {shape_str(instr.shape)}")
+        comparator = self._callee(instr)
+        params = self.params[comparator.id]
+        root = self.roots[comparator.id].shape
+        if len(params) != 2 * len(ops) or is_tuple(root) or root.dimensions or root.element_type != T.PRED:
+            raise _bad(instr, f"comparator '{_shown(comparator.name)}' must take {2 * len(ops)} scalars and "
+                              "return pred[]")
+
+    def _topk(self, instr: Instr, ops: list[Instr]) -> None:
+        _count(instr, ops, 1)
+        (operand,) = _arrays(instr, ops, result_too=False)
+        if not operand.dimensions or operand.element_type == T.PRED:
+            raise _bad(instr, f"topk needs a numeric array of rank >= 1, not {shape_str(operand)}")
+        k = instr.k
+        expected = [*operand.dimensions[:-1], k]
+        results = list(instr.shape.tuple_shapes)
+        kinds = [operand.element_type, T.S32]
+        if not 0 <= k <= operand.dimensions[-1] or len(results) != 2 or any(
+                list(result.dimensions) != expected or result.element_type != kind
+                for result, kind in zip(results, kinds, strict=True)):
+            raise _bad(instr, f"topk k={k} of {shape_str(operand)} gives ({type_name(operand.element_type)}"
+                              f"[{_ints(expected)}], s32[{_ints(expected)}]), not {shape_str(instr.shape)}")
+
     def _reduce_window(self, instr: Instr, ops: list[Instr]) -> None:
         if len(ops) < 2 or len(ops) % 2:
             raise CompileError("E202", f"reduce-window '{_label(instr)}' takes inputs and as many init "
@@ -834,6 +870,7 @@ _CHECKS = {
     "while": _Verifier._while, "conditional": _Verifier._conditional,
     "dynamic-slice": _Verifier._dynamic_slice, "convolution": _Verifier._convolution,
     "reduce-window": _Verifier._reduce_window, "gather": _Verifier._gather, "scatter": _Verifier._scatter,
+    "sort": _Verifier._sort, "topk": _Verifier._topk,
     "dynamic-update-slice": _Verifier._dynamic_update_slice,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,

@@ -23,6 +23,7 @@ from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import from_compute, is_float
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_instructions
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
 from ncc.tools.hlo.index_math import (
@@ -51,8 +52,9 @@ MATMUL_N_TILE = 512      # one PSUM bank of fp32
 MATMUL_K_TILE = 128      # contraction rows per matmul (partitions)
 MATMUL_M_TILE = 128      # stationary free size
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast"})
-REGION_MOVES = LAYOUT_OPS | {"pad", "dynamic-slice", "dynamic-update-slice", "reduce", "dot"}
-MAX_UNROLLED_ITERATIONS = 100_000  # a while loop is unrolled; the instruction budget (E302) still applies
+REGION_MOVES = LAYOUT_OPS | {"pad", "dynamic-slice", "dynamic-update-slice", "reduce", "reduce-window", "dot",
+                             "gather", "sort"}
+MAX_UNROLLED_ITERATIONS = 10_000  # a while loop is unrolled: 100 instructions a trip fill the budget (E302)
 
 SP, ACT, DVE, POOL, PE = common_pb2.SP, common_pb2.ACT, common_pb2.DVE, common_pb2.POOL, common_pb2.PE
 
@@ -177,6 +179,10 @@ class Lowering:
             return self._region_move(instr, ops, shape)
         if opcode == "reduce-window":
             return self._reduce_window(instr, ops)
+        if opcode == "sort":
+            return self._sort(instr, ops)
+        if opcode == "topk":
+            return self._topk(instr, ops)
         if opcode == "reduce" and not self._plain_reduce(instr, ops):
             return self._reduce_tree(instr, ops)
         dtype = ncc_dtype(instr.shape.element_type)
@@ -198,6 +204,7 @@ class Lowering:
             return self._gather(instr, ops, shape)
         if opcode == "scatter":
             return self._scatter(instr, ops, shape, dtype)
+
         if opcode == "concatenate":
             return self._concatenate(instr, ops, shape, dtype)
         if opcode == "iota":
@@ -213,9 +220,11 @@ class Lowering:
         flat = values.reshape(-1)
         if flat.size == 0 or np.all(flat == flat[0]) and not np.isnan(flat[0]):
             return Splat(float(flat[0]) if flat.size else 0.0, dtype, shape)
-        name = self.builder.hbm_tensor(instr.name, dtype, shape, penguin_pb2.CONSTANT, instr.name,
+        own = tuple(int(d) for d in instr.shape.dimensions)  # in a reducer applied to arrays, a scalar
+        name = self.builder.hbm_tensor(instr.name, dtype, own, penguin_pb2.CONSTANT, instr.name,
                                        data=from_compute(values, dtype).tobytes())
-        return View.whole(name, dtype, shape)
+        whole = View.whole(name, dtype, own)
+        return whole if own == shape else whole.broadcast(shape, ())
 
     def _layout(self, instr: hlo_pb2.HloInstructionProto, operand: Value, shape: tuple[int, ...]) -> Value:
         if isinstance(operand, Splat):
@@ -245,7 +254,9 @@ class Lowering:
         opcode = instr.opcode
         if opcode == "dynamic-update-slice":
             return ops[1]  # the update replaces the whole scalar
-        if opcode == "reduce":  # reducing a scalar applies the reducer once
+        if opcode == "sort":  # one element is sorted
+            return tuple(ops) if len(ops) > 1 else ops[0]
+        if opcode in ("reduce", "reduce-window"):  # reducing a scalar applies the reducer once
             k = len(ops) // 2
             return self._computation(self.computations[instr.called_computation_ids[0]], ops[k:] + ops[:k])
         if opcode == "dot":
@@ -369,6 +380,8 @@ class Lowering:
 
     def _index_tile(self, nest, tiling: Tiling, rows: View, source: str) -> penguin_pb2.Access:
         """Load the s32 row numbers of the current row tile into SBUF, one per partition."""
+        if isinstance(rows, Splat):  # a constant row number: the DMA reads it from a tensor all the same
+            rows = self._materialize(rows, source)
         count = rows.shape[0]
         index = self.builder.tile(f"{source}.index", common_pb2.S32, (count, 1), (PARTITIONS, 1))
         column = Tiling((count, 1), 1, col_axis=tiling.col_axis)
@@ -539,12 +552,14 @@ class Lowering:
         self._copy_into(operand, laid_out.transpose(back), instr.name)
         combine = self.computations[instr.called_computation_ids[0]]
         batches = [(0, count)] if instr.unique_indices else [(i, i + 1) for i in range(count)]
+        budget = _Budget(self.builder.program, instr.name, "scatter", planned=len(batches))
         for first, last in batches:
             some_rows = self._cut(rows, first, last) if (first, last) != (0, count) else rows
             old = self._gather_rows(instr, laid_out, some_rows)
             new = self._slice_rows(values, first, last)
             (combined,) = self._apply_reducer(combine, [old, new], (last - first, *row_shape))
             self._scatter_rows(instr, laid_out, some_rows, combined)
+            budget.charge()
         return laid_out.transpose(back)
 
     def _slice_rows(self, value: Value, first: int, last: int) -> Value:
@@ -574,6 +589,7 @@ class Lowering:
         a constant and steps by constants, as fori_loop and scan emit); the body is lowered once per
         iteration with that iteration's state, so a dynamic-slice by the counter becomes a static slice."""
         body, condition = (self.computations[c] for c in instr.called_computation_ids)
+        budget = _Budget(self.builder.program, instr.name, "while loop")
         for _ in range(MAX_UNROLLED_ITERATIONS):
             verdict = self._computation(condition, [state])
             if not isinstance(verdict, Splat):
@@ -582,6 +598,7 @@ class Lowering:
             if not verdict.value:
                 return state
             state = self._computation(body, [state])
+            budget.charge()
         raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
                                    "iterations", instr.name)
 
@@ -614,10 +631,122 @@ class Lowering:
         return self._synthetic(instr, "select", [taken, on_true, on_false], on_true.shape, on_true.dtype)
 
     def _synthetic(self, instr, opcode: str, ops: list[Value], shape: tuple[int, ...], dtype: int,
-                   **fields) -> Value:
+                   into: View | None = None, **fields) -> Value:
         """An elementwise op the lowering adds on behalf of `instr` (named after it)."""
         made = hlo_pb2.HloInstructionProto(name=f"{instr.name}.{opcode}", opcode=opcode, **fields)
-        return self._elementwise(made, ops, shape, dtype)
+        return self._elementwise(made, ops, shape, dtype, into)
+
+    # ---- sorting --------------------------------------------------------------------------------
+    def _sort(self, instr, ops: list[Value]) -> Value:
+        """Sort along `dimensions[0]` with the comparator computation, stably (ties keep their order)."""
+        comparator = self.computations[instr.called_computation_ids[0]]
+
+        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+            args = [value for pair in zip(first, second, strict=True) for value in pair]
+            (verdict,) = self._apply_reducer(comparator, args, shape)
+            return verdict
+
+        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less)
+        return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
+
+    def _topk(self, instr, ops: list[Value]) -> Value:
+        """The k largest (or smallest) along the last dimension, in order, with their indices (the
+        lower index first among equals): a stable sort of (values, iota), cut to k."""
+        operand = ops[0]
+        rank, k = len(operand.shape), int(instr.k)
+        index = self._iota(hlo_pb2.HloInstructionProto(name=f"{instr.name}.index", opcode="iota",
+                                                       dimensions=[rank - 1]), operand.shape, common_pb2.S32)
+        direction = "GT" if instr.largest else "LT"
+
+        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+            return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
+                                   comparison_direction=direction)
+
+        values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
+        return (self._cut(values, 0, k), self._cut(indices, 0, k))
+
+    def _sort_network(self, instr, ops: list[Value], dim: int, less) -> list[Value]:
+        """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
+        compare-exchange stages, each elementwise on strided views of every operand (the pairs i and
+        i xor j, ascending or descending by block). A position operand carried along marks padding
+        (it sorts last) and breaks ties, so the sort is stable whatever the network does."""
+        shape = ops[0].shape
+        count = shape[dim]
+        kept = [d for d in range(len(shape)) if d != dim]
+        rows = _product(tuple(shape[d] for d in kept))
+        values = [self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops]
+        if count > 1:
+            size = 1 << (count - 1).bit_length()
+            flat = [self._as_rows(v, kept, [dim], (rows, count), instr.name) for v in values]
+            flat = [self._padded(v, Splat(0.0, v.dtype, ()), [(0, 0, 0), (0, size - count, 0)], instr.name)
+                    for v in flat]
+            counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.position", opcode="iota",
+                                                  dimensions=[1])
+            flat.append(self._iota(counter, (rows, size), common_pb2.S32))
+            block = 2
+            while block <= size:
+                distance = block // 2
+                while distance >= 1:
+                    flat = self._bitonic_stage(instr, flat, block, distance, count, less)
+                    distance //= 2
+                block *= 2
+            moved = (*(shape[d] for d in kept), count)
+            back = tuple(int(d) for d in np.argsort((*kept, dim)))
+            values = [self._reshape(self._cut(v, 0, count), moved, instr.name).transpose(back)
+                      for v in flat[:-1]]
+        return values
+
+    def _bitonic_stage(self, instr, flat: list[View], block: int, distance: int, count: int,
+                       less) -> list[View]:
+        """One compare-exchange stage: element i (bit `distance` clear) pairs with i + distance;
+        blocks of `block` elements alternate ascending and descending (all ascending in the last)."""
+        rows, size = flat[0].shape
+        directions = 1 if block == size else 2
+        blocks = size // (block * directions) if directions == 2 else 1
+        split = (rows, blocks, directions, block // (2 * distance), 2, distance)
+        parts_shape = (rows, split[1], split[3], distance)
+        order = tuple(int(d) for d in np.argsort(parts_shape, kind="stable"))  # largest axes make the tiles
+        shape = tuple(parts_shape[d] for d in order)
+
+        def part(view: View, direction: int, pair: int) -> View:
+            grouped = view.reshape(split)
+            limits = (split[0], split[1], direction + 1, split[3], pair + 1, split[5])
+            picked = grouped.slice((0, 0, direction, 0, pair, 0), limits, (1,) * 6)
+            return picked.reshape(parts_shape).transpose(order)
+
+        fresh = []
+        for view in flat:
+            name = self.builder.hbm_tensor(f"{instr.name}.stage", view.dtype, (rows, size),
+                                           penguin_pb2.INTERNAL, instr.name)
+            fresh.append(View.whole(name, view.dtype, (rows, size)))
+        for direction in range(directions):
+            low = [part(view, direction, 0) for view in flat]
+            high = [part(view, direction, 1) for view in flat]
+            first, second = (high, low) if direction == 0 else (low, high)
+            swap = self._before(instr, first, second, count, shape, less)
+            for view, a, b in zip(fresh, low, high, strict=True):
+                for pair, operands in ((0, [swap, b, a]), (1, [swap, a, b])):
+                    target = part(view, direction, pair)
+                    self._synthetic(instr, "select", operands, shape, view.dtype, into=target)
+        return fresh
+
+    def _before(self, instr, first: list[View], second: list[View], count: int, shape: tuple[int, ...],
+                less) -> Value:
+        """Whether `first` must come before `second`: it is not padding, and the other is padding, or
+        the comparator says so, or neither is less and it came first (stability)."""
+        pred = common_pb2.PRED
+        limit = Splat(float(count), common_pb2.S32, ())
+
+        def op(opcode: str, operands: list[Value], **fields) -> Value:
+            return self._synthetic(instr, opcode, operands, shape, pred, **fields)
+
+        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
+        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
+        ahead = less(first[:-1], second[:-1], shape)
+        behind = less(second[:-1], first[:-1], shape)
+        earlier = op("compare", [first[-1], second[-1]], comparison_direction="LT")
+        tie_break = op("and", [op("not", [behind]), earlier])
+        return op("and", [real_first, op("or", [padding_second, op("or", [ahead, tie_break])])])
 
     def _reshape(self, view: View, shape: tuple[int, ...], source: str) -> View:
         reshaped = view.reshape(shape)
@@ -686,14 +815,24 @@ class Lowering:
         box = self._load(nest, tiling, value, source, 0)
         self._store(nest, tiling, box, target, source)
 
-    def _elementwise(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
+    def _elementwise(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int,
+                     into: View | None = None) -> Value:
+        """One nest computing the op tile by tile; the result goes to a new tensor, or to `into`
+        (a view of an existing one, which then holds a constant result too)."""
         opcode = instr.opcode
-        if opcode == "copy":
+        if opcode == "copy" and into is None:
             return ops[0]  # values are immutable: a copy is the value itself
         if all(isinstance(op, Splat) for op in ops):
-            return self._fold(instr, ops, shape, dtype)
+            folded = self._fold(instr, ops, shape, dtype)
+            if into is not None:
+                self._copy_into(folded, into, instr.name)
+                return into
+            return folded
         ops = [op if isinstance(op, Splat) or op.shape == shape else op.broadcast(shape, ()) for op in ops]
-        out = self._new_output(instr, shape, dtype)
+        if opcode == "copy":
+            self._copy_into(ops[0], into, instr.name)
+            return into
+        out = into if into is not None else self._new_output(instr, shape, dtype)
         tiling = self._tiling(shape)
         nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
         body = _Body(self, nest, tiling, instr.name)
@@ -1000,6 +1139,27 @@ def _broadcast_to(value: Value, shape: tuple[int, ...]) -> Value:
     if isinstance(value, Splat):
         return Splat(value.value, value.dtype, shape)
     return value.broadcast(shape, ())
+
+
+class _Budget:
+    """Stops a lowering that repeats a body (an unrolled loop, a row-by-row scatter) as soon as what
+    it emitted passes the instruction budget, or, when the number of rounds is known, as soon as the
+    first round shows that all of them would (E302), rather than after building all of it."""
+
+    def __init__(self, program: penguin_pb2.Program, name: str, what: str, planned: int = 0) -> None:
+        self.program, self.name, self.what, self.planned = program, name, what, planned
+        self.counted, self.total, self.rounds = len(program.nests), 0, 0
+
+    def charge(self) -> None:
+        nests = self.program.nests
+        self.total += sum(nest_instructions(nests[k]) for k in range(self.counted, len(nests)))
+        self.counted, self.rounds = len(nests), self.rounds + 1
+        expected = self.total * self.planned // self.rounds if self.planned else self.total
+        if max(self.total, expected) > MAX_INSTRUCTIONS:
+            rounds = f"{self.rounds:,} of {self.planned or self.rounds:,}"
+            raise CompileError("E302", f"program too large: {self.what} '{self.name}' unrolls past the "
+                                       f"budget of {MAX_INSTRUCTIONS:,} instructions ({self.total:,} in its "
+                                       f"first {rounds} rounds)", self.name)
 
 
 class _Body:

@@ -78,14 +78,18 @@ class ProgramBuilder:
 
     program: penguin_pb2.Program
     _names: set[str] = field(default_factory=set)
+    _suffix: dict[str, int] = field(default_factory=dict)
     _views: dict[tuple, str] = field(default_factory=dict)
 
     def unique(self, hint: str) -> str:
+        """`hint` made a valid, unused name (`hint_2`, `hint_3`... on reuse; each base remembers its
+        last suffix, so naming stays linear when a loop reuses one hint thousands of times)."""
         base = re.sub(r"[^A-Za-z0-9_.]", "_", hint) or "t"
-        name, n = base, 1
+        name, n = base, self._suffix.get(base, 1)
         while name in self._names:
             n += 1
             name = f"{base}_{n}"
+        self._suffix[base] = n
         self._names.add(name)
         return name
 

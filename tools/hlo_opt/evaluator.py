@@ -50,7 +50,9 @@ _FAST_REDUCERS: dict[str, np.ufunc] = {
     "minimum": np.minimum,
 }
 MAX_WHILE_ITERATIONS = 1_000_000  # a loop that runs longer is refused rather than evaluated forever
-_SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice"})  # identities on scalars
+# identities on scalars: in a scalar region they pass their (vectorised) operand through
+_SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast", "pad",
+                         "dynamic-slice", "gather"})
 
 
 def evaluate(
@@ -149,7 +151,11 @@ class _Evaluator:
                 kind = instr.shape.element_type
                 work = np.float32 if kind in FLOAT_TYPES else None
                 values[instr.id] = round_to(np.multiply(operands[0], operands[1], dtype=work), kind)
-            elif scalar_region and opcode == "reduce":  # reducing a scalar applies the reducer once
+            elif scalar_region and opcode == "dynamic-update-slice":  # the update replaces the scalar
+                values[instr.id] = operands[1]
+            elif scalar_region and opcode == "sort":  # one element is sorted
+                values[instr.id] = tuple(operands) if len(operands) > 1 else operands[0]
+            elif scalar_region and opcode in ("reduce", "reduce-window"):  # a scalar: the reducer once
                 k = len(operands) // 2
                 reducer = self.comps[instr.called_computation_ids[0]]
                 values[instr.id] = self.run(reducer, operands[k:] + operands[:k], True)
@@ -289,6 +295,33 @@ class _Evaluator:
             update = moved[position].reshape(sizes)
             out[where] = round_to(self.run(combine, [out[where], update], True), instr.shape.element_type)
         return out
+
+    def _sort(self, instr: Instr, ops: list) -> object:
+        """A stable sort with the comparator: each row is ordered by a merge sort that asks the
+        comparator (run on scalars) whether one element goes before another."""
+        dim = instr.dimensions[0]
+        arrays = [np.moveaxis(np.asarray(op), dim, -1) for op in ops]
+        comparator = self.comps[instr.called_computation_ids[0]]
+        out = [np.empty_like(a) for a in arrays]
+        for row in np.ndindex(*arrays[0].shape[:-1]):
+            columns = [a[row] for a in arrays]
+
+            def before(i: int, j: int, columns=columns) -> bool:
+                args = [value for column in columns for value in (column[i], column[j])]
+                return bool(self.run(comparator, args, True))
+
+            order = _merge_sort(list(range(columns[0].shape[0])), before)
+            for target, column in zip(out, columns, strict=True):
+                target[row] = column[order]
+        results = [np.moveaxis(o, -1, dim) for o in out]
+        return tuple(results) if len(ops) > 1 else results[0]
+
+    def _topk(self, instr: Instr, ops: list) -> tuple:
+        """The k largest (or smallest) along the last dimension, the lower index first among equals."""
+        values = np.asarray(ops[0])
+        keys = values.astype(np.float64) if values.dtype.kind == "f" else values.astype(np.int64)
+        order = np.argsort(-keys if instr.largest else keys, axis=-1, kind="stable")[..., :instr.k]
+        return np.take_along_axis(values, order, axis=-1), order.astype(np.int32)
 
     def _reduce_window(self, instr: Instr, ops: list) -> object:
         """Fold the reducer over every window offset, vectorised over the output positions; padding
@@ -433,6 +466,23 @@ def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object
     return literal_to_numpy(literal, shape, "constant").astype(compute_dtype(shape.element_type))
 
 
+def _merge_sort(items: list[int], before: Callable[[int, int], bool]) -> list[int]:
+    """Stable merge sort of `items` by `before(a, b)` (a strictly precedes b)."""
+    if len(items) <= 1:
+        return items
+    middle = len(items) // 2
+    left, right = _merge_sort(items[:middle], before), _merge_sort(items[middle:], before)
+    merged, i, j = [], 0, 0
+    while i < len(left) and j < len(right):
+        if before(right[j], left[i]):
+            merged.append(right[j])
+            j += 1
+        else:
+            merged.append(left[i])
+            i += 1
+    return merged + left[i:] + right[j:]
+
+
 def pad_array(operand: np.ndarray, value: object, edges: list[tuple[int, int, int]]) -> np.ndarray:
     """`operand` padded by (low, high, interior) per dimension with `value` (negative edges crop)."""
     shape = [low + high + n + max(n - 1, 0) * interior for (low, high, interior), n in
@@ -483,6 +533,8 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "reduce-window": _Evaluator._reduce_window,
     "gather": _Evaluator._gather,
     "scatter": _Evaluator._scatter,
+    "sort": _Evaluator._sort,
+    "topk": _Evaluator._topk,
     "dynamic-slice": _Evaluator._dynamic_slice,
     "dynamic-update-slice": _Evaluator._dynamic_update_slice,
     "while": _Evaluator._while,
