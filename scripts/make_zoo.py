@@ -54,7 +54,9 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
         return lax.scan(step, h0, xs)
 
     def sample_head(logits):
-        return jnp.argmax(logits, axis=-1), jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1)
+        top_values, top_indices = lax.top_k(logits, 4)
+        return (jnp.argmax(logits, axis=-1), jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1), top_values,
+                top_indices, jnp.sort(logits[:, :100], axis=-1))
 
     def cumsum(x, counts):
         return jnp.cumsum(x, axis=1), jnp.cumsum(counts, axis=0)
@@ -88,7 +90,7 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
         "rnn": (rnn, inputs(normal(10, 4, 32), normal(4, 32), normal(32, 32), normal(32, 32)),
                 "lax.scan tanh RNN over 10 steps (a while loop with dynamic slices)"),
         "sample_head": (sample_head, inputs(quarter_steps),
-                        "argmax (a variadic reduce) and the top probability of a softmax over 1000 logits"),
+                        "argmax, top-4, a sort and the top softmax probability over 1000 logits with ties"),
         "cumsum": (cumsum, inputs(normal(8, 50), ints(-9, 10, 8, 50)),
                    "cumulative sums (reduce-window): f32 along rows, s32 down columns"),
         "padded_batch": (padded_batch, inputs(normal(4, 20), ints(0, 26, 4)),

@@ -502,8 +502,68 @@ ENTRY main {
     _scatter_reference,
 )
 
+def _with_infinities(x: np.ndarray) -> np.ndarray:
+    """Row 0 all -inf but two values: top-5 must then pick -inf entries by lowest index."""
+    x = x.copy()
+    x[0, 2:] = -np.inf
+    return x
+
+
+def _sort_reference(x, keys):
+    order = np.argsort(-x.astype(np.float64), axis=-1, kind="stable")[:, :5]
+    by_key = np.argsort(keys, axis=0, kind="stable")
+    return (np.sort(x, axis=-1), np.argsort(x, axis=0, kind="stable").astype(np.int32),
+            np.take_along_axis(x, order, axis=-1), order.astype(np.int32),
+            np.take_along_axis(keys, by_key, axis=0), np.take_along_axis(x, by_key, axis=0))
+
+
+# jnp.sort, jnp.argsort (stable, down a column), lax.top_k and a two-operand sort by integer keys
+# with many ties (stability decides), on widths that are not powers of two
+SORTING = Case(
+    "sorting",
+    """HloModule sorting
+less {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT lt = pred[] compare(a, b), direction=LT
+}
+less_by_first {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  i = s32[] parameter(2)
+  j = s32[] parameter(3)
+  ROOT lt = pred[] compare(a, b), direction=LT
+}
+keys_first {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  i = f32[] parameter(2)
+  j = f32[] parameter(3)
+  ROOT lt = pred[] compare(a, b), direction=LT
+}
+ENTRY main {
+  x = f32[6,37] parameter(0)
+  keys = s32[6,37] parameter(1)
+  s = f32[6,37] sort(x), dimensions={1}, is_stable=true, to_apply=less
+  rows = s32[6,37] iota(), iota_dimension=0
+  a = (f32[6,37], s32[6,37]) sort(x, rows), dimensions={0}, is_stable=true, to_apply=less_by_first
+  ai = s32[6,37] get-tuple-element(a), index=1
+  t = (f32[6,5], s32[6,5]) topk(x), k=5, largest=true
+  tv = f32[6,5] get-tuple-element(t), index=0
+  ti = s32[6,5] get-tuple-element(t), index=1
+  k = (s32[6,37], f32[6,37]) sort(keys, x), dimensions={0}, is_stable=true, to_apply=keys_first
+  kk = s32[6,37] get-tuple-element(k), index=0
+  kx = f32[6,37] get-tuple-element(k), index=1
+  ROOT out = (f32[6,37], s32[6,37], f32[6,5], s32[6,5], s32[6,37], f32[6,37]) tuple(s, ai, tv, ti, kk, kx)
+}
+""",
+    lambda rng: [_with_infinities((np.round(rng.standard_normal((6, 37)) * 2) / 2).astype(np.float32)),
+                 rng.integers(0, 3, (6, 37)).astype(np.int32)],
+    _sort_reference,
+)
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS]
+         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, SORTING]
 
 
 @pytest.mark.slow

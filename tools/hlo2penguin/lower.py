@@ -54,6 +54,7 @@ MATMUL_M_TILE = 128      # stationary free size
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast"})
 REGION_MOVES = LAYOUT_OPS | {"pad", "dynamic-slice", "dynamic-update-slice", "reduce", "reduce-window", "dot",
                              "gather", "sort"}
+TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
 MAX_UNROLLED_ITERATIONS = 10_000  # a while loop is unrolled: 100 instructions a trip fill the budget (E302)
 
 SP, ACT, DVE, POOL, PE = common_pb2.SP, common_pb2.ACT, common_pb2.DVE, common_pb2.POOL, common_pb2.PE
@@ -651,12 +652,16 @@ class Lowering:
 
     def _topk(self, instr, ops: list[Value]) -> Value:
         """The k largest (or smallest) along the last dimension, in order, with their indices (the
-        lower index first among equals): a stable sort of (values, iota), cut to k."""
+        lower index first among equals). Small k: k rounds of a pairwise (value, index) tree that
+        finds the best, then masks it out; large k: a stable sort of (values, iota), cut to k."""
         operand = ops[0]
         rank, k = len(operand.shape), int(instr.k)
         index = self._iota(hlo_pb2.HloInstructionProto(name=f"{instr.name}.index", opcode="iota",
                                                        dimensions=[rank - 1]), operand.shape, common_pb2.S32)
         direction = "GT" if instr.largest else "LT"
+        if k <= TOPK_BY_SELECTION or isinstance(operand, Splat):
+            return self._topk_by_selection(instr, self._materialize(operand, instr.name)
+                                           if isinstance(operand, Splat) else operand, index, k, direction)
 
         def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
             return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
@@ -664,6 +669,50 @@ class Lowering:
 
         values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
         return (self._cut(values, 0, k), self._cut(indices, 0, k))
+
+    def _topk_by_selection(self, instr, operand: View, index: View, k: int, direction: str) -> tuple:
+        pred = common_pb2.PRED
+        shape = operand.shape
+        out_shape = (*shape[:-1], k)
+        values_out, indices_out = (
+            View.whole(self.builder.hbm_tensor(f"{instr.name}.top", dtype, out_shape, penguin_pb2.INTERNAL,
+                                               instr.name), dtype, out_shape)
+            for dtype in (operand.dtype, common_pb2.S32))
+
+        def better(first: list[Value], second: list[Value], part: tuple[int, ...]) -> list[Value]:
+            def op(opcode: str, operands: list[Value], **fields) -> Value:
+                return self._synthetic(instr, opcode, operands, part, pred, **fields)
+
+            wins = op("compare", first[:1] + second[:1], comparison_direction=direction)
+            ties = op("compare", first[:1] + second[:1], comparison_direction="EQ")
+            earlier = op("compare", [first[1], second[1]], comparison_direction="LT")
+            take = op("or", [wins, op("and", [ties, earlier])])
+            return [self._synthetic(instr, "select", [take, a, b], part, a.dtype) for a, b in
+                    zip(first, second, strict=True)]
+
+        # a taken element loses to every other: the worst value, and an index after every real one
+        worst = (-np.inf if direction == "GT" else np.inf) if is_float(operand.dtype) else \
+            float(np.iinfo(np.int32).min if direction == "GT" else np.iinfo(np.int32).max)
+        exhausted = Splat(worst, operand.dtype, ())
+        never = Splat(float(np.iinfo(np.int32).max), common_pb2.S32, ())
+        remaining, positions = operand, index
+        for taken in range(k):
+            best_value, best_index = self._halving(instr, [remaining, positions], better)
+            self._copy_into(best_value, self._cut(values_out, taken, taken + 1), instr.name)
+            self._copy_into(best_index, self._cut(indices_out, taken, taken + 1), instr.name)
+            if taken + 1 < k:
+                spread = self._spread_column(best_index, shape)
+                chosen = self._synthetic(instr, "compare", [positions, spread], shape, pred,
+                                         comparison_direction="EQ")
+                remaining = self._synthetic(instr, "select", [chosen, exhausted, remaining], shape,
+                                            operand.dtype)
+                positions = self._synthetic(instr, "select", [chosen, never, positions], shape,
+                                            common_pb2.S32)
+        return values_out, indices_out
+
+    def _spread_column(self, column: View, shape: tuple[int, ...]) -> View:
+        """A (kept..., 1) column repeated along the last dimension to `shape`."""
+        return View(column.base, column.dtype, shape, (*column.strides[:-1], 0), column.offset)
 
     def _sort_network(self, instr, ops: list[Value], dim: int, less) -> list[Value]:
         """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
@@ -928,22 +977,34 @@ class Lowering:
         kept_shape = tuple(inputs[0].shape[d] for d in kept)
         width = _size(inputs[0], reduced) if reduced else 1
         rows = [self._as_rows(value, kept, reduced, kept_shape + (width,), instr.name) for value in inputs]
-        while width > 1:
-            half = width // 2
-            left = [self._cut(row, 0, half) for row in rows]
-            right = [self._cut(row, half, 2 * half) for row in rows]
-            combined = self._apply_reducer(reducer, left + right, kept_shape + (half,))
-            if width % 2:  # fold the odd last column into column 0
-                first = [self._cut(row, 0, 1) for row in combined]
-                last = [self._cut(row, width - 1, width) for row in rows]
-                head = self._apply_reducer(reducer, first + last, kept_shape + (1,))
-                combined = [self._join_columns(instr, h, self._cut(row, 1, half)) for h, row in
-                            zip(head, combined, strict=True)]
-            rows, width = combined, half
+
+        def combine(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> list[Value]:
+            return self._apply_reducer(reducer, first + second, shape)
+
+        rows = self._halving(instr, rows, combine)
         starts = [_broadcast_to(init, kept_shape + (1,)) for init in inits]
         results = self._apply_reducer(reducer, starts + rows, kept_shape + (1,))
         shaped = [self._reshape_value(value, kept_shape, instr.name) for value in results]
         return tuple(shaped) if k > 1 else shaped[0]
+
+    def _halving(self, instr, rows: list[Value], combine) -> list[Value]:
+        """Combine the columns of (kept..., width) arrays pairwise, halving the width each level,
+        down to (kept..., 1); `combine(first, second, shape)` merges two column ranges."""
+        width = rows[0].shape[-1]
+        kept_shape = rows[0].shape[:-1]
+        while width > 1:
+            half = width // 2
+            left = [self._cut(row, 0, half) for row in rows]
+            right = [self._cut(row, half, 2 * half) for row in rows]
+            combined = combine(left, right, kept_shape + (half,))
+            if width % 2:  # fold the odd last column into column 0
+                first = [self._cut(row, 0, 1) for row in combined]
+                last = [self._cut(row, width - 1, width) for row in rows]
+                head = combine(first, last, kept_shape + (1,))
+                combined = [self._join_columns(instr, h, self._cut(row, 1, half)) for h, row in
+                            zip(head, combined, strict=True)]
+            rows, width = combined, half
+        return rows
 
     def _apply_reducer(self, reducer, args: list[Value], shape: tuple[int, ...]) -> list[Value]:
         saved, self.region_shape = self.region_shape, shape
