@@ -1,16 +1,23 @@
-"""Lower a verified HLO module to Penguin IR: one tiled loop nest per computing HLO op.
+"""Lower a verified HLO module to Penguin IR: tiled loop nests over 128-partition tiles.
 
-Layout ops (reshape, broadcast, transpose, slice) cost nothing: they become strided views that
-the consuming nest's DMAs read through (views.py). Scalar constants fold into tensor_scalar
-immediates. Every other op becomes a nest over 128-partition tiles that loads its operands from
-HBM into SBUF, computes on the engine that owns the op, and stores its result to HBM:
+Layout ops (reshape, broadcast, transpose, slice, reverse, bitcast) cost nothing: they become
+strided views that the consuming nest's DMAs read through (views.py). Scalar constants fold into
+tensor_scalar immediates. Every computing op becomes nests that load operands from HBM into SBUF,
+compute on the engine that owns the op, and store the result to HBM:
 
-  elementwise   DVE tensor_tensor / tensor_scalar, ACT activation, POOL select / integer ops
-  reduce        DVE tensor_reduce per free tile, combined across free tiles into an accumulator
-  dot           PE matmul into PSUM accumulated over 128-row K tiles, ACT copies PSUM to SBUF
-  iota          POOL iota
+  elementwise    DVE tensor_tensor / tensor_scalar, ACT activation, POOL select / integer ops
+  reduce         DVE tensor_reduce per free tile, combined across free tiles; any other reducer,
+                 and variadic reduce, as a halving tree of the reducer applied to whole arrays
+  dot            PE matmul into PSUM over 128-row K tiles (integers: POOL multiply, DVE sums)
+  convolution    im2col as a strided view, one dot per feature group
+  reduce-window  the reducer folded over window offsets (strided views of a padded input)
+  pad, concatenate, dynamic-update-slice   copies into strided views of a new tensor
+  gather, scatter, run-time dynamic slices  POOL's indirect dmas over rows of a table
+  sort, topk     a bitonic network of compare-and-select nests (small-k topk: k selections)
+  while          unrolled while its condition folds to a constant; conditional: both branches
+  iota           POOL iota
 
-`call` is inlined; tuples are plumbing. Anything else was refused by the verifier.
+`call` and `fusion` are inlined; tuples are plumbing. Anything else was refused by the verifier.
 """
 
 from __future__ import annotations
