@@ -22,27 +22,20 @@ compute on the engine that owns the op, and store the result to HBM:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import from_compute, is_float
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_instructions
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
 from ncc.tools.hlo.index_math import (
-    clamped_starts,
-    gather_batch_shape,
-    gather_output_order,
-    pad_placement,
-    pad_target,
     physical_order,
-    window_slices,
 )
 from ncc.tools.hlo.literals import literal_to_numpy
+from ncc.tools.hlo2penguin.control import ControlOps
+from ncc.tools.hlo2penguin.indexed import IndexedOps
 from ncc.tools.hlo2penguin.nest_builder import (
     FRONTEND_PREFIX,
     PARTITIONS,
@@ -52,19 +45,29 @@ from ncc.tools.hlo2penguin.nest_builder import (
     canonical_shape,
     ceil_div,
 )
+from ncc.tools.hlo2penguin.sorting import SortOps
+from ncc.tools.hlo2penguin.values import (
+    ACT,
+    DVE,
+    FREE_TILE,
+    PE,
+    POOL,
+    SP,
+    Splat,
+    Value,
+    broadcast_to,
+    is_integer,
+)
 from ncc.tools.hlo2penguin.views import View
+from ncc.tools.hlo2penguin.windows import WindowOps
 
-FREE_TILE = 2048         # elements per partition in an elementwise tile
 MATMUL_N_TILE = 512      # one PSUM bank of fp32
 MATMUL_K_TILE = 128      # contraction rows per matmul (partitions)
 MATMUL_M_TILE = 128      # stationary free size
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast"})
 REGION_MOVES = LAYOUT_OPS | {"pad", "dynamic-slice", "dynamic-update-slice", "reduce", "reduce-window", "dot",
                              "gather", "sort"}
-TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
-MAX_UNROLLED_ITERATIONS = 10_000  # a while loop is unrolled: 100 instructions a trip fill the budget (E302)
 
-SP, ACT, DVE, POOL, PE = common_pb2.SP, common_pb2.ACT, common_pb2.DVE, common_pb2.POOL, common_pb2.PE
 
 # HLO op -> the device function that computes it (docs/ir.md): binary ops on DVE (floats) or POOL
 # (integers and pred), tensor_tensor or, with a constant operand, tensor_scalar.
@@ -83,23 +86,9 @@ REDUCERS = {"add": ("add", 0.0), "maximum": ("maximum", -np.inf), "minimum": ("m
             "multiply": ("multiply", 1.0)}
 
 
-@dataclass(frozen=True)
-class Splat:
-    """A value known at compile time to be one scalar repeated over `shape`."""
-
-    value: float
-    dtype: int
-    shape: tuple[int, ...]
 
 
-Value = View | Splat | tuple
-
-
-def is_integer(dtype: int) -> bool:
-    return dtype in (common_pb2.S32, common_pb2.U32, common_pb2.U8, common_pb2.S8)
-
-
-class Lowering:
+class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
     """Walks the entry computation in order and emits Penguin tensors and nests."""
 
     def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
@@ -280,363 +269,6 @@ class Lowering:
         limits = tuple(s + n for s, n in zip(starts, sizes, strict=True))
         return operand.slice(tuple(starts), limits, (1,) * len(sizes))
 
-    def _runtime_dim(self, instr, operand_shape: tuple[int, ...], sizes: tuple[int, ...],
-                     starts: list[Value]) -> int | None:
-        """The one dimension whose start is computed at run time and matters (a window as wide as its
-        dimension always starts at 0), or None when every start is known; more than one is E207."""
-        runtime = [d for d, start in enumerate(starts)
-                   if not isinstance(start, Splat) and sizes[d] < operand_shape[d]]
-        if len(runtime) > 1:
-            raise CompileError("E207", f"{instr.opcode} with run-time start indices in {len(runtime)} "
-                                       "dimensions is not supported (one at most)", instr.name)
-        return runtime[0] if runtime else None
-
-    def _known_starts(self, operand_shape: tuple[int, ...], sizes: tuple[int, ...], starts: list[Value],
-                      skip: int | None) -> list[int]:
-        """Clamped compile-time starts; the run-time dimension `skip` gets 0 (its rows are indexed)."""
-        known = [0 if d == skip or not isinstance(start, Splat) else int(start.value)
-                 for d, start in enumerate(starts)]
-        return clamped_starts(operand_shape, sizes, known)
-
-    def _dynamic_slice(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
-        """A window at constant starts is a view; a run-time start in one dimension d gathers rows
-        start..start+size-1 of d (start clamped as XLA does) with POOL's indirect dma."""
-        operand, starts = ops[0], ops[1:]
-        sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
-        d = self._runtime_dim(instr, operand.shape, sizes, starts)
-        known = self._known_starts(operand.shape, sizes, starts, d)
-        if d is None:
-            return self._layout_slice(operand, known, sizes)
-        window = list(sizes)
-        window[d] = operand.shape[d]
-        narrowed = self._layout_slice(operand, known, tuple(window))
-        if isinstance(narrowed, Splat):
-            return Splat(narrowed.value, narrowed.dtype, shape)
-        rows = self._window_rows(instr, starts[d], operand.shape[d], sizes[d])
-        order = (d, *(k for k in range(len(shape)) if k != d))
-        gathered = self._gather_rows(instr, narrowed.transpose(order), rows)
-        return gathered.transpose(tuple(int(k) for k in np.argsort(order)))
-
-    def _window_rows(self, instr, start: Value, extent: int, size: int) -> View:
-        """s32 row numbers clamp(start, 0, extent - size) + [0, size), computed on the device."""
-        index_dtype = common_pb2.S32
-        if start.dtype != index_dtype:
-            start = self._synthetic(instr, "convert", [start], (), index_dtype)
-        spread = start.broadcast((size,), ()) if isinstance(start, View) else start
-        low, high = Splat(0.0, index_dtype, ()), Splat(float(extent - size), index_dtype, ())
-        first = self._synthetic(instr, "clamp", [low, spread, high], (size,), index_dtype)
-        counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.rows", opcode="iota", dimensions=[0])
-        counting = self._iota(counter, (size,), index_dtype)
-        return self._synthetic(instr, "add", [first, counting], (size,), index_dtype)
-
-    def _gather(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
-        """Whole rows along one dimension (embedding lookups, `take`): the indices go to SBUF and
-        POOL's indirect dma brings row index[p] of the table into partition p."""
-        operand, indices = ops
-        dn, sizes = instr.gather_dimension_numbers, [int(n) for n in instr.gather_slice_sizes]
-        rank = len(operand.shape)
-        d = dn.start_index_map[0] if len(dn.start_index_map) == 1 else -1
-        if d < 0 or any(sizes[k] != operand.shape[k] for k in range(rank) if k != d) or sizes[d] != 1:
-            raise CompileError("E207", f"gather '{instr.name}' does not take whole rows along one dimension; "
-                                       "only that form (embedding lookups, take) is supported", instr.name)
-        if isinstance(operand, Splat):
-            return Splat(operand.value, operand.dtype, shape)
-        batch = gather_batch_shape(indices.shape, dn.index_vector_dim)
-        count = _product(tuple(batch))
-        rows = self._reshape_value(indices, (count,), instr.name)
-        if isinstance(rows, Splat) or rows.dtype != common_pb2.S32:
-            rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
-        order = (d, *(k for k in range(rank) if k != d))
-        gathered = self._gather_rows(instr, operand.transpose(order), rows)  # (count, others...)
-        kept = [sizes[k] for k in range(rank) if k not in dn.collapsed_slice_dims]
-        if d in dn.collapsed_slice_dims:
-            natural = self._reshape_value(gathered, (*batch, *kept), instr.name)
-        else:  # the size-1 row dimension stays, at its place among the slice dimensions
-            with_row = (*batch, 1, *(operand.shape[k] for k in order[1:]))
-            moved = self._reshape_value(gathered, with_row, instr.name)
-            slice_order = tuple(range(len(batch))) + tuple(len(batch) + order.index(k) for k in range(rank))
-            natural = moved.transpose(slice_order)
-        out_order = gather_output_order(dn.offset_dims, len(batch), len(shape))
-        return natural.transpose(tuple(out_order))
-
-    def _gather_rows(self, instr, table: View, rows: View) -> View:
-        """(count, others...) = table[rows[i], ...] for a table whose first dimension is indexed."""
-        extent, others = table.shape[0], table.shape[1:]
-        width = _product(others)
-        flat = table.reshape((extent, width))
-        if flat is None:  # rows that are not evenly strided: copy the table row-major first
-            flat = self._materialize(table, instr.name).reshape((extent, width))
-        count = rows.shape[0]
-        name = self.builder.hbm_tensor(f"{instr.name}.rows", table.dtype, (count, width),
-                                       penguin_pb2.INTERNAL, instr.name)
-        out = View.whole(name, table.dtype, (count, width))
-        tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
-        nest = self.builder.nest(f"{instr.name}.gather", instr.name, tiling.axes(), self._attributes(instr))
-        index_box = self._index_tile(nest, tiling, rows, instr.name)
-        block = (PARTITIONS, tiling.free_tile)
-        tile = self.builder.tile(f"{instr.name}.rows", table.dtype, (count, width), block)
-        add_statement(nest, "gather", "dma_gather", POOL, [tiling.box(tile)],
-                      [self._every_row(flat, tiling), index_box])
-        self._store(nest, tiling, tiling.box(tile), out, instr.name)
-        return out.reshape((count, *others))
-
-    def _every_row(self, flat: View, tiling: Tiling) -> penguin_pb2.Access:
-        """The current column tile of every row of an indexed table: what an indirect dma may touch."""
-        starts = [affine.expr(), affine.expr({tiling.col_axis: tiling.free_tile})]
-        return penguin_pb2.Access(tensor=self.builder.view(flat), extents=[flat.shape[0], tiling.free_tile],
-                                  starts=starts)
-
-    def _index_tile(self, nest, tiling: Tiling, rows: View, source: str) -> penguin_pb2.Access:
-        """Load the s32 row numbers of the current row tile into SBUF, one per partition."""
-        if isinstance(rows, Splat):  # a constant row number: the DMA reads it from a tensor all the same
-            rows = self._materialize(rows, source)
-        count = rows.shape[0]
-        index = self.builder.tile(f"{source}.index", common_pb2.S32, (count, 1), (PARTITIONS, 1))
-        column = Tiling((count, 1), 1, col_axis=tiling.col_axis)
-        box = column.box(index, col_tile=1)
-        source_box = column.box(self.builder.view(self._reshape(rows, (count, 1), source)), col_tile=1)
-        add_statement(nest, "load_index", "dma", SP, [box], [source_box])
-        return box
-
-    def _pad(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
-        config = instr.padding_config.dimensions
-        edges = [(e.edge_padding_low, e.edge_padding_high, e.interior_padding) for e in config]
-        return self._padded(ops[0], ops[1], edges, instr.name)
-
-    def _padded(self, operand: Value, value: Value, edges: list[tuple[int, int, int]], source: str) -> Value:
-        """Fill a new tensor with the padding value, then copy the kept operand elements into their
-        (interior-strided) places; negative padding crops the operand first."""
-        if all(edge == (0, 0, 0) for edge in edges):
-            return operand
-        shape = tuple(low + high + n + max(n - 1, 0) * interior
-                      for (low, high, interior), n in zip(edges, operand.shape, strict=True))
-        if isinstance(operand, Splat) and isinstance(value, Splat) and operand.value == value.value:
-            return Splat(value.value, operand.dtype, shape)
-        kept = [pad_placement(low, interior, size, extent)
-                for (low, _, interior), size, extent in zip(edges, operand.shape, shape, strict=True)]
-        target = [pad_target(low, interior, first, last)
-                  for (low, _, interior), (first, last) in zip(edges, kept, strict=True)]
-        name = self.builder.hbm_tensor(f"{source}.pad", operand.dtype, shape, penguin_pb2.INTERNAL, source)
-        out = View.whole(name, operand.dtype, shape)
-        self._copy_into(_broadcast_to(value, shape), out, source)
-        if all(last > first for first, last in kept):
-            counts = tuple(last - first for first, last in kept)
-            piece = self._layout_slice(operand, [first for first, _ in kept], counts)
-            place = out.slice(tuple(t.start for t in target), tuple(t.stop for t in target),
-                              tuple(t.step for t in target))
-            self._copy_into(piece, place, source)
-        return out
-
-    def _convolution(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
-        """im2col as a view, then one dot per feature group: the input (padded and base-dilated) is read
-        as [batch, out positions..., kernel positions..., features] with strides (stride x, dilation x
-        the input's), which is linear in every index, so no gather is needed; the dot contracts
-        (kernel positions, features) against the kernel, accumulating in PSUM."""
-        lhs, rhs = (self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops)
-        dn, window = instr.convolution_dimension_numbers, instr.window.dimensions
-        x = lhs.transpose((dn.input_batch_dimension, *dn.input_spatial_dimensions,
-                           dn.input_feature_dimension))
-        w = rhs.transpose((*dn.kernel_spatial_dimensions, dn.kernel_input_feature_dimension,
-                           dn.kernel_output_feature_dimension))
-        reversed_axes = tuple(axis for axis, d in enumerate(window) if d.window_reversal)
-        w = w.reverse(reversed_axes) if reversed_axes else w
-        spatial_edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
-        edges = [(0, 0, 0), *spatial_edges, (0, 0, 0)]
-        x = self._padded(x, Splat(0.0, lhs.dtype, ()), edges, instr.name)
-        if isinstance(x, Splat):
-            x = self._materialize(x, instr.name)
-        sizes = tuple(shape[d] for d in dn.output_spatial_dimensions)
-        kernel = tuple(d.size for d in window)
-        batch, features, out_features = x.shape[0], x.shape[-1], w.shape[-1]
-        spatial = list(zip(x.strides[1:-1], window, strict=True))
-        strides = (x.strides[0], *(s * d.stride for s, d in spatial),
-                   *(s * d.window_dilation for s, d in spatial), x.strides[-1])
-        columns = View(x.base, x.dtype, (batch, *sizes, *kernel, features), strides, x.offset)
-        groups = max(1, instr.feature_group_count)
-        in_group, out_group = features // groups, out_features // groups
-        positions, taps = _product(sizes), _product(kernel)
-        products = []
-        for g in range(groups):
-            rows = self._feature_slice(columns, g * in_group, in_group)
-            weights = self._feature_slice(w, g * out_group, out_group)
-            lhs_2d = self._reshape(rows, (batch * positions, taps * in_group), instr.name)
-            rhs_2d = self._reshape(weights, (taps * in_group, out_group), instr.name)
-            label = f"{instr.name}.g{g}" if groups > 1 else instr.name
-            dot = hlo_pb2.HloInstructionProto(name=label, opcode="dot")
-            dot.dot_dimension_numbers.lhs_contracting_dimensions.append(1)
-            dot.dot_dimension_numbers.rhs_contracting_dimensions.append(0)
-            product = self._dot(dot, [lhs_2d, rhs_2d], (batch * positions, out_group), dtype)
-            products.append(self._reshape_value(product, (batch, *sizes, out_group), instr.name))
-        result = products[0]
-        if groups > 1:
-            whole = (batch, *sizes, out_features)
-            name = self.builder.hbm_tensor(instr.name, dtype, whole, penguin_pb2.INTERNAL, instr.name)
-            result = View.whole(name, dtype, whole)
-            for g, product in enumerate(products):
-                self._copy_into(product, self._feature_slice(result, g * out_group, out_group), instr.name)
-        order = (dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension)
-        return result.transpose(tuple(int(d) for d in np.argsort(order)))
-
-    def _feature_slice(self, view: View, start: int, count: int) -> View:
-        """Elements [start, start + count) of the last dimension."""
-        rank = len(view.shape)
-        return view.slice((0,) * (rank - 1) + (start,), view.shape[:-1] + (start + count,), (1,) * rank)
-
-    def _reduce_window(self, instr, ops: list[Value]) -> Value:
-        """The reducer folded over every window offset; each offset is a strided view of the (padded
-        with the init value) input, so a window of W elements costs W applications of the reducer."""
-        k = len(ops) // 2
-        inputs, inits = ops[:k], ops[k:]
-        window = instr.window.dimensions
-        edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
-        padded = [self._padded(x, init, edges, instr.name) for x, init in zip(inputs, inits, strict=True)]
-        result_shape = instr.shape.tuple_shapes[0] if k > 1 else instr.shape
-        sizes = self.region_shape + tuple(int(n) for n in result_shape.dimensions)
-        accs = [_broadcast_to(init, sizes) for init in inits]
-        reducer = self.computations[instr.called_computation_ids[0]]
-        for offset in np.ndindex(*(d.size for d in window)):
-            at = window_slices(offset, window, sizes)
-            elements = [self._strided(value, at, sizes) for value in padded]
-            accs = self._apply_reducer(reducer, accs + elements, sizes)
-        return tuple(accs) if k > 1 else accs[0]
-
-    def _strided(self, value: Value, at: list[slice], sizes: tuple[int, ...]) -> Value:
-        if isinstance(value, Splat):
-            return Splat(value.value, value.dtype, sizes)
-        return value.slice(tuple(a.start for a in at), tuple(a.stop for a in at), tuple(a.step for a in at))
-
-    def _update_slice(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
-        """A new tensor: the operand with the update written over the clamped window. A run-time
-        start in one dimension d scatters the update's rows with POOL's indirect dma into a tensor
-        laid out with d outermost, so each row is contiguous."""
-        operand, update, starts = ops[0], ops[1], ops[2:]
-        d = self._runtime_dim(instr, shape, update.shape, starts)
-        known = self._known_starts(shape, update.shape, starts, d)
-        if d is None:
-            out = self._new_output(instr, shape, dtype)
-            self._copy_into(operand, out, instr.name)
-            limits = tuple(s + n for s, n in zip(known, update.shape, strict=True))
-            self._copy_into(update, out.slice(tuple(known), limits, (1,) * len(shape)), instr.name)
-            return out
-        if any(update.shape[k] != shape[k] for k in range(len(shape)) if k != d):
-            raise CompileError("E207", f"dynamic-update-slice '{instr.name}' with a run-time start must "
-                                       "cover every other dimension whole", instr.name)
-        order = (d, *(k for k in range(len(shape)) if k != d))
-        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
-        back = tuple(int(k) for k in np.argsort(order))
-        self._copy_into(operand, laid_out.transpose(back), instr.name)
-        rows = self._window_rows(instr, starts[d], shape[d], update.shape[d])
-        self._scatter_rows(instr, laid_out, rows, update.transpose(order))
-        return laid_out.transpose(back)
-
-    def _scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
-        """Whole rows along one dimension (`x.at[i].add(u)`, `x.at[i].set(u)`): the result is laid out
-        with that dimension outermost; each update row is gathered, combined with its update by the
-        update computation, and scattered back (an out-of-range row is skipped, as XLA does). With
-        unique_indices all rows go at once; otherwise one row at a time, so repeated indices combine
-        in order."""
-        operand, indices, updates = ops
-        dn, rank = instr.scatter_dimension_numbers, len(shape)
-        window_dims = list(dn.update_window_dims)
-        operand_window = [k for k in range(rank) if k not in dn.inserted_window_dims]
-        window = [1] * rank
-        for operand_dim, update_dim in zip(operand_window, window_dims, strict=True):
-            window[operand_dim] = updates.shape[update_dim]
-        d = dn.scatter_dims_to_operand_dims[0] if len(dn.scatter_dims_to_operand_dims) == 1 else -1
-        if d < 0 or window[d] != 1 or any(window[k] != shape[k] for k in range(rank) if k != d):
-            raise CompileError("E207", f"scatter '{instr.name}' does not update whole rows along one "
-                                       "dimension; only that form is supported", instr.name)
-        scatter_dims = [k for k in range(len(updates.shape)) if k not in window_dims]
-        count = _product(tuple(updates.shape[k] for k in scatter_dims))
-        order = (d, *(k for k in range(rank) if k != d))
-        row_shape = tuple(shape[k] for k in order[1:])
-        rows = self._reshape_value(indices, (count,), instr.name)
-        if isinstance(rows, Splat) or rows.dtype != common_pb2.S32:
-            rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
-        ordered = updates.transpose((*scatter_dims, *window_dims)) if isinstance(updates, View) else updates
-        values = self._reshape_value(ordered, (count, *row_shape), instr.name)
-        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
-        back = tuple(int(k) for k in np.argsort(order))
-        self._copy_into(operand, laid_out.transpose(back), instr.name)
-        combine = self.computations[instr.called_computation_ids[0]]
-        batches = [(0, count)] if instr.unique_indices else [(i, i + 1) for i in range(count)]
-        budget = _Budget(self.builder.program, instr.name, "scatter", planned=len(batches))
-        for first, last in batches:
-            some_rows = self._cut(rows, first, last) if (first, last) != (0, count) else rows
-            old = self._gather_rows(instr, laid_out, some_rows)
-            new = self._slice_rows(values, first, last)
-            (combined,) = self._apply_reducer(combine, [old, new], (last - first, *row_shape))
-            self._scatter_rows(instr, laid_out, some_rows, combined)
-            budget.charge()
-        return laid_out.transpose(back)
-
-    def _slice_rows(self, value: Value, first: int, last: int) -> Value:
-        """Rows [first, last) of the leading dimension."""
-        shape = (last - first, *value.shape[1:])
-        if isinstance(value, Splat):
-            return Splat(value.value, value.dtype, shape)
-        rank = len(value.shape)
-        return value.slice((first,) + (0,) * (rank - 1), (last, *value.shape[1:]), (1,) * rank)
-
-    def _scatter_rows(self, instr, table: View, rows: View, values: Value) -> None:
-        """table[rows[i], ...] = values[i, ...] for a row-major table whose first dimension is indexed."""
-        extent, width = table.shape[0], _product(table.shape[1:])
-        count = rows.shape[0]
-        flat = table.reshape((extent, width))
-        tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
-        nest = self.builder.nest(f"{instr.name}.scatter", instr.name, tiling.axes(), self._attributes(instr))
-        index_box = self._index_tile(nest, tiling, rows, instr.name)
-        source = values if isinstance(values, Splat) else self._reshape(values, (count, width), instr.name)
-        tile_box = self._load(nest, tiling, source, instr.name, 1)
-        add_statement(nest, "scatter", "dma_scatter", POOL, [self._every_row(flat, tiling)],
-                      [tile_box, index_box])
-        self.produced.add(table.base)
-
-    def _while(self, instr, state: Value) -> Value:
-        """Unroll: the condition must fold to a constant each time round (a counter that starts from
-        a constant and steps by constants, as fori_loop and scan emit); the body is lowered once per
-        iteration with that iteration's state, so a dynamic-slice by the counter becomes a static slice."""
-        body, condition = (self.computations[c] for c in instr.called_computation_ids)
-        budget = _Budget(self.builder.program, instr.name, "while loop")
-        for _ in range(MAX_UNROLLED_ITERATIONS):
-            verdict = self._computation(condition, [state])
-            if not isinstance(verdict, Splat):
-                raise CompileError("E207", f"while loop '{instr.name}' has a trip count not known at compile "
-                                           "time: its condition depends on computed data", instr.name)
-            if not verdict.value:
-                return state
-            state = self._computation(body, [state])
-            budget.charge()
-        raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
-                                   "iterations", instr.name)
-
-    def _conditional(self, instr, ops: list[Value]) -> Value:
-        """A constant selector lowers its branch only; a computed one lowers every branch (they have no
-        side effects) and selects each result element by the selector, the last branch by default."""
-        selector, branches = ops[0], [self.computations[c] for c in instr.called_computation_ids]
-        if isinstance(selector, Splat):
-            index = int(selector.value)
-            if selector.dtype == common_pb2.PRED:
-                index = 0 if selector.value else 1
-            index = index if 0 <= index < len(branches) else len(branches) - 1
-            return self._computation(branches[index], [ops[1 + index]])
-        operands = zip(branches, ops[1:], strict=True)
-        results = [self._computation(branch, [operand]) for branch, operand in operands]
-        chosen = results[-1]
-        for index in range(len(branches) - 2, -1, -1):
-            if selector.dtype == common_pb2.PRED:
-                taken: Value = selector
-            else:
-                taken = self._synthetic(instr, "compare", [selector, Splat(float(index), selector.dtype, ())],
-                                        (), common_pb2.PRED, comparison_direction="EQ")
-            chosen = self._select_tree(instr, taken, results[index], chosen)
-        return chosen
-
-    def _select_tree(self, instr, taken: Value, on_true: Value, on_false: Value) -> Value:
-        if isinstance(on_true, tuple):
-            pairs = zip(on_true, on_false, strict=True)
-            return tuple(self._select_tree(instr, taken, a, b) for a, b in pairs)
-        return self._synthetic(instr, "select", [taken, on_true, on_false], on_true.shape, on_true.dtype)
 
     def _synthetic(self, instr, opcode: str, ops: list[Value], shape: tuple[int, ...], dtype: int,
                    into: View | None = None, **fields) -> Value:
@@ -645,164 +277,7 @@ class Lowering:
         return self._elementwise(made, ops, shape, dtype, into)
 
     # ---- sorting --------------------------------------------------------------------------------
-    def _sort(self, instr, ops: list[Value]) -> Value:
-        """Sort along `dimensions[0]` with the comparator computation, stably (ties keep their order)."""
-        comparator = self.computations[instr.called_computation_ids[0]]
 
-        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
-            args = [value for pair in zip(first, second, strict=True) for value in pair]
-            (verdict,) = self._apply_reducer(comparator, args, shape)
-            return verdict
-
-        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less)
-        return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
-
-    def _topk(self, instr, ops: list[Value]) -> Value:
-        """The k largest (or smallest) along the last dimension, in order, with their indices (the
-        lower index first among equals). Small k: k rounds of a pairwise (value, index) tree that
-        finds the best, then masks it out; large k: a stable sort of (values, iota), cut to k."""
-        operand = ops[0]
-        rank, k = len(operand.shape), int(instr.k)
-        index = self._iota(hlo_pb2.HloInstructionProto(name=f"{instr.name}.index", opcode="iota",
-                                                       dimensions=[rank - 1]), operand.shape, common_pb2.S32)
-        direction = "GT" if instr.largest else "LT"
-        if k <= TOPK_BY_SELECTION or isinstance(operand, Splat):
-            return self._topk_by_selection(instr, self._materialize(operand, instr.name)
-                                           if isinstance(operand, Splat) else operand, index, k, direction)
-
-        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
-            return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
-                                   comparison_direction=direction)
-
-        values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
-        return (self._cut(values, 0, k), self._cut(indices, 0, k))
-
-    def _topk_by_selection(self, instr, operand: View, index: View, k: int, direction: str) -> tuple:
-        pred = common_pb2.PRED
-        shape = operand.shape
-        out_shape = (*shape[:-1], k)
-        values_out, indices_out = (
-            View.whole(self.builder.hbm_tensor(f"{instr.name}.top", dtype, out_shape, penguin_pb2.INTERNAL,
-                                               instr.name), dtype, out_shape)
-            for dtype in (operand.dtype, common_pb2.S32))
-
-        def better(first: list[Value], second: list[Value], part: tuple[int, ...]) -> list[Value]:
-            def op(opcode: str, operands: list[Value], **fields) -> Value:
-                return self._synthetic(instr, opcode, operands, part, pred, **fields)
-
-            wins = op("compare", first[:1] + second[:1], comparison_direction=direction)
-            ties = op("compare", first[:1] + second[:1], comparison_direction="EQ")
-            earlier = op("compare", [first[1], second[1]], comparison_direction="LT")
-            take = op("or", [wins, op("and", [ties, earlier])])
-            return [self._synthetic(instr, "select", [take, a, b], part, a.dtype) for a, b in
-                    zip(first, second, strict=True)]
-
-        # a taken element loses to every other: the worst value, and an index after every real one
-        worst = (-np.inf if direction == "GT" else np.inf) if is_float(operand.dtype) else \
-            float(np.iinfo(np.int32).min if direction == "GT" else np.iinfo(np.int32).max)
-        exhausted = Splat(worst, operand.dtype, ())
-        never = Splat(float(np.iinfo(np.int32).max), common_pb2.S32, ())
-        remaining, positions = operand, index
-        for taken in range(k):
-            best_value, best_index = self._halving(instr, [remaining, positions], better)
-            self._copy_into(best_value, self._cut(values_out, taken, taken + 1), instr.name)
-            self._copy_into(best_index, self._cut(indices_out, taken, taken + 1), instr.name)
-            if taken + 1 < k:
-                spread = self._spread_column(best_index, shape)
-                chosen = self._synthetic(instr, "compare", [positions, spread], shape, pred,
-                                         comparison_direction="EQ")
-                remaining = self._synthetic(instr, "select", [chosen, exhausted, remaining], shape,
-                                            operand.dtype)
-                positions = self._synthetic(instr, "select", [chosen, never, positions], shape,
-                                            common_pb2.S32)
-        return values_out, indices_out
-
-    def _spread_column(self, column: View, shape: tuple[int, ...]) -> View:
-        """A (kept..., 1) column repeated along the last dimension to `shape`."""
-        return View(column.base, column.dtype, shape, (*column.strides[:-1], 0), column.offset)
-
-    def _sort_network(self, instr, ops: list[Value], dim: int, less) -> list[Value]:
-        """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
-        compare-exchange stages, each elementwise on strided views of every operand (the pairs i and
-        i xor j, ascending or descending by block). A position operand carried along marks padding
-        (it sorts last) and breaks ties, so the sort is stable whatever the network does."""
-        shape = ops[0].shape
-        count = shape[dim]
-        kept = [d for d in range(len(shape)) if d != dim]
-        rows = _product(tuple(shape[d] for d in kept))
-        values = [self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops]
-        if count > 1:
-            size = 1 << (count - 1).bit_length()
-            flat = [self._as_rows(v, kept, [dim], (rows, count), instr.name) for v in values]
-            flat = [self._padded(v, Splat(0.0, v.dtype, ()), [(0, 0, 0), (0, size - count, 0)], instr.name)
-                    for v in flat]
-            counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.position", opcode="iota",
-                                                  dimensions=[1])
-            flat.append(self._iota(counter, (rows, size), common_pb2.S32))
-            block = 2
-            while block <= size:
-                distance = block // 2
-                while distance >= 1:
-                    flat = self._bitonic_stage(instr, flat, block, distance, count, less)
-                    distance //= 2
-                block *= 2
-            moved = (*(shape[d] for d in kept), count)
-            back = tuple(int(d) for d in np.argsort((*kept, dim)))
-            values = [self._reshape(self._cut(v, 0, count), moved, instr.name).transpose(back)
-                      for v in flat[:-1]]
-        return values
-
-    def _bitonic_stage(self, instr, flat: list[View], block: int, distance: int, count: int,
-                       less) -> list[View]:
-        """One compare-exchange stage: element i (bit `distance` clear) pairs with i + distance;
-        blocks of `block` elements alternate ascending and descending (all ascending in the last)."""
-        rows, size = flat[0].shape
-        directions = 1 if block == size else 2
-        blocks = size // (block * directions) if directions == 2 else 1
-        split = (rows, blocks, directions, block // (2 * distance), 2, distance)
-        parts_shape = (rows, split[1], split[3], distance)
-        order = tuple(int(d) for d in np.argsort(parts_shape, kind="stable"))  # largest axes make the tiles
-        shape = tuple(parts_shape[d] for d in order)
-
-        def part(view: View, direction: int, pair: int) -> View:
-            grouped = view.reshape(split)
-            limits = (split[0], split[1], direction + 1, split[3], pair + 1, split[5])
-            picked = grouped.slice((0, 0, direction, 0, pair, 0), limits, (1,) * 6)
-            return picked.reshape(parts_shape).transpose(order)
-
-        fresh = []
-        for view in flat:
-            name = self.builder.hbm_tensor(f"{instr.name}.stage", view.dtype, (rows, size),
-                                           penguin_pb2.INTERNAL, instr.name)
-            fresh.append(View.whole(name, view.dtype, (rows, size)))
-        for direction in range(directions):
-            low = [part(view, direction, 0) for view in flat]
-            high = [part(view, direction, 1) for view in flat]
-            first, second = (high, low) if direction == 0 else (low, high)
-            swap = self._before(instr, first, second, count, shape, less)
-            for view, a, b in zip(fresh, low, high, strict=True):
-                for pair, operands in ((0, [swap, b, a]), (1, [swap, a, b])):
-                    target = part(view, direction, pair)
-                    self._synthetic(instr, "select", operands, shape, view.dtype, into=target)
-        return fresh
-
-    def _before(self, instr, first: list[View], second: list[View], count: int, shape: tuple[int, ...],
-                less) -> Value:
-        """Whether `first` must come before `second`: it is not padding, and the other is padding, or
-        the comparator says so, or neither is less and it came first (stability)."""
-        pred = common_pb2.PRED
-        limit = Splat(float(count), common_pb2.S32, ())
-
-        def op(opcode: str, operands: list[Value], **fields) -> Value:
-            return self._synthetic(instr, opcode, operands, shape, pred, **fields)
-
-        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
-        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
-        ahead = less(first[:-1], second[:-1], shape)
-        behind = less(second[:-1], first[:-1], shape)
-        earlier = op("compare", [first[-1], second[-1]], comparison_direction="LT")
-        tie_break = op("and", [op("not", [behind]), earlier])
-        return op("and", [real_first, op("or", [padding_second, op("or", [ahead, tie_break])])])
 
     def _reshape(self, view: View, shape: tuple[int, ...], source: str) -> View:
         reshaped = view.reshape(shape)
@@ -989,7 +464,7 @@ class Lowering:
             return self._apply_reducer(reducer, first + second, shape)
 
         rows = self._halving(instr, rows, combine)
-        starts = [_broadcast_to(init, kept_shape + (1,)) for init in inits]
+        starts = [broadcast_to(init, kept_shape + (1,)) for init in inits]
         results = self._apply_reducer(reducer, starts + rows, kept_shape + (1,))
         shaped = [self._reshape_value(value, kept_shape, instr.name) for value in results]
         return tuple(shaped) if k > 1 else shaped[0]
@@ -1202,34 +677,6 @@ class Lowering:
         return out
 
 
-def _broadcast_to(value: Value, shape: tuple[int, ...]) -> Value:
-    """A scalar (constant or array of shape ()) repeated over `shape`."""
-    if isinstance(value, Splat):
-        return Splat(value.value, value.dtype, shape)
-    return value.broadcast(shape, ())
-
-
-class _Budget:
-    """Stops a lowering that repeats a body (an unrolled loop, a row-by-row scatter) as soon as what
-    it emitted passes the instruction budget, or, when the number of rounds is known, as soon as the
-    first round shows that all of them would (E302), rather than after building all of it."""
-
-    def __init__(self, program: penguin_pb2.Program, name: str, what: str, planned: int = 0) -> None:
-        self.program, self.name, self.what, self.planned = program, name, what, planned
-        self.counted, self.total, self.rounds = len(program.nests), 0, 0
-
-    def charge(self) -> None:
-        nests = self.program.nests
-        self.total += sum(nest_instructions(nests[k]) for k in range(self.counted, len(nests)))
-        self.counted, self.rounds = len(nests), self.rounds + 1
-        expected = self.total * self.planned // self.rounds if self.planned else self.total
-        if max(self.total, expected) > MAX_INSTRUCTIONS:
-            rounds = f"{self.rounds:,} of {self.planned or self.rounds:,}"
-            raise CompileError("E302", f"program too large: {self.what} '{self.name}' unrolls past the "
-                                       f"budget of {MAX_INSTRUCTIONS:,} instructions ({self.total:,} in its "
-                                       f"first {rounds} rounds)", self.name)
-
-
 class _Body:
     """The statements of one elementwise nest: operands load (or fill) into tiles once each, and
     every intermediate gets its own tile of the nest's tiling."""
@@ -1272,10 +719,6 @@ class _Body:
                       attributes={"reverse": "1"})
         else:
             self.emit("tensor_tensor", engine, out, [a, b], func=func)
-
-
-def _product(sizes: tuple[int, ...]) -> int:
-    return int(np.prod(sizes, dtype=np.int64))
 
 
 def _size(view: View, dims: list[int]) -> int:

@@ -1,0 +1,229 @@
+"""Gather, scatter and dynamic slices: rows of a table moved by POOL's indirect dmas (dma_gather,
+dma_scatter) with s32 row numbers in SBUF, and windows at constant starts as views.
+
+A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
+from ncc.tools.common import affine
+from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo.index_math import (
+    clamped_starts,
+    gather_batch_shape,
+    gather_output_order,
+)
+from ncc.tools.hlo2penguin.control import Budget
+from ncc.tools.hlo2penguin.nest_builder import PARTITIONS, Tiling, add_statement
+from ncc.tools.hlo2penguin.values import FREE_TILE, POOL, SP, Splat, Value, product
+from ncc.tools.hlo2penguin.views import View
+
+
+class IndexedOps:
+    def _runtime_dim(self, instr, operand_shape: tuple[int, ...], sizes: tuple[int, ...],
+                     starts: list[Value]) -> int | None:
+        """The one dimension whose start is computed at run time and matters (a window as wide as its
+        dimension always starts at 0), or None when every start is known; more than one is E207."""
+        runtime = [d for d, start in enumerate(starts)
+                   if not isinstance(start, Splat) and sizes[d] < operand_shape[d]]
+        if len(runtime) > 1:
+            raise CompileError("E207", f"{instr.opcode} with run-time start indices in {len(runtime)} "
+                                       "dimensions is not supported (one at most)", instr.name)
+        return runtime[0] if runtime else None
+
+    def _known_starts(self, operand_shape: tuple[int, ...], sizes: tuple[int, ...], starts: list[Value],
+                      skip: int | None) -> list[int]:
+        """Clamped compile-time starts; the run-time dimension `skip` gets 0 (its rows are indexed)."""
+        known = [0 if d == skip or not isinstance(start, Splat) else int(start.value)
+                 for d, start in enumerate(starts)]
+        return clamped_starts(operand_shape, sizes, known)
+
+    def _dynamic_slice(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
+        """A window at constant starts is a view; a run-time start in one dimension d gathers rows
+        start..start+size-1 of d (start clamped as XLA does) with POOL's indirect dma."""
+        operand, starts = ops[0], ops[1:]
+        sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
+        d = self._runtime_dim(instr, operand.shape, sizes, starts)
+        known = self._known_starts(operand.shape, sizes, starts, d)
+        if d is None:
+            return self._layout_slice(operand, known, sizes)
+        window = list(sizes)
+        window[d] = operand.shape[d]
+        narrowed = self._layout_slice(operand, known, tuple(window))
+        if isinstance(narrowed, Splat):
+            return Splat(narrowed.value, narrowed.dtype, shape)
+        rows = self._window_rows(instr, starts[d], operand.shape[d], sizes[d])
+        order = (d, *(k for k in range(len(shape)) if k != d))
+        gathered = self._gather_rows(instr, narrowed.transpose(order), rows)
+        return gathered.transpose(tuple(int(k) for k in np.argsort(order)))
+
+    def _window_rows(self, instr, start: Value, extent: int, size: int) -> View:
+        """s32 row numbers clamp(start, 0, extent - size) + [0, size), computed on the device."""
+        index_dtype = common_pb2.S32
+        if start.dtype != index_dtype:
+            start = self._synthetic(instr, "convert", [start], (), index_dtype)
+        spread = start.broadcast((size,), ()) if isinstance(start, View) else start
+        low, high = Splat(0.0, index_dtype, ()), Splat(float(extent - size), index_dtype, ())
+        first = self._synthetic(instr, "clamp", [low, spread, high], (size,), index_dtype)
+        counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.rows", opcode="iota", dimensions=[0])
+        counting = self._iota(counter, (size,), index_dtype)
+        return self._synthetic(instr, "add", [first, counting], (size,), index_dtype)
+
+    def _gather(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
+        """Whole rows along one dimension (embedding lookups, `take`): the indices go to SBUF and
+        POOL's indirect dma brings row index[p] of the table into partition p."""
+        operand, indices = ops
+        dn, sizes = instr.gather_dimension_numbers, [int(n) for n in instr.gather_slice_sizes]
+        rank = len(operand.shape)
+        d = dn.start_index_map[0] if len(dn.start_index_map) == 1 else -1
+        if d < 0 or any(sizes[k] != operand.shape[k] for k in range(rank) if k != d) or sizes[d] != 1:
+            raise CompileError("E207", f"gather '{instr.name}' does not take whole rows along one dimension; "
+                                       "only that form (embedding lookups, take) is supported", instr.name)
+        if isinstance(operand, Splat):
+            return Splat(operand.value, operand.dtype, shape)
+        batch = gather_batch_shape(indices.shape, dn.index_vector_dim)
+        count = product(tuple(batch))
+        rows = self._reshape_value(indices, (count,), instr.name)
+        if isinstance(rows, Splat) or rows.dtype != common_pb2.S32:
+            rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
+        order = (d, *(k for k in range(rank) if k != d))
+        gathered = self._gather_rows(instr, operand.transpose(order), rows)  # (count, others...)
+        kept = [sizes[k] for k in range(rank) if k not in dn.collapsed_slice_dims]
+        if d in dn.collapsed_slice_dims:
+            natural = self._reshape_value(gathered, (*batch, *kept), instr.name)
+        else:  # the size-1 row dimension stays, at its place among the slice dimensions
+            with_row = (*batch, 1, *(operand.shape[k] for k in order[1:]))
+            moved = self._reshape_value(gathered, with_row, instr.name)
+            slice_order = tuple(range(len(batch))) + tuple(len(batch) + order.index(k) for k in range(rank))
+            natural = moved.transpose(slice_order)
+        out_order = gather_output_order(dn.offset_dims, len(batch), len(shape))
+        return natural.transpose(tuple(out_order))
+
+    def _gather_rows(self, instr, table: View, rows: View) -> View:
+        """(count, others...) = table[rows[i], ...] for a table whose first dimension is indexed."""
+        extent, others = table.shape[0], table.shape[1:]
+        width = product(others)
+        flat = table.reshape((extent, width))
+        if flat is None:  # rows that are not evenly strided: copy the table row-major first
+            flat = self._materialize(table, instr.name).reshape((extent, width))
+        count = rows.shape[0]
+        name = self.builder.hbm_tensor(f"{instr.name}.rows", table.dtype, (count, width),
+                                       penguin_pb2.INTERNAL, instr.name)
+        out = View.whole(name, table.dtype, (count, width))
+        tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
+        nest = self.builder.nest(f"{instr.name}.gather", instr.name, tiling.axes(), self._attributes(instr))
+        index_box = self._index_tile(nest, tiling, rows, instr.name)
+        block = (PARTITIONS, tiling.free_tile)
+        tile = self.builder.tile(f"{instr.name}.rows", table.dtype, (count, width), block)
+        add_statement(nest, "gather", "dma_gather", POOL, [tiling.box(tile)],
+                      [self._every_row(flat, tiling), index_box])
+        self._store(nest, tiling, tiling.box(tile), out, instr.name)
+        return out.reshape((count, *others))
+
+    def _every_row(self, flat: View, tiling: Tiling) -> penguin_pb2.Access:
+        """The current column tile of every row of an indexed table: what an indirect dma may touch."""
+        starts = [affine.expr(), affine.expr({tiling.col_axis: tiling.free_tile})]
+        return penguin_pb2.Access(tensor=self.builder.view(flat), extents=[flat.shape[0], tiling.free_tile],
+                                  starts=starts)
+
+    def _index_tile(self, nest, tiling: Tiling, rows: View, source: str) -> penguin_pb2.Access:
+        """Load the s32 row numbers of the current row tile into SBUF, one per partition."""
+        if isinstance(rows, Splat):  # a constant row number: the DMA reads it from a tensor all the same
+            rows = self._materialize(rows, source)
+        count = rows.shape[0]
+        index = self.builder.tile(f"{source}.index", common_pb2.S32, (count, 1), (PARTITIONS, 1))
+        column = Tiling((count, 1), 1, col_axis=tiling.col_axis)
+        box = column.box(index, col_tile=1)
+        source_box = column.box(self.builder.view(self._reshape(rows, (count, 1), source)), col_tile=1)
+        add_statement(nest, "load_index", "dma", SP, [box], [source_box])
+        return box
+
+    def _update_slice(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        """A new tensor: the operand with the update written over the clamped window. A run-time
+        start in one dimension d scatters the update's rows with POOL's indirect dma into a tensor
+        laid out with d outermost, so each row is contiguous."""
+        operand, update, starts = ops[0], ops[1], ops[2:]
+        d = self._runtime_dim(instr, shape, update.shape, starts)
+        known = self._known_starts(shape, update.shape, starts, d)
+        if d is None:
+            out = self._new_output(instr, shape, dtype)
+            self._copy_into(operand, out, instr.name)
+            limits = tuple(s + n for s, n in zip(known, update.shape, strict=True))
+            self._copy_into(update, out.slice(tuple(known), limits, (1,) * len(shape)), instr.name)
+            return out
+        if any(update.shape[k] != shape[k] for k in range(len(shape)) if k != d):
+            raise CompileError("E207", f"dynamic-update-slice '{instr.name}' with a run-time start must "
+                                       "cover every other dimension whole", instr.name)
+        order = (d, *(k for k in range(len(shape)) if k != d))
+        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
+        back = tuple(int(k) for k in np.argsort(order))
+        self._copy_into(operand, laid_out.transpose(back), instr.name)
+        rows = self._window_rows(instr, starts[d], shape[d], update.shape[d])
+        self._scatter_rows(instr, laid_out, rows, update.transpose(order))
+        return laid_out.transpose(back)
+
+    def _scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        """Whole rows along one dimension (`x.at[i].add(u)`, `x.at[i].set(u)`): the result is laid out
+        with that dimension outermost; each update row is gathered, combined with its update by the
+        update computation, and scattered back (an out-of-range row is skipped, as XLA does). With
+        unique_indices all rows go at once; otherwise one row at a time, so repeated indices combine
+        in order."""
+        operand, indices, updates = ops
+        dn, rank = instr.scatter_dimension_numbers, len(shape)
+        window_dims = list(dn.update_window_dims)
+        operand_window = [k for k in range(rank) if k not in dn.inserted_window_dims]
+        window = [1] * rank
+        for operand_dim, update_dim in zip(operand_window, window_dims, strict=True):
+            window[operand_dim] = updates.shape[update_dim]
+        d = dn.scatter_dims_to_operand_dims[0] if len(dn.scatter_dims_to_operand_dims) == 1 else -1
+        if d < 0 or window[d] != 1 or any(window[k] != shape[k] for k in range(rank) if k != d):
+            raise CompileError("E207", f"scatter '{instr.name}' does not update whole rows along one "
+                                       "dimension; only that form is supported", instr.name)
+        scatter_dims = [k for k in range(len(updates.shape)) if k not in window_dims]
+        count = product(tuple(updates.shape[k] for k in scatter_dims))
+        order = (d, *(k for k in range(rank) if k != d))
+        row_shape = tuple(shape[k] for k in order[1:])
+        rows = self._reshape_value(indices, (count,), instr.name)
+        if isinstance(rows, Splat) or rows.dtype != common_pb2.S32:
+            rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
+        ordered = updates.transpose((*scatter_dims, *window_dims)) if isinstance(updates, View) else updates
+        values = self._reshape_value(ordered, (count, *row_shape), instr.name)
+        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
+        back = tuple(int(k) for k in np.argsort(order))
+        self._copy_into(operand, laid_out.transpose(back), instr.name)
+        combine = self.computations[instr.called_computation_ids[0]]
+        batches = [(0, count)] if instr.unique_indices else [(i, i + 1) for i in range(count)]
+        budget = Budget(self.builder.program, instr.name, "scatter", planned=len(batches))
+        for first, last in batches:
+            some_rows = self._cut(rows, first, last) if (first, last) != (0, count) else rows
+            old = self._gather_rows(instr, laid_out, some_rows)
+            new = self._slice_rows(values, first, last)
+            (combined,) = self._apply_reducer(combine, [old, new], (last - first, *row_shape))
+            self._scatter_rows(instr, laid_out, some_rows, combined)
+            budget.charge()
+        return laid_out.transpose(back)
+
+    def _slice_rows(self, value: Value, first: int, last: int) -> Value:
+        """Rows [first, last) of the leading dimension."""
+        shape = (last - first, *value.shape[1:])
+        if isinstance(value, Splat):
+            return Splat(value.value, value.dtype, shape)
+        rank = len(value.shape)
+        return value.slice((first,) + (0,) * (rank - 1), (last, *value.shape[1:]), (1,) * rank)
+
+    def _scatter_rows(self, instr, table: View, rows: View, values: Value) -> None:
+        """table[rows[i], ...] = values[i, ...] for a row-major table whose first dimension is indexed."""
+        extent, width = table.shape[0], product(table.shape[1:])
+        count = rows.shape[0]
+        flat = table.reshape((extent, width))
+        tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
+        nest = self.builder.nest(f"{instr.name}.scatter", instr.name, tiling.axes(), self._attributes(instr))
+        index_box = self._index_tile(nest, tiling, rows, instr.name)
+        source = values if isinstance(values, Splat) else self._reshape(values, (count, width), instr.name)
+        tile_box = self._load(nest, tiling, source, instr.name, 1)
+        add_statement(nest, "scatter", "dma_scatter", POOL, [self._every_row(flat, tiling)],
+                      [tile_box, index_box])
+        self.produced.add(table.base)

@@ -1,0 +1,177 @@
+"""Sort and topk: a bitonic network of compare-and-select nests over strided views (stable, with a
+carried position), and for small k a topk that selects the best k times with a pairwise tree.
+
+A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
+from ncc.tools.common.dtypes import is_float
+from ncc.tools.hlo2penguin.values import Splat, Value, product
+from ncc.tools.hlo2penguin.views import View
+
+TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
+
+
+class SortOps:
+    def _sort(self, instr, ops: list[Value]) -> Value:
+        """Sort along `dimensions[0]` with the comparator computation, stably (ties keep their order)."""
+        comparator = self.computations[instr.called_computation_ids[0]]
+
+        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+            args = [value for pair in zip(first, second, strict=True) for value in pair]
+            (verdict,) = self._apply_reducer(comparator, args, shape)
+            return verdict
+
+        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less)
+        return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
+
+    def _topk(self, instr, ops: list[Value]) -> Value:
+        """The k largest (or smallest) along the last dimension, in order, with their indices (the
+        lower index first among equals). Small k: k rounds of a pairwise (value, index) tree that
+        finds the best, then masks it out; large k: a stable sort of (values, iota), cut to k."""
+        operand = ops[0]
+        rank, k = len(operand.shape), int(instr.k)
+        index = self._iota(hlo_pb2.HloInstructionProto(name=f"{instr.name}.index", opcode="iota",
+                                                       dimensions=[rank - 1]), operand.shape, common_pb2.S32)
+        direction = "GT" if instr.largest else "LT"
+        if k <= TOPK_BY_SELECTION or isinstance(operand, Splat):
+            return self._topk_by_selection(instr, self._materialize(operand, instr.name)
+                                           if isinstance(operand, Splat) else operand, index, k, direction)
+
+        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+            return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
+                                   comparison_direction=direction)
+
+        values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
+        return (self._cut(values, 0, k), self._cut(indices, 0, k))
+
+    def _topk_by_selection(self, instr, operand: View, index: View, k: int, direction: str) -> tuple:
+        pred = common_pb2.PRED
+        shape = operand.shape
+        out_shape = (*shape[:-1], k)
+        values_out, indices_out = (
+            View.whole(self.builder.hbm_tensor(f"{instr.name}.top", dtype, out_shape, penguin_pb2.INTERNAL,
+                                               instr.name), dtype, out_shape)
+            for dtype in (operand.dtype, common_pb2.S32))
+
+        def better(first: list[Value], second: list[Value], part: tuple[int, ...]) -> list[Value]:
+            def op(opcode: str, operands: list[Value], **fields) -> Value:
+                return self._synthetic(instr, opcode, operands, part, pred, **fields)
+
+            wins = op("compare", first[:1] + second[:1], comparison_direction=direction)
+            ties = op("compare", first[:1] + second[:1], comparison_direction="EQ")
+            earlier = op("compare", [first[1], second[1]], comparison_direction="LT")
+            take = op("or", [wins, op("and", [ties, earlier])])
+            return [self._synthetic(instr, "select", [take, a, b], part, a.dtype) for a, b in
+                    zip(first, second, strict=True)]
+
+        # a taken element loses to every other: the worst value, and an index after every real one
+        worst = (-np.inf if direction == "GT" else np.inf) if is_float(operand.dtype) else \
+            float(np.iinfo(np.int32).min if direction == "GT" else np.iinfo(np.int32).max)
+        exhausted = Splat(worst, operand.dtype, ())
+        never = Splat(float(np.iinfo(np.int32).max), common_pb2.S32, ())
+        remaining, positions = operand, index
+        for taken in range(k):
+            best_value, best_index = self._halving(instr, [remaining, positions], better)
+            self._copy_into(best_value, self._cut(values_out, taken, taken + 1), instr.name)
+            self._copy_into(best_index, self._cut(indices_out, taken, taken + 1), instr.name)
+            if taken + 1 < k:
+                spread = self._spread_column(best_index, shape)
+                chosen = self._synthetic(instr, "compare", [positions, spread], shape, pred,
+                                         comparison_direction="EQ")
+                remaining = self._synthetic(instr, "select", [chosen, exhausted, remaining], shape,
+                                            operand.dtype)
+                positions = self._synthetic(instr, "select", [chosen, never, positions], shape,
+                                            common_pb2.S32)
+        return values_out, indices_out
+
+    def _spread_column(self, column: View, shape: tuple[int, ...]) -> View:
+        """A (kept..., 1) column repeated along the last dimension to `shape`."""
+        return View(column.base, column.dtype, shape, (*column.strides[:-1], 0), column.offset)
+
+    def _sort_network(self, instr, ops: list[Value], dim: int, less) -> list[Value]:
+        """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
+        compare-exchange stages, each elementwise on strided views of every operand (the pairs i and
+        i xor j, ascending or descending by block). A position operand carried along marks padding
+        (it sorts last) and breaks ties, so the sort is stable whatever the network does."""
+        shape = ops[0].shape
+        count = shape[dim]
+        kept = [d for d in range(len(shape)) if d != dim]
+        rows = product(tuple(shape[d] for d in kept))
+        values = [self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops]
+        if count > 1:
+            size = 1 << (count - 1).bit_length()
+            flat = [self._as_rows(v, kept, [dim], (rows, count), instr.name) for v in values]
+            flat = [self._padded(v, Splat(0.0, v.dtype, ()), [(0, 0, 0), (0, size - count, 0)], instr.name)
+                    for v in flat]
+            counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.position", opcode="iota",
+                                                  dimensions=[1])
+            flat.append(self._iota(counter, (rows, size), common_pb2.S32))
+            block = 2
+            while block <= size:
+                distance = block // 2
+                while distance >= 1:
+                    flat = self._bitonic_stage(instr, flat, block, distance, count, less)
+                    distance //= 2
+                block *= 2
+            moved = (*(shape[d] for d in kept), count)
+            back = tuple(int(d) for d in np.argsort((*kept, dim)))
+            values = [self._reshape(self._cut(v, 0, count), moved, instr.name).transpose(back)
+                      for v in flat[:-1]]
+        return values
+
+    def _bitonic_stage(self, instr, flat: list[View], block: int, distance: int, count: int,
+                       less) -> list[View]:
+        """One compare-exchange stage: element i (bit `distance` clear) pairs with i + distance;
+        blocks of `block` elements alternate ascending and descending (all ascending in the last)."""
+        rows, size = flat[0].shape
+        directions = 1 if block == size else 2
+        blocks = size // (block * directions) if directions == 2 else 1
+        split = (rows, blocks, directions, block // (2 * distance), 2, distance)
+        parts_shape = (rows, split[1], split[3], distance)
+        order = tuple(int(d) for d in np.argsort(parts_shape, kind="stable"))  # largest axes make the tiles
+        shape = tuple(parts_shape[d] for d in order)
+
+        def part(view: View, direction: int, pair: int) -> View:
+            grouped = view.reshape(split)
+            limits = (split[0], split[1], direction + 1, split[3], pair + 1, split[5])
+            picked = grouped.slice((0, 0, direction, 0, pair, 0), limits, (1,) * 6)
+            return picked.reshape(parts_shape).transpose(order)
+
+        fresh = []
+        for view in flat:
+            name = self.builder.hbm_tensor(f"{instr.name}.stage", view.dtype, (rows, size),
+                                           penguin_pb2.INTERNAL, instr.name)
+            fresh.append(View.whole(name, view.dtype, (rows, size)))
+        for direction in range(directions):
+            low = [part(view, direction, 0) for view in flat]
+            high = [part(view, direction, 1) for view in flat]
+            first, second = (high, low) if direction == 0 else (low, high)
+            swap = self._before(instr, first, second, count, shape, less)
+            for view, a, b in zip(fresh, low, high, strict=True):
+                for pair, operands in ((0, [swap, b, a]), (1, [swap, a, b])):
+                    target = part(view, direction, pair)
+                    self._synthetic(instr, "select", operands, shape, view.dtype, into=target)
+        return fresh
+
+    def _before(self, instr, first: list[View], second: list[View], count: int, shape: tuple[int, ...],
+                less) -> Value:
+        """Whether `first` must come before `second`: it is not padding, and the other is padding, or
+        the comparator says so, or neither is less and it came first (stability)."""
+        pred = common_pb2.PRED
+        limit = Splat(float(count), common_pb2.S32, ())
+
+        def op(opcode: str, operands: list[Value], **fields) -> Value:
+            return self._synthetic(instr, opcode, operands, shape, pred, **fields)
+
+        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
+        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
+        ahead = less(first[:-1], second[:-1], shape)
+        behind = less(second[:-1], first[:-1], shape)
+        earlier = op("compare", [first[-1], second[-1]], comparison_direction="LT")
+        tie_break = op("and", [op("not", [behind]), earlier])
+        return op("and", [real_first, op("or", [padding_second, op("or", [ahead, tie_break])])])
