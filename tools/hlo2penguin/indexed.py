@@ -49,10 +49,10 @@ class IndexedOps:
         d = self._runtime_dim(instr, operand.shape, sizes, starts)
         known = self._known_starts(operand.shape, sizes, starts, d)
         if d is None:
-            return self._layout_slice(operand, known, sizes)
+            return self._window(operand, tuple(known), _ends(known, sizes))
         window = list(sizes)
         window[d] = operand.shape[d]
-        narrowed = self._layout_slice(operand, known, tuple(window))
+        narrowed = self._window(operand, tuple(known), _ends(known, window))
         if isinstance(narrowed, Splat):
             return Splat(narrowed.value, narrowed.dtype, shape)
         rows = self._window_rows(instr, starts[d], operand.shape[d], sizes[d])
@@ -200,19 +200,11 @@ class IndexedOps:
         for first, last in batches:
             some_rows = self._cut(rows, first, last) if (first, last) != (0, count) else rows
             old = self._gather_rows(instr, laid_out, some_rows)
-            new = self._slice_rows(values, first, last)
+            new = self._window(values, (first,) + (0,) * len(row_shape), (last, *row_shape))
             (combined,) = self._apply_reducer(combine, [old, new], (last - first, *row_shape))
             self._scatter_rows(instr, laid_out, some_rows, combined)
             budget.charge()
         return laid_out.transpose(back)
-
-    def _slice_rows(self, value: Value, first: int, last: int) -> Value:
-        """Rows [first, last) of the leading dimension."""
-        shape = (last - first, *value.shape[1:])
-        if isinstance(value, Splat):
-            return Splat(value.value, value.dtype, shape)
-        rank = len(value.shape)
-        return value.slice((first,) + (0,) * (rank - 1), (last, *value.shape[1:]), (1,) * rank)
 
     def _scatter_rows(self, instr, table: View, rows: View, values: Value) -> None:
         """table[rows[i], ...] = values[i, ...] for a row-major table whose first dimension is indexed."""
@@ -227,3 +219,7 @@ class IndexedOps:
         add_statement(nest, "scatter", "dma_scatter", POOL, [self._every_row(flat, tiling)],
                       [tile_box, index_box])
         self.produced.add(table.base)
+
+
+def _ends(starts: list[int], sizes) -> tuple[int, ...]:
+    return tuple(s + n for s, n in zip(starts, sizes, strict=True))

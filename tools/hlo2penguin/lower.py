@@ -263,12 +263,14 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
     def _operand_shape(self, instr) -> hlo_pb2.ShapeProto:
         return self.instructions[instr.operand_ids[0]].shape
 
-    def _layout_slice(self, operand: Value, starts: list[int], sizes: tuple[int, ...]) -> Value:
-        if isinstance(operand, Splat):
-            return Splat(operand.value, operand.dtype, sizes)
-        limits = tuple(s + n for s, n in zip(starts, sizes, strict=True))
-        return operand.slice(tuple(starts), limits, (1,) * len(sizes))
-
+    def _window(self, value: Value, starts: tuple[int, ...], limits: tuple[int, ...],
+                steps: tuple[int, ...] | None = None) -> Value:
+        """Elements starts..limits (by steps) of every dimension: a view, or a smaller Splat."""
+        steps = steps or (1,) * len(starts)
+        if isinstance(value, Splat):
+            shape = tuple(max(0, -(-(b - a) // s)) for a, b, s in zip(starts, limits, steps, strict=True))
+            return Splat(value.value, value.dtype, shape)
+        return value.slice(tuple(starts), tuple(limits), tuple(steps))
 
     def _synthetic(self, instr, opcode: str, ops: list[Value], shape: tuple[int, ...], dtype: int,
                    into: View | None = None, **fields) -> Value:
@@ -505,11 +507,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
 
     def _cut(self, value: Value, start: int, stop: int) -> Value:
         """Columns [start, stop) of the last dimension."""
-        shape = value.shape[:-1] + (stop - start,)
-        if isinstance(value, Splat):
-            return Splat(value.value, value.dtype, shape)
         rank = len(value.shape)
-        return value.slice((0,) * (rank - 1) + (start,), value.shape[:-1] + (stop,), (1,) * rank)
+        return self._window(value, (0,) * (rank - 1) + (start,), (*value.shape[:-1], stop))
 
     def _join_columns(self, instr, head: Value, tail: Value) -> Value:
         """[head | tail] along the last dimension, in a new tensor."""

@@ -41,8 +41,7 @@ class WindowOps:
         out = View.whole(name, operand.dtype, shape)
         self._copy_into(broadcast_to(value, shape), out, source)
         if all(last > first for first, last in kept):
-            counts = tuple(last - first for first, last in kept)
-            piece = self._layout_slice(operand, [first for first, _ in kept], counts)
+            piece = self._window(operand, tuple(first for first, _ in kept), tuple(last for _, last in kept))
             place = out.slice(tuple(t.start for t in target), tuple(t.stop for t in target),
                               tuple(t.step for t in target))
             self._copy_into(piece, place, source)
@@ -78,8 +77,8 @@ class WindowOps:
         positions, taps = product(sizes), product(kernel)
         products = []
         for g in range(groups):
-            rows = self._feature_slice(columns, g * in_group, in_group)
-            weights = self._feature_slice(w, g * out_group, out_group)
+            rows = self._cut(columns, g * in_group, (g + 1) * in_group)
+            weights = self._cut(w, g * out_group, (g + 1) * out_group)
             lhs_2d = self._reshape(rows, (batch * positions, taps * in_group), instr.name)
             rhs_2d = self._reshape(weights, (taps * in_group, out_group), instr.name)
             label = f"{instr.name}.g{g}" if groups > 1 else instr.name
@@ -94,14 +93,9 @@ class WindowOps:
             name = self.builder.hbm_tensor(instr.name, dtype, whole, penguin_pb2.INTERNAL, instr.name)
             result = View.whole(name, dtype, whole)
             for g, partial in enumerate(products):
-                self._copy_into(partial, self._feature_slice(result, g * out_group, out_group), instr.name)
+                self._copy_into(partial, self._cut(result, g * out_group, (g + 1) * out_group), instr.name)
         order = (dn.output_batch_dimension, *dn.output_spatial_dimensions, dn.output_feature_dimension)
         return result.transpose(tuple(int(d) for d in np.argsort(order)))
-
-    def _feature_slice(self, view: View, start: int, count: int) -> View:
-        """Elements [start, start + count) of the last dimension."""
-        rank = len(view.shape)
-        return view.slice((0,) * (rank - 1) + (start,), view.shape[:-1] + (start + count,), (1,) * rank)
 
     def _reduce_window(self, instr, ops: list[Value]) -> Value:
         """The reducer folded over every window offset; each offset is a strided view of the (padded
@@ -117,11 +111,7 @@ class WindowOps:
         reducer = self.computations[instr.called_computation_ids[0]]
         for offset in np.ndindex(*(d.size for d in window)):
             at = window_slices(offset, window, sizes)
-            elements = [self._strided(value, at, sizes) for value in padded]
+            elements = [self._window(value, tuple(a.start for a in at), tuple(a.stop for a in at),
+                                     tuple(a.step for a in at)) for value in padded]
             accs = self._apply_reducer(reducer, accs + elements, sizes)
         return tuple(accs) if k > 1 else accs[0]
-
-    def _strided(self, value: Value, at: list[slice], sizes: tuple[int, ...]) -> Value:
-        if isinstance(value, Splat):
-            return Splat(value.value, value.dtype, sizes)
-        return value.slice(tuple(a.start for a in at), tuple(a.stop for a in at), tuple(a.step for a in at))
