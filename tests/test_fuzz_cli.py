@@ -91,7 +91,7 @@ INTERESTING_INTS = [
     1 << 40,
     -1,
 ]
-TYPES = ["f32", "bf16", "f16", "s32", "u32", "s8", "u8", "pred", "f64", "s64", "token"]
+TYPES = ["f32", "bf16", "f16", "s32", "u32", "s8", "u8", "s16", "u16", "u64", "pred", "f64", "s64", "token"]
 DIRECTIONS = ["EQ", "NE", "LT", "LE", "GT", "GE", "XX"]
 OPCODES = sorted(SUPPORTED_OPCODES) + ["abs", "pad", "gather", "while"]
 _CHAR_FRAGMENTS = [

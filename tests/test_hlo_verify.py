@@ -166,7 +166,7 @@ def test_proto_edits_caught() -> None:
         assert err.code == code, (code, err.message)
 
 
-@pytest.mark.parametrize(("decl", "name"), [("f64[4]", "x"), ("c64[]", "x"), ("u16[2]", "x")])
+@pytest.mark.parametrize(("decl", "name"), [("f64[4]", "x"), ("c64[]", "x"), ("f8e4m3fn[2]", "x")])
 def test_unsupported_element_type_names_the_instruction(decl: str, name: str) -> None:
     err = error_of(entry(f"ROOT {name} = {decl} parameter(0)"))
     assert err.code == "E206" and err.location == name and name in err.message

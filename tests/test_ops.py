@@ -562,8 +562,125 @@ ENTRY main {
     _sort_reference,
 )
 
+
+def _bits_reference(a, b, c, d, x, words):
+    """s16/u16/s64/u64 arithmetic wraps and compares as XLA's does; popcnt, clz, bitcast-convert."""
+    def clz(values, width):
+        return np.array([width - int(v).bit_length() for v in values.reshape(-1)]).reshape(values.shape)
+
+    big = np.uint64(0xFFFFFFFFFFFFFFC5)  # past 2**53: no double holds it
+    with np.errstate(over="ignore"):
+        s16 = ((a.astype(np.int64) * 1000 + a) & 0xFFFF).astype(np.uint16).view(np.int16)
+        s64_product = (c.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+    return (s16, (b - np.uint16(40000)).astype(np.uint16), np.trunc(a / np.int16(-7)).astype(np.int16),
+            s64_product, (c + np.int64(9007199254740993)), c.astype(np.int32),
+            (d < big), d // np.uint64(7), d >> np.uint64(60), d.astype(np.float32),
+            np.bitwise_count(a.view(np.uint16)).astype(np.int16), clz(b, 16).astype(np.uint16),
+            np.bitwise_count(c.view(np.uint64)).astype(np.int64), clz(d, 64).astype(np.uint64),
+            x.view(np.int32), c.view(np.float32).reshape(c.shape + (2,)), words.view(np.float32)[..., 0],
+            c.sum(axis=1))
+
+
+BITS = Case(
+    "bits",
+    _module("bits", ["s16[130,33]", "u16[130,33]", "s64[7,300]", "u64[7,300]", "f32[130,33]", "u8[5,4]"], [
+        "k1 = s16[] constant(1001)",
+        "k1b = s16[130,33] broadcast(k1), dimensions={}",
+        "s16m = s16[130,33] multiply(p0, k1b)",
+        "k2 = u16[] constant(40000)",
+        "k2b = u16[130,33] broadcast(k2), dimensions={}",
+        "u16s = u16[130,33] subtract(p1, k2b)",
+        "k3 = s16[] constant(-7)",
+        "k3b = s16[130,33] broadcast(k3), dimensions={}",
+        "s16d = s16[130,33] divide(p0, k3b)",
+        "k4 = s64[] constant(-7046029254386353131)",
+        "k4b = s64[7,300] broadcast(k4), dimensions={}",
+        "s64m = s64[7,300] multiply(p2, k4b)",
+        "k5 = s64[] constant(9007199254740993)",
+        "k5b = s64[7,300] broadcast(k5), dimensions={}",
+        "s64a = s64[7,300] add(p2, k5b)",
+        "s64n = s32[7,300] convert(p2)",
+        "k6 = u64[] constant(18446744073709551557)",
+        "k6b = u64[7,300] broadcast(k6), dimensions={}",
+        "u64lt = pred[7,300] compare(p3, k6b), direction=LT",
+        "k7 = u64[] constant(7)",
+        "k7b = u64[7,300] broadcast(k7), dimensions={}",
+        "u64d = u64[7,300] divide(p3, k7b)",
+        "k8 = u64[] constant(60)",
+        "k8b = u64[7,300] broadcast(k8), dimensions={}",
+        "u64r = u64[7,300] shift-right-logical(p3, k8b)",
+        "u64f = f32[7,300] convert(p3)",
+        "pc16 = s16[130,33] popcnt(p0)",
+        "cz16 = u16[130,33] count-leading-zeros(p1)",
+        "pc64 = s64[7,300] popcnt(p2)",
+        "cz64 = u64[7,300] count-leading-zeros(p3)",
+        "fb = s32[130,33] bitcast-convert(p4)",
+        "split = f32[7,300,2] bitcast-convert(p2)",
+        "joined = f32[5] bitcast-convert(p5)",
+        "zero = s64[] constant(0)",
+        "sum = s64[7] reduce(p2, zero), dimensions={1}, to_apply=add64",
+    ], ["s16[130,33] s16m", "u16[130,33] u16s", "s16[130,33] s16d", "s64[7,300] s64m", "s64[7,300] s64a",
+        "s32[7,300] s64n", "pred[7,300] u64lt", "u64[7,300] u64d", "u64[7,300] u64r", "f32[7,300] u64f",
+        "s16[130,33] pc16", "u16[130,33] cz16", "s64[7,300] pc64", "u64[7,300] cz64", "s32[130,33] fb",
+        "f32[7,300,2] split", "f32[5] joined", "s64[7] sum"]).replace(
+        "ENTRY main {", "add64 {\n  a = s64[] parameter(0)\n  b = s64[] parameter(1)\n"
+                        "  ROOT s = s64[] add(a, b)\n}\n\nENTRY main {"),
+    lambda rng: [rng.integers(-2**15, 2**15, (130, 33)).astype(np.int16),
+                 rng.integers(0, 2**16, (130, 33)).astype(np.uint16),
+                 rng.integers(-2**63, 2**63, (7, 300), dtype=np.int64),
+                 np.concatenate([rng.integers(0, 2**64, (7, 297), dtype=np.uint64),
+                                 np.array([[0, 2**64 - 1, 0xFFFFFFFFFFFFFFC5]] * 7, dtype=np.uint64)],
+                                axis=1),
+                 rng.standard_normal((130, 33)).astype(np.float32),
+                 rng.integers(0, 256, (5, 4)).astype(np.uint8)],
+    _bits_reference,
+)
+
+
+def _select_and_scatter_reference(x, source):
+    """Each window (3x2, strides 2x1, padding 1/1 and 0/1 on the last two dims) picks its last
+    maximum (select is GT, so ties move on); the chosen element gets init 0.5 plus its sources."""
+    out = np.full(x.shape, np.float32(0.5), dtype=np.float32)
+    for w in np.ndindex(*source.shape):
+        best = None
+        for o in np.ndindex(3, 2):
+            pos = (w[0], w[1] * 2 + o[0] - 1, w[2] + o[1])
+            if not (0 <= pos[1] < x.shape[1] and 0 <= pos[2] < x.shape[2]):
+                continue
+            if best is None or not x[best] > x[pos]:
+                best = pos
+        out[best] = out[best] + source[w]
+    return out
+
+
+SELECT_AND_SCATTER = Case(
+    "select_and_scatter",
+    """HloModule select_and_scatter
+gt {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=GT
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[3,7,9] parameter(0)
+  g = f32[3,4,9] parameter(1)
+  init = f32[] constant(0.5)
+  ROOT s = f32[3,7,9] select-and-scatter(x, g, init), window={size=1x3x2 stride=1x2x1 pad=0_0x1_1x0_1},
+    select=gt, scatter=add
+}
+""",
+    lambda rng: [np.round(rng.standard_normal((3, 7, 9)), 0).astype(np.float32),  # many ties
+                 rng.standard_normal((3, 4, 9)).astype(np.float32)],
+    _select_and_scatter_reference,
+)
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, SORTING]
+         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, SORTING, BITS, SELECT_AND_SCATTER]
 
 
 @pytest.mark.slow
@@ -630,7 +747,8 @@ ENTRY main {
 
 @pytest.mark.parametrize("text, code, words", [
     ("ROOT c = f32[4] custom-call(), custom_call_target=\"MyKernel\"", "E201", ["custom-call", "MyKernel"]),
-    ("x = f32[4] parameter(0)\nROOT y = f32[4] popcnt(x)", "E201", ["popcnt", "y"]),
+    ("x = f32[4] parameter(0)\nROOT y = f32[4] popcnt(x)", "E203", ["popcnt", "y", "integer"]),
+    ("x = f32[4] parameter(0)\nROOT y = f32[4] rng-bit-generator(x)", "E201", ["rng-bit-generator", "y"]),
 ])
 def test_refusals_name_the_instruction(tmp_path: Path, text: str, code: str, words: list[str]) -> None:
     model = tmp_path / "m.hlo"

@@ -22,6 +22,10 @@ _STORAGE = {
     common_pb2.U8: np.dtype("u1"),
     common_pb2.S8: np.dtype("i1"),
     common_pb2.PRED: np.dtype("u1"),
+    common_pb2.S16: np.dtype("<i2"),
+    common_pb2.U16: np.dtype("<u2"),
+    common_pb2.S64: np.dtype("<i8"),
+    common_pb2.U64: np.dtype("<u8"),
 }
 
 _NAMES = {
@@ -33,6 +37,10 @@ _NAMES = {
     common_pb2.U8: "u8",
     common_pb2.S8: "s8",
     common_pb2.PRED: "pred",
+    common_pb2.S16: "s16",
+    common_pb2.U16: "u16",
+    common_pb2.S64: "s64",
+    common_pb2.U64: "u64",
 }
 _BY_NAME = {name: dtype for dtype, name in _NAMES.items()}
 
@@ -55,7 +63,7 @@ def from_name(text: str) -> int:
 
 def is_signed(dtype: int) -> bool:
     """Signed integer (or float) types: their values can be negative."""
-    return dtype in (common_pb2.S32, common_pb2.S8) or is_float(dtype)
+    return dtype in (common_pb2.S8, common_pb2.S16, common_pb2.S32, common_pb2.S64) or is_float(dtype)
 
 
 def is_float(dtype: int) -> bool:
@@ -78,12 +86,18 @@ def f32_to_bf16(values: np.ndarray) -> np.ndarray:
 
 
 def to_compute(storage: np.ndarray, dtype: int) -> np.ndarray:
-    """Widen stored values to the type arithmetic runs in (float32 for floats, int64 for ints)."""
+    """Widen stored values to the type arithmetic runs in: float32 for floats, uint64 for u64
+    (whose values int64 cannot hold), int64 for the other integers."""
     if dtype == common_pb2.BF16:
         return bf16_to_f32(storage)
     if is_float(dtype):
         return storage.astype(np.float32)
-    return storage.astype(np.int64)
+    return storage.astype(compute_integer(dtype))
+
+
+def compute_integer(dtype: int) -> type:
+    """The numpy integer type arithmetic on `dtype` runs in."""
+    return np.uint64 if dtype == common_pb2.U64 else np.int64
 
 
 def from_compute(values: np.ndarray, dtype: int) -> np.ndarray:
@@ -94,7 +108,10 @@ def from_compute(values: np.ndarray, dtype: int) -> np.ndarray:
         return (np.asarray(values) != 0).astype(np.uint8)
     if is_float(dtype):
         return np.asarray(values).astype(_STORAGE[dtype])
-    return np.asarray(values).astype(np.int64).astype(_STORAGE[dtype])
+    values = np.asarray(values)
+    if values.dtype.kind == "f":  # a float converted to an integer truncates toward zero
+        return values.astype(np.int64).astype(_STORAGE[dtype])
+    return values.astype(_STORAGE[dtype])  # integers keep their low bits (two's complement)
 
 
 def tensor_to_numpy(tensor: common_pb2.Tensor) -> np.ndarray:

@@ -4,7 +4,9 @@ The golden evaluator (XLA's semantics), the frontend's constant folding and the 
 device's ALU functions, which the frontend maps HLO ops onto one to one) must agree bit for bit,
 so each such function lives here. Integer functions take and return int64 arrays holding values
 of an integer type `bits` wide (signed or not); the caller narrows the result to that type, which
-wraps as XLA's integer arithmetic does. Float functions work on float32 arrays.
+wraps as XLA's integer arithmetic does. A u64 value is held as its bit pattern in int64 (uint64
+arrays are accepted and read so), and the functions whose answer depends on signedness read
+those bits as unsigned. Float functions work on float32 arrays.
 """
 
 from __future__ import annotations
@@ -24,8 +26,21 @@ def wrap(values: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     return low
 
 
+def _bits(values: np.ndarray) -> np.ndarray:
+    """Integer values as int64 bit patterns (a uint64 array wraps into the same 64 bits)."""
+    return np.asarray(values).astype(np.int64, copy=False)
+
+
+def _unsigned64(bits: int, signed: bool) -> bool:
+    return bits >= 64 and not signed
+
+
 def int_divide(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """XLA integer division: truncates toward zero; x / 0 is -1 (all ones); MIN / -1 is MIN."""
+    a, b = _bits(a), _bits(b)
+    if _unsigned64(bits, signed):
+        ua, ub = a.view(np.uint64), b.view(np.uint64)
+        return np.where(ub == 0, np.iinfo(np.uint64).max, ua // np.where(ub == 0, 1, ub)).view(np.int64)
     safe = np.where(b == 0, 1, b)
     quotient = np.abs(a) // np.abs(safe)
     quotient = np.where((a < 0) != (safe < 0), -quotient, quotient)
@@ -34,6 +49,10 @@ def int_divide(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndar
 
 def int_remainder(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """XLA integer remainder: the sign of the dividend; x % 0 is x; MIN % -1 is 0."""
+    a, b = _bits(a), _bits(b)
+    if _unsigned64(bits, signed):
+        ua, ub = a.view(np.uint64), b.view(np.uint64)
+        return np.where(ub == 0, ua, ua % np.where(ub == 0, 1, ub)).view(np.int64)
     safe = np.where(b == 0, 1, b)
     rest = np.abs(a) % np.abs(safe)
     rest = np.where(a < 0, -rest, rest)
@@ -42,8 +61,16 @@ def int_remainder(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.n
 
 def int_power(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """XLA integer power by squaring, wrapping; a negative exponent gives 0 (1 for base 1, ±1 for -1)."""
-    a, b = np.broadcast_arrays(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+    a, b = np.broadcast_arrays(_bits(a), _bits(b))
     result = np.ones(a.shape, dtype=np.int64)
+    if not signed:  # an unsigned exponent is never negative (a u64 one may use the top bit)
+        base, exponent = a.copy(), b.view(np.uint64).copy()
+        with np.errstate(over="ignore"):
+            while np.any(exponent):
+                result = wrap(np.where(exponent & 1 == 1, result * base, result), bits, signed)
+                base = wrap(base * base, bits, signed)
+                exponent = exponent >> np.uint64(1)
+        return result
     base, exponent = a.copy(), np.where(b < 0, 0, b)
     with np.errstate(over="ignore"):
         while np.any(exponent):
@@ -57,6 +84,7 @@ def int_power(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarr
 
 def shift_left(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """a << b in `bits` bits; a shift by `bits` or more (or negative) gives 0."""
+    a, b = _bits(a), _bits(b)
     out_of_range = (b < 0) | (b >= bits)
     shifted = np.left_shift(a, np.where(out_of_range, 0, b))
     return wrap(np.where(out_of_range, 0, shifted), bits, signed)
@@ -64,7 +92,8 @@ def shift_left(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndar
 
 def shift_right_logical(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """a >> b filling with zeros (the bits read as unsigned); out-of-range shifts give 0."""
-    unsigned = wrap(a, bits, False) if bits < 64 else a.astype(np.uint64)
+    a, b = _bits(a), _bits(b)
+    unsigned = wrap(a, bits, False) if bits < 64 else a.view(np.uint64)
     out_of_range = (b < 0) | (b >= bits)
     shifted = np.right_shift(unsigned, np.where(out_of_range, 0, b).astype(unsigned.dtype))
     return wrap(np.where(out_of_range, 0, shifted).astype(np.int64), bits, signed)
@@ -72,6 +101,7 @@ def shift_right_logical(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -
 
 def shift_right_arithmetic(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """a >> b filling with the sign bit (the bits read as signed); shifts past the width fill fully."""
+    a, b = _bits(a), _bits(b)
     as_signed = wrap(a, bits, True)
     amount = np.where((b < 0) | (b >= bits), bits - 1, b)
     return wrap(np.right_shift(as_signed, amount), bits, signed)

@@ -37,6 +37,7 @@ FLOAT_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
 # Unary ops on any numeric type (not pred); `not` takes integers and pred.
 NUMERIC_UNARY = frozenset({"negate", "abs", "sign"})
 BITWISE_UNARY = frozenset({"not"})
+INTEGER_UNARY = frozenset({"popcnt", "count-leading-zeros"})  # on the bits, integers only
 
 ARITHMETIC_BINARY = frozenset({"add", "subtract", "multiply", "divide", "maximum", "minimum", "power",
                                "remainder"})
@@ -44,7 +45,7 @@ FLOAT_BINARY = frozenset({"atan2"})
 BITWISE_BINARY = frozenset({"and", "or", "xor"})  # integers and pred
 SHIFTS = frozenset({"shift-left", "shift-right-logical", "shift-right-arithmetic"})  # integers only
 
-UNARY_OPCODES = frozenset(FLOAT_UNARY) | NUMERIC_UNARY | BITWISE_UNARY
+UNARY_OPCODES = frozenset(FLOAT_UNARY) | NUMERIC_UNARY | BITWISE_UNARY | INTEGER_UNARY
 BINARY_OPCODES = ARITHMETIC_BINARY | FLOAT_BINARY | BITWISE_BINARY | SHIFTS
 
 _NUMPY_BINARY: dict[str, Callable] = {
@@ -104,6 +105,8 @@ def _apply(opcode: str, ops: list[np.ndarray], kind: int) -> np.ndarray:
         return np.sign(ops[0])
     if opcode == "not":
         return np.logical_not(ops[0]) if kind == T.PRED else np.invert(ops[0])
+    if opcode in INTEGER_UNARY:
+        return _bit_count(opcode, ops[0])
     if kind in FLOAT_TYPES and opcode in _FLOAT_ONLY_BINARY:
         return _FLOAT_ONLY_BINARY[opcode](ops[0], ops[1])
     numeric = opcode.replace("-", "_")
@@ -112,6 +115,19 @@ def _apply(opcode: str, ops: list[np.ndarray], kind: int) -> np.ndarray:
         a, b = (x.astype(np.int64) for x in ops)
         return numerics.INTEGER_BINARY[numeric](a, b, bits, signed)
     return _NUMPY_BINARY[opcode](ops[0], ops[1])
+
+
+def _bit_count(opcode: str, values: np.ndarray) -> np.ndarray:
+    """popcnt (set bits) or count-leading-zeros of integers, read as their unsigned bit pattern."""
+    width = values.dtype.itemsize * 8
+    bits = values.view(np.dtype(f"u{values.dtype.itemsize}"))
+    if opcode == "count-leading-zeros":  # smear the top set bit downward; the zeros above it remain
+        shift = 1
+        while shift < width:
+            bits = bits | (bits >> shift)
+            shift *= 2
+        return width - np.bitwise_count(bits).astype(np.int64)
+    return np.bitwise_count(bits)
 
 
 _COMPARE: dict[str, Callable] = {

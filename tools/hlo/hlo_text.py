@@ -59,7 +59,7 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "'": "'", "\\": "\\", "a"
 
 # Attributes naming called computations, in the order XLA stores them in called_computation_ids.
 _CALLED_ATTRS = {"to_apply": 0, "calls": 1, "body": 2, "condition": 3, "true_computation": 4,
-                 "false_computation": 5, "branch_computations": 6}
+                 "false_computation": 5, "branch_computations": 6, "select": 7, "scatter": 8}
 # gather's and scatter's dimension-number lists, by the attribute names XLA prints
 _GATHER_LISTS = {"offset_dims", "collapsed_slice_dims", "start_index_map", "operand_batching_dims",
                  "start_indices_batching_dims"}

@@ -24,31 +24,33 @@ TYPE_NAMES: dict[int, str] = {
 TYPES_BY_NAME: dict[str, int] = {name: kind for kind, name in TYPE_NAMES.items() if kind != T.TUPLE}
 
 # Element types ncc compiles and evaluates. Everything else is refused with E206.
-SUPPORTED_ELEMENT_TYPES = frozenset({T.PRED, T.S8, T.S32, T.S64, T.U8, T.U32, T.F16, T.BF16, T.F32})
+SUPPORTED_ELEMENT_TYPES = frozenset({T.PRED, T.S8, T.S16, T.S32, T.S64, T.U8, T.U16, T.U32, T.U64, T.F16,
+                                     T.BF16, T.F32})
 FLOAT_TYPES = frozenset({T.F16, T.BF16, T.F32})
-SIGNED_TYPES = frozenset({T.S8, T.S32, T.S64})
-UNSIGNED_TYPES = frozenset({T.U8, T.U32})
+SIGNED_TYPES = frozenset({T.S8, T.S16, T.S32, T.S64})
+UNSIGNED_TYPES = frozenset({T.U8, T.U16, T.U32, T.U64})
 
 # How the evaluator holds each type: floats as float32 (bf16/f16 values rounded to their type),
 # integers in their own width (so arithmetic wraps like XLA's), pred as bool.
 _COMPUTE = {
-    T.PRED: np.dtype(bool), T.S8: np.dtype(np.int8), T.S32: np.dtype(np.int32), T.S64: np.dtype(np.int64),
-    T.U8: np.dtype(np.uint8), T.U32: np.dtype(np.uint32),
+    T.PRED: np.dtype(bool), T.S8: np.dtype(np.int8), T.S16: np.dtype(np.int16),
+    T.S32: np.dtype(np.int32), T.S64: np.dtype(np.int64), T.U8: np.dtype(np.uint8),
+    T.U16: np.dtype(np.uint16), T.U32: np.dtype(np.uint32), T.U64: np.dtype(np.uint64),
     T.F16: np.dtype(np.float32), T.BF16: np.dtype(np.float32), T.F32: np.dtype(np.float32),
 }
 
 _NCC = {
-    T.F32: common_pb2.F32, T.BF16: common_pb2.BF16, T.F16: common_pb2.F16, T.S32: common_pb2.S32,
-    T.S64: common_pb2.S32, T.U32: common_pb2.U32, T.U8: common_pb2.U8, T.S8: common_pb2.S8,
-    T.PRED: common_pb2.PRED,
+    T.F32: common_pb2.F32, T.BF16: common_pb2.BF16, T.F16: common_pb2.F16, T.PRED: common_pb2.PRED,
+    T.S8: common_pb2.S8, T.S16: common_pb2.S16, T.S32: common_pb2.S32, T.S64: common_pb2.S64,
+    T.U8: common_pb2.U8, T.U16: common_pb2.U16, T.U32: common_pb2.U32, T.U64: common_pb2.U64,
 }
 
 
-_XLA = {ncc: xla for xla, ncc in _NCC.items() if xla != T.S64}
+_XLA = {ncc: xla for xla, ncc in _NCC.items()}
 
 
 def xla_type(dtype: int) -> int:
-    """The XLA element type whose values an ncc DType holds (S32 for S32, though S64 narrows to it)."""
+    """The XLA element type whose values an ncc DType holds."""
     return _XLA[dtype]
 
 
@@ -58,7 +60,7 @@ def type_name(kind: int) -> str:
 
 
 def ncc_dtype(xla_type: int) -> int:
-    """The ncc DType that holds values of an XLA element type (S64 narrows to S32)."""
+    """The ncc DType that holds values of an XLA element type."""
     try:
         return _NCC[xla_type]
     except KeyError:

@@ -20,6 +20,7 @@ from ncc.tools.hlo.elementwise import (
     BITWISE_BINARY,
     FLOAT_BINARY,
     FLOAT_UNARY,
+    INTEGER_UNARY,
     NUMERIC_UNARY,
     SHIFTS,
     UNARY_OPCODES,
@@ -45,6 +46,7 @@ SUPPORTED_OPCODES = frozenset({
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
     "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter", "sort", "topk",
+    "bitcast-convert", "select-and-scatter",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -54,11 +56,12 @@ MAX_ARRAY_BYTES = 16 << 30  # one core's HBM: no single array can be larger
 MAX_CALL_DEPTH = 64
 MAX_TUPLE_NESTING = 32
 _INT64_MIN = -(1 << 63)
-_BYTES = {T.PRED: 1, T.S8: 1, T.U8: 1, T.F16: 2, T.BF16: 2, T.S32: 4, T.U32: 4, T.F32: 4, T.S64: 8}
+_BYTES = {T.PRED: 1, T.S8: 1, T.U8: 1, T.S16: 2, T.U16: 2, T.F16: 2, T.BF16: 2, T.S32: 4, T.U32: 4, T.F32: 4,
+          T.S64: 8, T.U64: 8}
 # LiteralProto field holding each supported type, and its bytes per element when it is a bytes field.
-_LITERAL_FIELDS = {T.PRED: ("preds", 0), T.S8: ("s8s", 1), T.U8: ("u8s", 1), T.S32: ("s32s", 0),
-                   T.S64: ("s64s", 0), T.U32: ("u32s", 0), T.F16: ("f16s", 2), T.BF16: ("bf16s", 2),
-                   T.F32: ("f32s", 0)}
+_LITERAL_FIELDS = {T.PRED: ("preds", 0), T.S8: ("s8s", 1), T.U8: ("u8s", 1), T.S16: ("s16s", 2),
+                   T.U16: ("u16s", 2), T.S32: ("s32s", 0), T.S64: ("s64s", 0), T.U32: ("u32s", 0),
+                   T.U64: ("u64s", 0), T.F16: ("f16s", 2), T.BF16: ("bf16s", 2), T.F32: ("f32s", 0)}
 
 Instr = hlo_pb2.HloInstructionProto
 
@@ -485,6 +488,23 @@ class _Verifier:
             raise _bad(instr, f"cannot bitcast {shape_str(a)} to {shape_str(instr.shape)}: the element "
                               "counts differ")
 
+    def _bitcast_convert(self, instr: Instr, ops: list[Instr]) -> None:
+        """Same bits, another type: equal widths keep the shape; a narrower result gains a last
+        dimension of width ratio; a wider one drops the operand's last dimension, of that size."""
+        _count(instr, ops, 1)
+        (a,) = _arrays(instr, ops)
+        if T.PRED in (a.element_type, instr.shape.element_type):
+            raise _bad(instr, "bitcast-convert is not defined on pred")
+        have, want = _BYTES[a.element_type], _BYTES[instr.shape.element_type]
+        if have == want:
+            expected = dims(a)
+        elif have > want:
+            expected = dims(a) + (have // want,)
+        else:
+            expected = dims(a)[:-1] if dims(a)[-1:] == (want // have,) else None
+        if expected != dims(instr.shape):
+            raise _bad(instr, f"cannot bitcast-convert {shape_str(a)} to {shape_str(instr.shape)}")
+
     def _reverse(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 1)
         (a,) = _arrays(instr, ops)
@@ -756,6 +776,38 @@ class _Verifier:
         if len(self.params[reducer.id]) != 2 * k or not self.scalar_only[reducer.id]:
             raise _bad(instr, f"reducer '{_shown(reducer.name)}' must take {2 * k} scalars")
 
+    def _select_and_scatter(self, instr: Instr, ops: list[Instr]) -> None:
+        """operand, source (the shape of the operand's windows) and a scalar init; `select` picks one
+        element of each window, `scatter` combines the source into it."""
+        _count(instr, ops, 3)
+        operand, source, init = _arrays(instr, ops)
+        window = instr.window.dimensions
+        if len(window) != len(operand.dimensions):
+            raise _bad(instr, f"the window has {len(window)} dimensions, the operand "
+                              f"{len(operand.dimensions)}")
+        expected = []
+        for d, w in enumerate(window):
+            if min(w.size, w.stride) < 1 or w.window_dilation > 1 or w.base_dilation > 1 \
+                    or min(w.padding_low, w.padding_high) < 0:
+                raise _bad(instr, f"window dimension {d} needs a size and stride of at least 1, no dilation "
+                                  "and no negative padding")
+            expected.append(window_output_size(operand.dimensions[d], w.size, w.stride, w.padding_low,
+                                               w.padding_high, 1, 1))
+        if list(source.dimensions) != expected:
+            raise _bad(instr, f"the source {shape_str(source)} must have the operand's window shape "
+                              f"[{_ints(expected)}]")
+        if init.dimensions:
+            raise _bad(instr, f"the init value must be a scalar, not {shape_str(init)}")
+        _same_dims(instr, [operand], instr.shape)
+        _same_types(instr, [operand, source, init, instr.shape])
+        if len(instr.called_computation_ids) != 2:
+            raise CompileError("E204", f"select-and-scatter '{_label(instr)}' must name a select and a "
+                                       "scatter computation", _label(instr))
+        select, scatter = (self.comps[c] for c in instr.called_computation_ids)
+        for comp in (select, scatter):
+            if len(self.params[comp.id]) != 2 or not self.scalar_only[comp.id]:
+                raise _bad(instr, f"computation '{_shown(comp.name)}' must take 2 scalars")
+
     def _parameter(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 0)
 
@@ -822,7 +874,7 @@ def _element_type_fits(instr: Instr, kind: int) -> None:
     opcode = instr.opcode
     if opcode in FLOAT_UNARY or opcode in FLOAT_BINARY:
         allowed, what = FLOAT_TYPES, "a floating-point"
-    elif opcode in SHIFTS:
+    elif opcode in SHIFTS or opcode in INTEGER_UNARY:
         allowed, what = INTEGER_TYPES, "an integer"
     elif opcode in BITWISE_BINARY or opcode == "not":
         allowed, what = INTEGER_TYPES | {T.PRED}, "an integer or pred"
@@ -866,11 +918,12 @@ _CHECKS = {
     **{op: _Verifier._binary for op in BINARY_OPCODES},
     **{op: _Verifier._unary for op in UNARY_OPCODES | {"copy"}},
     "is-finite": _Verifier._is_finite, "clamp": _Verifier._clamp, "fusion": _Verifier._call,
-    "bitcast": _Verifier._bitcast, "reverse": _Verifier._reverse, "pad": _Verifier._pad,
+    "bitcast": _Verifier._bitcast, "bitcast-convert": _Verifier._bitcast_convert,
+    "reverse": _Verifier._reverse, "pad": _Verifier._pad,
     "while": _Verifier._while, "conditional": _Verifier._conditional,
     "dynamic-slice": _Verifier._dynamic_slice, "convolution": _Verifier._convolution,
     "reduce-window": _Verifier._reduce_window, "gather": _Verifier._gather, "scatter": _Verifier._scatter,
-    "sort": _Verifier._sort, "topk": _Verifier._topk,
+    "sort": _Verifier._sort, "topk": _Verifier._topk, "select-and-scatter": _Verifier._select_and_scatter,
     "dynamic-update-slice": _Verifier._dynamic_update_slice,
     "compare": _Verifier._compare, "select": _Verifier._select, "convert": _Verifier._convert,
     "broadcast": _Verifier._broadcast, "reshape": _Verifier._reshape, "transpose": _Verifier._transpose,

@@ -16,6 +16,8 @@ compute on the engine that owns the op, and store the result to HBM:
   sort, topk     a bitonic network of compare-and-select nests (small-k topk: k selections)
   while          unrolled while its condition folds to a constant; conditional: both branches
   iota           POOL iota
+  popcnt, clz    shift/mask/add bit tricks in the operand's own integer type
+  bitcast-convert  a dma that reinterprets bytes; across widths, shifts and ors of the pieces
 
 `call` and `fusion` are inlined; tuples are plumbing. Anything else was refused by the verifier.
 """
@@ -26,7 +28,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
-from ncc.tools.common.dtypes import from_compute, is_float
+from ncc.tools.common.dtypes import from_compute, is_float, is_signed
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
@@ -34,6 +36,7 @@ from ncc.tools.hlo.index_math import (
     physical_order,
 )
 from ncc.tools.hlo.literals import literal_to_numpy
+from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
 from ncc.tools.hlo2penguin.indexed import IndexedOps
 from ncc.tools.hlo2penguin.nest_builder import (
@@ -88,7 +91,7 @@ REDUCERS = {"add": ("add", 0.0), "maximum": ("maximum", -np.inf), "minimum": ("m
 
 
 
-class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
+class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps):
     """Walks the entry computation in order and emits Penguin tensors and nests."""
 
     def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
@@ -187,10 +190,16 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
             return Splat(0.0, dtype, shape)  # no elements: nothing to compute, whatever the op
         if opcode == "constant":
             return self._constant(instr, shape, dtype)
+        if opcode in BIT_COUNTS:
+            return self._bit_count(instr, ops[0], shape, dtype)
+        if opcode == "bitcast-convert":
+            return self._bitcast_convert(instr, ops[0], shape, dtype)
         if opcode in LAYOUT_OPS:
             return self._layout(instr, ops[0], shape)
         if opcode == "pad":
             return self._pad(instr, ops, shape, dtype)
+        if opcode == "select-and-scatter":
+            return self._select_and_scatter(instr, ops, shape, dtype)
         if opcode == "convolution":
             return self._convolution(instr, ops, shape, dtype)
         if opcode == "dynamic-slice":
@@ -215,8 +224,10 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
     def _constant(self, instr: hlo_pb2.HloInstructionProto, shape: tuple[int, ...], dtype: int) -> Value:
         values = literal_to_numpy(instr.literal, instr.shape, instr.name)
         flat = values.reshape(-1)
-        if flat.size == 0 or np.all(flat == flat[0]) and not np.isnan(flat[0]):
-            return Splat(float(flat[0]) if flat.size else 0.0, dtype, shape)
+        if flat.size == 0:
+            return Splat(0.0, dtype, shape)
+        if np.all(flat == flat[0]) and not np.isnan(flat[0]):
+            return self._scalar(flat[0], dtype, shape, instr.name)
         own = tuple(int(d) for d in instr.shape.dimensions)  # in a reducer applied to arrays, a scalar
         name = self.builder.hbm_tensor(instr.name, dtype, own, penguin_pb2.CONSTANT, instr.name,
                                        data=from_compute(values, dtype).tobytes())
@@ -277,9 +288,6 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
         """An elementwise op the lowering adds on behalf of `instr` (named after it)."""
         made = hlo_pb2.HloInstructionProto(name=f"{instr.name}.{opcode}", opcode=opcode, **fields)
         return self._elementwise(made, ops, shape, dtype, into)
-
-    # ---- sorting --------------------------------------------------------------------------------
-
 
     def _reshape(self, view: View, shape: tuple[int, ...], source: str) -> View:
         reshaped = view.reshape(shape)
@@ -379,6 +387,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
             body.emit("activation", ACT, out_box, [ops[0]], func=ACTIVATIONS[opcode], scalars=(1.0, 0.0))
         elif opcode == "negate":
             body.binary("multiply", engine, out_box, ops[0], Splat(-1.0, dtype, shape))
+        elif opcode == "abs" and not is_signed(dtype):
+            body.emit("tensor_copy", POOL, out_box, [ops[0]])
         elif opcode == "abs":  # an integer: max(x, -x), which wraps MIN to MIN as XLA does
             negated = body.tile(dtype)
             body.binary("multiply", engine, negated, ops[0], Splat(-1.0, dtype, shape))
@@ -410,7 +420,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
         self._store(nest, tiling, out_box, out, instr.name)
         return out
 
-    def _fold(self, instr, ops: list[Splat], shape: tuple[int, ...], dtype: int) -> Splat:
+    def _fold(self, instr, ops: list[Splat], shape: tuple[int, ...], dtype: int) -> Value:
         """An elementwise op of constants is a constant: computed with the evaluator's semantics,
         in the result's type (bf16 keeps 8 bits, integers wrap)."""
         opcode = instr.comparison_direction if instr.opcode == "compare" else instr.opcode
@@ -418,7 +428,17 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps):
             opcode = "copy"
         values = [np.asarray([op.value]).astype(compute_dtype(xla_type(op.dtype))) for op in ops]
         result = apply(opcode, values, xla_type(dtype))
-        return Splat(float(result[0]), dtype, shape)
+        return self._scalar(result[0], dtype, shape, instr.name)
+
+    def _scalar(self, value, dtype: int, shape: tuple[int, ...], source: str) -> Value:
+        """A compile-time scalar over `shape`: a Splat when an instruction's double `scalars` field
+        holds it exactly; an s64/u64 integer past 2**53 becomes a one-element constant tensor."""
+        exact = isinstance(value, (bool, float, np.bool_, np.floating)) or abs(int(value)) <= 1 << 53
+        if exact:
+            return Splat(float(value), dtype, shape)
+        name = self.builder.hbm_tensor(source, dtype, (), penguin_pb2.CONSTANT, source,
+                                       data=from_compute(np.asarray([value]), dtype).tobytes())
+        return View.whole(name, dtype, ()).broadcast(shape, ())
 
     def _iota(self, instr, shape: tuple[int, ...], dtype: int) -> View:
         out = self._new_output(instr, shape, dtype)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import common_pb2
+from ncc.tools.common.dtypes import is_float
 from ncc.tools.hlo2penguin.views import View
 
 FREE_TILE = 2048  # elements per partition in an elementwise tile
@@ -30,7 +31,7 @@ Value = View | Splat | tuple
 
 
 def is_integer(dtype: int) -> bool:
-    return dtype in (common_pb2.S32, common_pb2.U32, common_pb2.U8, common_pb2.S8)
+    return not is_float(dtype) and dtype != common_pb2.PRED
 
 
 def broadcast_to(value: Value, shape: tuple[int, ...]) -> Value:

@@ -1,5 +1,6 @@
 """Padding and windowed ops: pad as a fill plus a strided copy, convolution as im2col (a strided
-view) into one dot per feature group, reduce-window as the reducer folded over window offsets.
+view) into one dot per feature group, reduce-window as the reducer folded over window offsets,
+select-and-scatter as a selection walk over the offsets then one masked update per offset.
 
 A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
 """
@@ -8,12 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ncc.schemas import hlo_pb2, penguin_pb2
+from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.hlo.index_math import (
     pad_placement,
     pad_target,
     window_slices,
 )
+from ncc.tools.hlo2penguin.nest_builder import ceil_div
 from ncc.tools.hlo2penguin.values import Splat, Value, broadcast_to, product
 from ncc.tools.hlo2penguin.views import View
 
@@ -115,3 +117,61 @@ class WindowOps:
                                      tuple(a.step for a in at)) for value in padded]
             accs = self._apply_reducer(reducer, accs + elements, sizes)
         return tuple(accs) if k > 1 else accs[0]
+
+    def _select_and_scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
+        """XLA's select-and-scatter (max-pool's gradient) with whole-array ops. Every window walks
+        its offsets in order, moving its choice to the next element whenever `select(chosen, next)`
+        is false (padding is never chosen), and remembers the offset chosen. Then, for each offset
+        from last to first (which is source order at any one position), the operand positions at
+        that offset receive `scatter(current, source)` where their window chose that offset."""
+        operand, source, init = ops
+        window = instr.window.dimensions
+        select, scatter = (self.computations[c] for c in instr.called_computation_ids)
+        sizes = source.shape
+        edges = [(d.padding_low, d.padding_high, 0) for d in window]
+        padded = self._padded(operand, Splat(0.0, dtype, ()), edges, instr.name)
+        inside, outside = Splat(1.0, common_pb2.PRED, operand.shape), Splat(0.0, common_pb2.PRED, ())
+        valid = self._padded(inside, outside, edges, f"{instr.name}.valid")
+        offsets = list(np.ndindex(*(d.size for d in window)))
+
+        def op(opcode: str, operands: list[Value], kind: int, over: tuple[int, ...] = sizes,
+               **fields) -> Value:
+            return self._synthetic(instr, opcode, operands, over, kind, **fields)
+
+        def at_offset(value: Value, offset: tuple[int, ...]) -> Value:
+            at = window_slices(offset, window, sizes)
+            return self._window(value, tuple(a.start for a in at), tuple(a.stop for a in at),
+                                tuple(a.step for a in at))
+
+        chosen: Value = Splat(0.0, common_pb2.S32, sizes)
+        best, seen = at_offset(padded, offsets[0]), at_offset(valid, offsets[0])
+        for k, offset in enumerate(offsets[1:], start=1):
+            value, present = at_offset(padded, offset), at_offset(valid, offset)
+            (keep,) = self._apply_reducer(select, [best, value], sizes)
+            take = op("not", [keep], common_pb2.PRED)
+            take = op("and", [present, op("or", [op("not", [seen], common_pb2.PRED), take], common_pb2.PRED)],
+                      common_pb2.PRED)
+            seen = op("or", [seen, present], common_pb2.PRED)
+            best = op("select", [take, value, best], dtype)
+            chosen = op("select", [take, Splat(float(k), common_pb2.S32, sizes), chosen], common_pb2.S32)
+
+        out = self._new_output(instr, shape, dtype)
+        self._copy_into(broadcast_to(init, shape), out, instr.name)
+        strides = tuple(d.stride for d in window)
+        lows = tuple(low for low, _, _ in edges)
+        for k in reversed(range(len(offsets))):
+            # the windows whose element at this offset lies inside the operand, and where it lies
+            dims = list(zip(sizes, operand.shape, lows, offsets[k], strides, strict=True))
+            first = tuple(max(0, ceil_div(low - o, s)) for _, _, low, o, s in dims)
+            limits = tuple(min(count, (n - 1 + low - o) // s + 1) for count, n, low, o, s in dims)
+            if any(b <= a for a, b in zip(first, limits, strict=True)):
+                continue
+            part = tuple(b - a for a, b in zip(first, limits, strict=True))
+            starts = tuple(a * s + o - low for a, (_, _, low, o, s) in zip(first, dims, strict=True))
+            stops = tuple(a + (p - 1) * s + 1 for a, p, s in zip(starts, part, strides, strict=True))
+            target = out.slice(starts, stops, strides)
+            here = op("compare", [self._window(chosen, first, limits), Splat(float(k), common_pb2.S32, part)],
+                      common_pb2.PRED, part, comparison_direction="EQ")
+            (combined,) = self._apply_reducer(scatter, [target, self._window(source, first, limits)], part)
+            op("select", [here, combined, target], dtype, part, into=target)
+        return out

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ncc.schemas import hlo_pb2
+from ncc.tools.common.dtypes import from_compute, storage_dtype, to_compute
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply, round_to
 from ncc.tools.hlo.hlo_types import (
@@ -27,6 +28,7 @@ from ncc.tools.hlo.hlo_types import (
     dims,
     entry_computation,
     is_tuple,
+    ncc_dtype,
     parameters,
     shape_str,
 )
@@ -343,6 +345,39 @@ class _Evaluator:
         results = [round_to(np.broadcast_to(acc, sizes), kind) for acc, kind in zip(accs, kinds, strict=True)]
         return tuple(results) if k > 1 else results[0]
 
+    def _select_and_scatter(self, instr: Instr, ops: list) -> np.ndarray:
+        """XLA's select-and-scatter, vectorised over the windows. Each window's element is chosen by
+        walking its offsets in order and moving to the next element whenever `select(chosen, next)`
+        is false (padding is never chosen). The source is then combined into the chosen elements; a
+        position chosen by several windows receives them in source order, which per position is
+        the window offsets in reverse, so the offsets are applied last to first."""
+        operand, source, init = (np.asarray(x) for x in ops)
+        window = instr.window.dimensions
+        select, scatter = (self.comps[c] for c in instr.called_computation_ids)
+        edges = [(d.padding_low, d.padding_high, 0) for d in window]
+        padded = pad_array(operand, np.zeros((), operand.dtype), edges)
+        valid = pad_array(np.ones(operand.shape, bool), np.zeros((), bool), edges)
+        sizes = source.shape
+        offsets = list(np.ndindex(*[d.size for d in window]))
+        chosen = np.full(sizes, -1, dtype=np.int64)
+        best = np.zeros(sizes, operand.dtype)
+        for k, offset in enumerate(offsets):
+            at = tuple(window_slices(offset, window, sizes))
+            value, present = padded[at], valid[at]
+            keep = np.asarray(self.run(select, [best, value], True), dtype=bool)
+            take = present & ((chosen < 0) | ~keep)
+            best = np.where(take, value, best)
+            chosen = np.where(take, k, chosen)
+        out = np.full(operand.shape, init, dtype=operand.dtype)
+        bordered = pad_array(out, np.zeros((), out.dtype), edges)
+        for k in reversed(range(len(offsets))):
+            at = tuple(window_slices(offsets[k], window, sizes))
+            current = bordered[at]
+            combined = np.asarray(self.run(scatter, [current, source], True))
+            bordered[at] = np.where(chosen == k, combined, current)
+        inner = tuple(slice(lo, lo + n) for (lo, _, _), n in zip(edges, operand.shape, strict=True))
+        return round_to(bordered[inner], instr.shape.element_type)
+
     def _dynamic_slice(self, instr: Instr, ops: list) -> np.ndarray:
         operand = np.asarray(ops[0])
         starts = clamped_starts(operand.shape, list(instr.dynamic_slice_sizes), ops[1:])
@@ -388,6 +423,14 @@ class _Evaluator:
 
     def _convert(self, instr: Instr, ops: list) -> np.ndarray:
         return _convert(np.asarray(ops[0]), instr.shape.element_type)
+
+    def _bitcast_convert(self, instr: Instr, ops: list) -> np.ndarray:
+        """The operand's stored bytes (little-endian) read as the result type."""
+        source = ncc_dtype(self.instrs[instr.operand_ids[0]].shape.element_type)
+        target = ncc_dtype(instr.shape.element_type)
+        stored = np.ascontiguousarray(from_compute(np.asarray(ops[0]), source))
+        raw = stored.view(storage_dtype(target)).reshape(tuple(instr.shape.dimensions))
+        return round_to(to_compute(raw, target), instr.shape.element_type)
 
     def _dot(self, instr: Instr, ops: list) -> np.ndarray:
         lhs, rhs = np.asarray(ops[0]), np.asarray(ops[1])
@@ -527,6 +570,7 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "convert": _Evaluator._convert,
     "dot": _Evaluator._dot,
     "bitcast": _Evaluator._bitcast,
+    "bitcast-convert": _Evaluator._bitcast_convert,
     "reverse": _Evaluator._reverse,
     "pad": _Evaluator._pad,
     "convolution": _Evaluator._convolution,
@@ -534,6 +578,7 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "gather": _Evaluator._gather,
     "scatter": _Evaluator._scatter,
     "sort": _Evaluator._sort,
+    "select-and-scatter": _Evaluator._select_and_scatter,
     "topk": _Evaluator._topk,
     "dynamic-slice": _Evaluator._dynamic_slice,
     "dynamic-update-slice": _Evaluator._dynamic_update_slice,

@@ -2,9 +2,11 @@
 
 `validate` is the static half: operand counts, engine rules, element counts, matmul shapes and
 function names, raising CompileError E603 naming the instruction. `execute` is the functional
-half: it reads the operands, computes in float32 (any float operand) or int64 (all integer),
-and narrows the result to the output dtype (bf16 rounds to nearest even). Everything is
-vectorised over the whole operand; nothing here knows about time or ordering.
+half: it reads the operands, computes in float32 (any float operand), uint64 (u64 operands, so
+comparisons and division see unsigned values) or int64 (other integers), and narrows the result
+to the output dtype (bf16 rounds to nearest even). A dma moves bytes: between element types of
+one width it reinterprets them (bitcast-convert). Everything is vectorised over the whole
+operand; nothing here knows about time or ordering.
 """
 
 from __future__ import annotations
@@ -109,6 +111,15 @@ def _float_domain(*accesses: Access) -> bool:
 # ---- static checks ---------------------------------------------------------------------------
 
 
+def _domain(*accesses: Access) -> type:
+    """The numpy type an instruction computes in: float32, uint64 for u64, else int64."""
+    if _float_domain(*accesses):
+        return np.float32
+    if any(a.dtype == common_pb2.U64 for a in accesses):
+        return np.uint64
+    return np.int64
+
+
 def validate(op: Op, target: Target) -> None:
     """Check `op` against the rules of docs/ir.md; raise E603 naming it if it breaks one."""
     spec = SPECS.get(op.op)
@@ -131,7 +142,7 @@ def validate(op: Op, target: Target) -> None:
             _check_indirect(op)
             return
         src, dst = op.inputs[0], op.outputs[0]
-        if src.dtype != dst.dtype:
+        if dtypes.itemsize(src.dtype) != dtypes.itemsize(dst.dtype):
             raise _fail(op, f"dma cannot convert {dtypes.name(src.dtype)} to {dtypes.name(dst.dtype)}")
         if src.size != dst.size:
             raise _fail(op, f"dma moves {src.size} elements into {dst.size}")
@@ -241,7 +252,8 @@ def _nop(_op: Op) -> None:
 
 
 def _dma(op: Op) -> None:
-    op.outputs[0].write_storage(op.inputs[0].read())
+    out = op.outputs[0]
+    out.write_storage(op.inputs[0].read().view(out.view.dtype))
 
 
 def _dma_gather(op: Op) -> None:
@@ -281,15 +293,15 @@ def _activation(op: Op) -> None:
     op.outputs[0].write_compute(ACTIVATIONS[op.func](x).astype(np.float32, copy=False))
 
 
-def _operand(access: Access, floating: bool, shape: tuple[int, ...]) -> np.ndarray:
+def _operand(access: Access, kind: type, shape: tuple[int, ...]) -> np.ndarray:
     values = access.read_compute().reshape(shape)
-    return values.astype(np.float32 if floating else np.int64, copy=False)
+    return values.astype(kind, copy=False)
 
 
-def _binary(func: str, a: np.ndarray, b: np.ndarray, floating: bool, out_dtype: int) -> np.ndarray:
-    """A tensor_tensor/tensor_scalar function: float32 when any operand is float, else int64 on
-    values of the output's integer type (its width decides how shifts and wrap-around behave)."""
-    kind = np.float32 if floating else np.int64
+def _binary(func: str, a: np.ndarray, b: np.ndarray, kind: type, out_dtype: int) -> np.ndarray:
+    """A tensor_tensor/tensor_scalar function computed in `kind` (see `_domain`) on values of the
+    output's type (an integer's width decides how shifts and wrap-around behave)."""
+    floating = kind is np.float32
     if func in ("add", "subtract", "multiply", "maximum", "minimum"):
         return {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
                 "minimum": np.minimum}[func](a, b)
@@ -316,31 +328,30 @@ def _binary(func: str, a: np.ndarray, b: np.ndarray, floating: bool, out_dtype: 
 
 def _tensor_tensor(op: Op) -> None:
     out = op.outputs[0]
-    floating = _float_domain(*op.inputs, out)
-    a = _operand(op.inputs[0], floating, out.shape)
-    b = _operand(op.inputs[1], floating, out.shape)
-    out.write_compute(_binary(op.func, a, b, floating, out.dtype))
+    kind = _domain(*op.inputs, out)
+    a = _operand(op.inputs[0], kind, out.shape)
+    b = _operand(op.inputs[1], kind, out.shape)
+    out.write_compute(_binary(op.func, a, b, kind, out.dtype))
 
 
 def _tensor_scalar(op: Op) -> None:
     out = op.outputs[0]
-    floating = _float_domain(op.inputs[0], out)
-    a = _operand(op.inputs[0], floating, out.shape)
+    kind = _domain(op.inputs[0], out)
+    a = _operand(op.inputs[0], kind, out.shape)
     scalar = (
         np.full(out.shape, op.scalars[0], dtype=np.float32)
-        if floating
-        else np.full(out.shape, int(round(op.scalars[0])), dtype=np.int64)
+        if kind is np.float32  # an integer scalar wraps into the domain (-1 is all ones in u64)
+        else np.full(out.shape, int(round(op.scalars[0])), dtype=np.int64).astype(kind)
     )
     if op.attributes.get("reverse") == "1":
         a, scalar = scalar, a
-    out.write_compute(_binary(op.func, a, scalar, floating, out.dtype))
+    out.write_compute(_binary(op.func, a, scalar, kind, out.dtype))
 
 
 def _tensor_reduce(op: Op) -> None:
     src, out = op.inputs[0], op.outputs[0]
-    floating = _float_domain(src, out)
-    values = _operand(src, floating, src.shape).reshape(src.partitions, -1)
-    kind = np.float32 if floating else np.int64
+    kind = _domain(src, out)
+    values = _operand(src, kind, src.shape).reshape(src.partitions, -1)
     if op.func == "add":
         result = values.sum(axis=1, dtype=kind)
     elif op.func == "multiply":
@@ -373,10 +384,10 @@ def _iota(op: Op) -> None:
 
 def _select(op: Op) -> None:
     out = op.outputs[0]
-    floating = _float_domain(op.inputs[1], op.inputs[2], out)
+    kind = _domain(op.inputs[1], op.inputs[2], out)
     condition = op.inputs[0].read_compute().reshape(out.shape) != 0
-    on_true = _operand(op.inputs[1], floating, out.shape)
-    on_false = _operand(op.inputs[2], floating, out.shape)
+    on_true = _operand(op.inputs[1], kind, out.shape)
+    on_false = _operand(op.inputs[2], kind, out.shape)
     out.write_compute(np.where(condition, on_true, on_false))
 
 

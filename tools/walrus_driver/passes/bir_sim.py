@@ -43,7 +43,7 @@ def random_inputs(program: bir_pb2.Program, seed: int) -> dict[str, np.ndarray]:
             array = rng.integers(0, 2, size=shape).astype(bool)
         elif dtypes.is_float(tensor.dtype):
             array = rng.standard_normal(size=shape).astype(np.float32)
-        elif tensor.dtype in (common_pb2.U8, common_pb2.U32):
+        elif not dtypes.is_signed(tensor.dtype):
             array = rng.integers(0, 8, size=shape)
         else:
             array = rng.integers(-8, 8, size=shape)

@@ -240,7 +240,7 @@ def _check_op_shapes(instr: bir_pb2.Instruction, where: str, target: Target, rep
         src, dst = instr.inputs[0], instr.outputs[0]
         if count(src) != count(dst):
             report.fail("element_count", where, f"dma moves {count(src)} elements into {count(dst)}")
-        if src.dtype != dst.dtype:
+        if dtypes.itemsize(src.dtype) != dtypes.itemsize(dst.dtype):  # bytes move; values are not converted
             report.fail("dtype", where, f"dma converts {dtypes.name(src.dtype)} to {dtypes.name(dst.dtype)}")
     elif instr.op == "matmul":
         stationary, moving = instr.inputs
