@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-scale schemas clean
+.PHONY: setup demo test lint bench bench-scale bench-fusion schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ bench: setup
 # Compile generated HLO of growing size; time and memory of the backend, per pass, vs XLA:CPU.
 bench-scale: setup
 	$(BIN)/python bench/run_scale.py
+
+# Bytes moved and simulated time against the machine's limits, with and without the Penguin optimizer.
+bench-fusion: setup
+	$(BIN)/python bench/run_fusion.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

@@ -97,6 +97,11 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--walrus-passes", type=_pass_list, default=(), metavar="a,b,...", help="the backend pass list to run"
     )
+    parser.add_argument(
+        "--penguin-passes", type=_pass_list, default=(), metavar="a,b,...",
+        help="the Penguin optimizer's pass list (fusion, cse, dce), 'none' for none; default: all, "
+        "none at -O0",
+    )
 
 
 def add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -143,6 +148,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         optlevel=args.optlevel,
         verify=args.verify,
         walrus_passes=tuple(args.walrus_passes),
+        penguin_passes=tuple(args.penguin_passes),
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,

@@ -78,6 +78,8 @@ def _parse_manifest_flags(words: list[str] | tuple[str, ...]) -> dict[str, objec
         overrides["verify"] = True
     if "--walrus-passes" in given:
         overrides["walrus_passes"] = tuple(args.walrus_passes)
+    if "--penguin-passes" in given:
+        overrides["penguin_passes"] = tuple(args.penguin_passes)
     return overrides
 
 
@@ -107,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         optlevel=args.optlevel,
         verify=args.verify,
         walrus_passes=tuple(args.walrus_passes),
+        penguin_passes=tuple(args.penguin_passes),
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,

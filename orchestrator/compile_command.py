@@ -119,6 +119,7 @@ class CompileCommand:
             "compile_flags": self.options.canonical_flags(),
             "optlevel": self.options.optlevel,
             "walrus_passes": ",".join(self.options.walrus_passes),
+            "penguin_passes": ",".join(self.options.penguin_passes),
             "run_id": self.run_id,
             "timeout_s": self.options.timeout_s,
             "mem_limit_mb": self.options.mem_limit_mb,

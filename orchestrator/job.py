@@ -76,6 +76,8 @@ class ToolJob(JobSpec, luigi.Task):
     compile_flags = luigi.ListParameter(description="the compile's canonical flags (for the NEFF metadata)")
     optlevel = luigi.IntParameter(default=2, description="optimization level 0-3")
     walrus_passes = luigi.Parameter(default="", description="comma-separated backend pass list, '' = default")
+    penguin_passes = luigi.Parameter(default="",
+                                     description="comma-separated Penguin pass list, '' = default")
     # How it is run: never part of a job's identity.
     run_id = luigi.Parameter(default="", significant=False, description="id of this ncc invocation")
     timeout_s = luigi.OptionalFloatParameter(

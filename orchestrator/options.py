@@ -29,6 +29,7 @@ class CompileOptions:
     optlevel: int = DEFAULT_OPTLEVEL
     verify: bool = False
     walrus_passes: tuple[str, ...] = field(default_factory=tuple)
+    penguin_passes: tuple[str, ...] = field(default_factory=tuple)  # () = the optlevel's default
     timeout_s: float | None = None  # per job
     mem_limit_mb: int | None = None  # per job, resident memory of the tool's process tree
     verbose: int = 1
@@ -41,6 +42,8 @@ class CompileOptions:
             flags.append("--verify")
         if self.walrus_passes:
             flags.append(f"--walrus-passes={','.join(self.walrus_passes)}")
+        if self.penguin_passes:
+            flags.append(f"--penguin-passes={','.join(self.penguin_passes)}")
         return flags
 
     def to_json(self) -> str:
@@ -48,6 +51,7 @@ class CompileOptions:
         for key in ("model", "output", "workdir", "cache_dir"):
             data[key] = None if data[key] is None else str(data[key])
         data["walrus_passes"] = list(self.walrus_passes)
+        data["penguin_passes"] = list(self.penguin_passes)
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -60,6 +64,7 @@ class CompileOptions:
             optlevel=int(data["optlevel"]),
             verify=bool(data["verify"]),
             walrus_passes=tuple(data["walrus_passes"]),
+            penguin_passes=tuple(data.get("penguin_passes", ())),
             timeout_s=data["timeout_s"],
             mem_limit_mb=data["mem_limit_mb"],
             verbose=int(data["verbose"]),

@@ -73,8 +73,8 @@ class GoldenEvaluator(JobSpec):
 
 @JobRegistry.register
 class Frontend(JobSpec):
-    """F2: generate BIR from Penguin IR (BirCodeGenLoop). Penguin optimization (fusion, software
-    pipelining) will run here first; until it exists --optlevel only reaches the backend."""
+    """F2: optimize the Penguin IR (loop fusion, dead code; not at -O0), then generate BIR from it
+    (BirCodeGenLoop)."""
 
     tool = "hlo_opt"
     output_names = ("bir.pb",)
@@ -83,7 +83,8 @@ class Frontend(JobSpec):
         return [self.artifact("HLOToTensorizer", "penguin.pb")]
 
     def flags(self) -> list[str]:
-        return []
+        passes = ["--penguin-passes", self.penguin_passes] if self.penguin_passes else []
+        return [*passes, "--optlevel", str(self.optlevel)]
 
     def tool_arguments(self) -> list[str]:
         (penguin,) = self.input_paths()

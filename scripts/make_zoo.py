@@ -69,6 +69,24 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
     def scatter_add(x, rows, updates):
         return x.at[rows].add(updates), x.at[rows].max(updates)
 
+    def cnn_train(x, labels, w1, dense):
+        def loss(w1, dense):
+            y = lax.conv_general_dilated(x, w1, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+            y = lax.reduce_window(jax.nn.relu(y), -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+            log_p = jax.nn.log_softmax(jnp.mean(y, axis=(1, 2)) @ dense)
+            return -jnp.mean(jnp.take_along_axis(log_p, labels[:, None], axis=1))
+        value, (g1, g2) = jax.value_and_grad(loss, argnums=(0, 1))(w1, dense)
+        return value, w1 - 0.1 * g1, dense - 0.1 * g2
+
+    def bit_hash(x, salt):
+        bits = lax.bitcast_convert_type(x, jnp.uint32) ^ salt
+        bits = bits ^ (bits >> 16)
+        bits = bits * jnp.uint32(0x45D9F3B)
+        bits = bits ^ (bits >> 16)
+        halves = lax.bitcast_convert_type(bits, jnp.uint16)
+        return (bits, lax.population_count(bits), lax.clz(bits), halves.astype(jnp.int16) // jnp.int16(-3),
+                jnp.sum(lax.population_count(halves).astype(jnp.int32), axis=-1))
+
     def normal(*shape):
         return lambda rng: rng.standard_normal(shape).astype(np.float32)
 
@@ -97,6 +115,14 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
                          "pad, a length mask from iota, masked mean"),
         "scatter_add": (scatter_add, inputs(normal(10, 8), ints(0, 10, 12), normal(12, 8)),
                         "x.at[rows].add(u) and .max(u) with repeated rows (scatter)"),
+        "cnn_train": (cnn_train,
+                      inputs(normal(2, 12, 12, 3), ints(0, 10, 2), normal(3, 3, 3, 8), normal(8, 10)),
+                      "a training step: conv, max pool and cross-entropy (take_along_axis), their "
+                      "gradients (select-and-scatter, transposed convolutions) and an SGD update"),
+        "bit_hash": (bit_hash,
+                     inputs(normal(6, 40), lambda rng: rng.integers(0, 2**32, (6, 40), dtype=np.uint32)),
+                     "bitcast-convert f32 to u32 and u16 halves, xorshift-multiply hashing, popcnt, clz, "
+                     "s16"),
     }
 
 

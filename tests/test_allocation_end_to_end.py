@@ -42,7 +42,8 @@ def compile_verified(tmp_path: Path, text: str, *extra: str) -> Path:
 
 @pytest.mark.slow
 def test_mlp_wider_than_sbuf_spills_and_verifies(tmp_path: Path) -> None:
-    workdir = compile_verified(tmp_path, hlo_gen.mlp(batch=512, d=2048, layers=2))
+    # unfused, every layer's intermediate round-trips through SBUF at once: more than it holds
+    workdir = compile_verified(tmp_path, hlo_gen.mlp(batch=512, d=2048, layers=2), "--penguin-passes=none")
     allocation = walrus_stats(workdir)["allocation"]
     assert allocation["spills"] > 0 and allocation["spilled_bytes_per_partition"] > 0
     assert allocation["sbuf_peak_bytes"] <= 180224

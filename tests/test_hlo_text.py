@@ -178,6 +178,31 @@ def test_dot_compare_padding_attributes() -> None:
     assert list(instrs["r"].control_predecessor_ids) == [instrs["p"].id]
 
 
+def test_rng_bit_generator_algorithm() -> None:
+    """`algorithm=` sets rng_algorithm (XLA's field 70) on rng-bit-generator; dot's algorithm= is skipped."""
+    module = parse_hlo_text("""
+    HloModule m
+    ENTRY e {
+      s = u64[2] parameter(0)
+      d = (u64[2], u32[3]) rng-bit-generator(s), algorithm=rng_default
+      t = (u64[2], u32[3]) rng-bit-generator(s), algorithm=rng_three_fry
+      p = (u64[2], u64[3]) rng-bit-generator(s), algorithm=rng_philox
+      x = f32[2,2] parameter(1)
+      ROOT m = f32[2,2] dot(x, x), lhs_contracting_dims={1}, rhs_contracting_dims={0},
+        algorithm=dot_any_f32_f32_f32
+    }
+    """)
+    instrs = by_name(module.computations[0])
+    assert [instrs[n].rng_algorithm for n in "dtp"] == [hlo_pb2.RNG_DEFAULT, hlo_pb2.RNG_THREE_FRY,
+                                                        hlo_pb2.RNG_PHILOX]
+    assert hlo_pb2.HloInstructionProto.DESCRIPTOR.fields_by_name["rng_algorithm"].number == 70
+    verify_module(module)
+    with pytest.raises(CompileError) as info:
+        parse_hlo_text("ENTRY e {\n  s = u64[2] parameter(0)\n"
+                       "  r = (u64[2], u32[3]) rng-bit-generator(s), algorithm=rng_mersenne\n}")
+    assert info.value.code == "E103" and "rng_mersenne" in info.value.message
+
+
 E103_CASES = [
     ("ENTRY e {\n  a = f32[2] parameter(0)\n", 3),                       # no closing brace
     ("ENTRY e {\n  a = f32[2 parameter(0)\n}", 2),                         # unclosed dims

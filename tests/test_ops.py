@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from conftest import run_ncc
 
+from ncc.tools.hlo.rng_bits import ALGORITHM_NAMES, rng_bit_generator
 from ncc.tools.sim.__main__ import compare
 
 
@@ -679,8 +680,131 @@ ENTRY main {
     _select_and_scatter_reference,
 )
 
+
+def _elements_reference(x, labels, i, j, u):
+    """take_along_axis, clamped point and window gathers, a scatter-add with repeats (out-of-range
+    points skipped) and a put_along_axis, all on the [130,7,5] / [130,7] operands."""
+    plane = x[:, :, 0]
+    ci, cj = np.clip(i, 0, 129), np.clip(j, 0, 6)
+    wi, wj = np.clip(i, 0, 128), np.clip(j, 0, 4)
+    windows = np.stack([plane[a:a + 2, b:b + 3] for a, b in zip(wi, wj, strict=True)])
+    added = plane.copy()
+    for a, b, v in zip(i, j, u, strict=True):
+        if 0 <= a < 130 and 0 <= b < 7:
+            added[a, b] = added[a, b] + v
+    put = x.copy()
+    np.put_along_axis(put, labels[..., None], plane[..., None], axis=2)
+    return (np.take_along_axis(x, labels[..., None], axis=2)[..., 0], plane[ci, cj], windows, added, put)
+
+
+ELEMENTS = Case(
+    "gather_scatter_elements",
+    """HloModule gather_scatter_elements
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+second {
+  a = f32[] parameter(0)
+  ROOT b = f32[] parameter(1)
+}
+ENTRY main {
+  x = f32[130,7,5] parameter(0)
+  labels = s32[130,7] parameter(1)
+  i = s32[60] parameter(2)
+  j = s32[60] parameter(3)
+  u = f32[60] parameter(4)
+  l3 = s32[130,7,1] reshape(labels)
+  picked = f32[130,7] gather(x, l3), offset_dims={}, collapsed_slice_dims={2}, start_index_map={2},
+    operand_batching_dims={0,1}, start_indices_batching_dims={0,1}, index_vector_dim=2, slice_sizes={1,1,1}
+  s = f32[130,7,1] slice(x), slice={[0:130], [0:7], [0:1]}
+  plane = f32[130,7] reshape(s)
+  i2 = s32[60,1] reshape(i)
+  j2 = s32[60,1] reshape(j)
+  ij = s32[60,2] concatenate(i2, j2), dimensions={1}
+  points = f32[60] gather(plane, ij), offset_dims={}, collapsed_slice_dims={0,1}, start_index_map={0,1},
+    index_vector_dim=1, slice_sizes={1,1}
+  windows = f32[60,2,3] gather(plane, ij), offset_dims={1,2}, collapsed_slice_dims={}, start_index_map={0,1},
+    index_vector_dim=1, slice_sizes={2,3}
+  added = f32[130,7] scatter(plane, ij, u), update_window_dims={}, inserted_window_dims={0,1},
+    scatter_dims_to_operand_dims={0,1}, index_vector_dim=1, to_apply=add
+  put = f32[130,7,5] scatter(x, l3, plane), update_window_dims={}, inserted_window_dims={2},
+    scatter_dims_to_operand_dims={2}, input_batching_dims={0,1}, scatter_indices_batching_dims={0,1},
+    index_vector_dim=2, unique_indices=true, to_apply=second
+  ROOT out = (f32[130,7], f32[60], f32[60,2,3], f32[130,7], f32[130,7,5]) tuple(picked, points, windows,
+    added, put)
+}
+""",
+    lambda rng: [rng.standard_normal((130, 7, 5)).astype(np.float32),
+                 rng.integers(0, 5, (130, 7)).astype(np.int32),
+                 np.concatenate([rng.integers(0, 130, 50),
+                                 [-3, 200, 129, 0, 5, 5, 5, 7, 7, 128]]).astype(np.int32),
+                 np.concatenate([rng.integers(0, 7, 50), [1, 2, 6, 9, -1, 3, 3, 3, 0, 6]]).astype(np.int32),
+                 rng.standard_normal(60).astype(np.float32)],
+    _elements_reference,
+)
+
+# rng-bit-generator: what XLA:CPU (jaxlib 0.10.2) gives for these states, written down here so the
+# reference owes nothing to ncc's own tools/hlo/rng_bits.py. The u64[2] rows are
+# jax.lax.rng_bit_generator(RNG_STATE, shape, dtype, algorithm) on CPU (rng_default gave the same
+# bits and state as rng_philox: XLA:CPU runs Philox for it); the u64[3] row is the HLO
+# `(u64[3], u32[2,3]) rng-bit-generator(s), algorithm=rng_philox` compiled by jaxlib's XLA:CPU.
+# The counters wrap past 2**64 (and carry into the high half of Philox's 128-bit counter).
+RNG_STATE = np.array([0x0123456789ABCDEF, 0xFFFFFFFFFFFFFFFD], dtype=np.uint64)
+RNG_STATE3 = np.array([0x0123456789ABCDEF, 0xFFFFFFFFFFFFFFFF, 0x00000000FFFFFFFF], dtype=np.uint64)
+_PHILOX_U32 = np.array([
+    0x5CCE3967, 0x0A44081D, 0xD9AE917C, 0x7BAB4396, 0x0A485194, 0x41C5F806, 0xD6822FEE,
+    0x3885A3D4, 0x41EB59F3, 0x307385E0, 0x5B8B3389, 0xA262F67C, 0x7006D264, 0xD71FD4DE,
+    0x3AFF468E, 0x40B5F768, 0x34DA5D11, 0xA2A4E857, 0xFC81D5F9, 0x7885CD87, 0xDF0B0A26,
+], dtype=np.uint32).reshape(3, 7)
+_PHILOX_U64 = np.array([0x0A44081D5CCE3967, 0x7BAB4396D9AE917C, 0x41C5F8060A485194, 0x3885A3D4D6822FEE,
+                        0x307385E041EB59F3], dtype=np.uint64)
+_THREEFRY_U32 = np.array([
+    0x3FC5955F, 0x7E39C6DC, 0xB0F4215B, 0xE19A60B4, 0x0B3D7494, 0xACF8C4DC, 0xAAA4D889,
+    0x75A52907, 0xD3DD8613, 0x35D0E5F1, 0x8ED17FE4, 0x7C2F19D8, 0x0284DBE3, 0xDE79BBBD,
+    0xB09D029E, 0x7D84F441, 0x6CA3E732, 0xA43B6B39, 0xC8124617, 0x2077496E, 0xB530F815,
+], dtype=np.uint32).reshape(3, 7)
+_THREEFRY_U64 = np.array([0x7E39C6DC3FC5955F, 0xE19A60B4B0F4215B, 0xACF8C4DC0B3D7494, 0x6B35C4F4AAA4D889,
+                          0xD3DD861375A52907], dtype=np.uint64)
+_KEY = 0x0123456789ABCDEF
+RNG_EXPECTED = [  # (algorithm, state, new state, bits)
+    ("rng_default", RNG_STATE, np.array([_KEY, 3], dtype=np.uint64), _PHILOX_U32),
+    ("rng_three_fry", RNG_STATE, np.array([_KEY, 9], dtype=np.uint64), _THREEFRY_U32),
+    ("rng_philox", RNG_STATE, np.array([_KEY, 3], dtype=np.uint64), _PHILOX_U32),
+    ("rng_default", RNG_STATE, np.array([_KEY, 0], dtype=np.uint64), _PHILOX_U64),
+    ("rng_three_fry", RNG_STATE, np.array([_KEY, 2], dtype=np.uint64), _THREEFRY_U64),
+    ("rng_philox", RNG_STATE, np.array([_KEY, 0], dtype=np.uint64), _PHILOX_U64),
+    ("rng_philox", RNG_STATE3, np.array([_KEY, 1, 0x100000000], dtype=np.uint64),
+     np.array([0x5890E3E5, 0x1A2AC01D, 0x467C6791, 0x232391F7, 0xD0E1FE69, 0xFEE38B5F],
+              dtype=np.uint32).reshape(2, 3)),
+]
+
+
+def _hlo_type(array: np.ndarray) -> str:
+    return f"{'u32' if array.dtype == np.uint32 else 'u64'}[{','.join(map(str, array.shape))}]"
+
+
+def _random_module() -> str:
+    lines, results = [], []
+    for k, (algorithm, state, _, bits) in enumerate(RNG_EXPECTED):
+        source, kind = ("p1", "u64[3]") if len(state) == 3 else ("p0", "u64[2]")
+        lines += [f"r{k} = ({kind}, {_hlo_type(bits)}) rng-bit-generator({source}), algorithm={algorithm}",
+                  f"s{k} = {kind} get-tuple-element(r{k}), index=0",
+                  f"b{k} = {_hlo_type(bits)} get-tuple-element(r{k}), index=1"]
+        results += [f"{kind} s{k}", f"{_hlo_type(bits)} b{k}"]
+    return _module("random", ["u64[2]", "u64[3]"], lines, results)
+
+
+RANDOM = Case(
+    "random",
+    _random_module(),
+    lambda _rng: [RNG_STATE, RNG_STATE3],
+    lambda *_: tuple(array for _, _, state, bits in RNG_EXPECTED for array in (state, bits)),
+)
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, SORTING, BITS, SELECT_AND_SCATTER]
+         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, SORTING, BITS, SELECT_AND_SCATTER, ELEMENTS, RANDOM]
 
 
 @pytest.mark.slow
@@ -711,6 +835,22 @@ def test_op_compiles_verifies_and_matches_numpy(tmp_path: Path, case: Case) -> N
             else:
                 np.testing.assert_allclose(got, want.astype(np.float32), rtol=1e-5, atol=1e-5, equal_nan=True,
                                            err_msg=f"out{k}")
+
+
+@pytest.mark.parametrize("algorithm, state, new_state, bits", RNG_EXPECTED,
+                         ids=[f"{a}-{len(s)}-{_hlo_type(b)}" for a, s, _, b in RNG_EXPECTED])
+def test_rng_bits_match_xla_cpu(algorithm: str, state: np.ndarray, new_state: np.ndarray,
+                                bits: np.ndarray) -> None:
+    """The evaluator's definition of rng-bit-generator (tools/hlo/rng_bits.py) against XLA:CPU's values."""
+    code = {name: number for number, name in ALGORITHM_NAMES.items()}[algorithm]
+    got_state, got_bits = rng_bit_generator(state, bits.shape, bits.dtype, code)
+    assert got_bits.dtype == bits.dtype and np.array_equal(got_bits, bits)
+    assert got_state.dtype == np.uint64 and np.array_equal(got_state, new_state)
+    if bits.dtype == np.uint32:  # a narrower type keeps the low bits of the same 32-bit draw
+        _, low = rng_bit_generator(state, bits.shape, np.uint16, code)
+        assert np.array_equal(low, bits.astype(np.uint16))
+    _, signed = rng_bit_generator(state, bits.shape, np.dtype(f"i{bits.dtype.itemsize}"), code)
+    assert np.array_equal(signed.view(bits.dtype), bits)  # a signed type: the same bits
 
 
 def test_integer_outputs_compare_exactly() -> None:
@@ -748,7 +888,11 @@ ENTRY main {
 @pytest.mark.parametrize("text, code, words", [
     ("ROOT c = f32[4] custom-call(), custom_call_target=\"MyKernel\"", "E201", ["custom-call", "MyKernel"]),
     ("x = f32[4] parameter(0)\nROOT y = f32[4] popcnt(x)", "E203", ["popcnt", "y", "integer"]),
-    ("x = f32[4] parameter(0)\nROOT y = f32[4] rng-bit-generator(x)", "E201", ["rng-bit-generator", "y"]),
+    ("x = f32[4] parameter(0)\nROOT y = f32[4] rng-bit-generator(x)", "E203", ["rng-bit-generator", "y"]),
+    ("x = u64[3] parameter(0)\nROOT y = (u64[3], u32[4]) rng-bit-generator(x), algorithm=rng_three_fry",
+     "E203", ["rng-bit-generator", "'y'", "u64[2]"]),
+    ("x = u64[2] parameter(0)\nROOT y = (u64[2], f32[4]) rng-bit-generator(x), algorithm=rng_philox",
+     "E203", ["rng-bit-generator", "'y'", "integer"]),
 ])
 def test_refusals_name_the_instruction(tmp_path: Path, text: str, code: str, words: list[str]) -> None:
     model = tmp_path / "m.hlo"

@@ -102,14 +102,15 @@ def test_a_deleted_or_corrupted_record_reruns_from_there(tmp_path: Path, model: 
 
 
 def test_other_flags_rerun_only_the_jobs_they_change(tmp_path: Path, model: Path) -> None:
-    """--optlevel reaches only the backend: the front-end jobs are reused, the backend and the
-    packager (whose NEFF records the flags) rerun; limits change how jobs run, not what they compute."""
+    """--optlevel reaches the Penguin optimizer (Frontend) and the backend: the jobs before them are
+    reused, they and the packager (whose NEFF records the flags) rerun; limits change how jobs run,
+    not what they compute."""
     output, workdir = tmp_path / "m.neff", tmp_path / "m.ncc-work"
     compile_ok(model, output)
     (workdir / "notes.txt").write_text("the user's own file")
     compile_ok(model, output, "--optlevel", "0")
     compile_ok(model, output, "--optlevel", "0", "--timeout", "100", "--mem-limit", "4000")
-    assert runs_per_compile(workdir) == [ALL_JOBS, ["WalrusDriver", "Packager"], []]
+    assert runs_per_compile(workdir) == [ALL_JOBS, ["Frontend", "WalrusDriver", "Packager"], []]
     assert json.loads((workdir / "pipeline.json").read_text())["flags"] == ["--optlevel=0"]
     assert (workdir / "notes.txt").read_text() == "the user's own file"
 

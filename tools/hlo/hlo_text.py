@@ -70,6 +70,9 @@ _WINDOW_FIELDS = {"size": "size", "stride": "stride", "lhs_dilate": "base_dilati
 _DOT_ATTRS = {"lhs_contracting_dims": "lhs_contracting_dimensions",
               "rhs_contracting_dims": "rhs_contracting_dimensions",
               "lhs_batch_dims": "lhs_batch_dimensions", "rhs_batch_dims": "rhs_batch_dimensions"}
+# rng-bit-generator's `algorithm=` spellings
+_RNG_ALGORITHMS = {"rng_default": hlo_pb2.RNG_DEFAULT, "rng_three_fry": hlo_pb2.RNG_THREE_FRY,
+                   "rng_philox": hlo_pb2.RNG_PHILOX}
 
 
 class Token(NamedTuple):
@@ -617,6 +620,13 @@ class _Parser:
             instr.k = self.integer(0, _INT64[1], "a k")
         elif key in ("indices_are_sorted", "unique_indices"):
             setattr(instr, key, self.boolean())
+        elif key == "algorithm" and instr.opcode == "rng-bit-generator":  # dot's algorithm= is skipped
+            tok = self.peek()
+            word = self.word("a random algorithm")
+            if word not in _RNG_ALGORITHMS:
+                raise self.error(f"unknown algorithm '{word}' (expected one of "
+                                 f"{', '.join(_RNG_ALGORITHMS)})", tok)
+            instr.rng_algorithm = _RNG_ALGORITHMS[word]
         elif key == "control-predecessors":
             self.expect("{", "to open a list of control predecessors")
             while not self.accept("}"):

@@ -40,13 +40,14 @@ from ncc.tools.hlo.hlo_types import (
     type_name,
 )
 from ncc.tools.hlo.index_math import gather_batch_shape, gather_output_order, window_output_size
+from ncc.tools.hlo.rng_bits import ALGORITHM_NAMES, state_sizes
 
 SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
     "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter", "sort", "topk",
-    "bitcast-convert", "select-and-scatter",
+    "bitcast-convert", "select-and-scatter", "rng-bit-generator",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -505,6 +506,25 @@ class _Verifier:
         if expected != dims(instr.shape):
             raise _bad(instr, f"cannot bitcast-convert {shape_str(a)} to {shape_str(instr.shape)}")
 
+    def _rng_bit_generator(self, instr: Instr, ops: list[Instr]) -> None:
+        """A u64 state (u64[2]; Philox, which XLA:CPU also runs for rng_default, takes u64[3] too)
+        gives (the new state, an integer array of bits): the shapes XLA:CPU's expansion accepts."""
+        _count(instr, ops, 1)
+        (state,) = _arrays(instr, ops, result_too=False)
+        algorithm = instr.rng_algorithm
+        if algorithm not in ALGORITHM_NAMES:
+            raise _bad(instr, f"unknown algorithm {algorithm}")
+        sizes = state_sizes(algorithm)
+        if state.element_type != T.U64 or len(state.dimensions) != 1 or state.dimensions[0] not in sizes:
+            allowed = " or ".join(f"u64[{n}]" for n in sizes)
+            raise _bad(instr, f"the state of {ALGORITHM_NAMES[algorithm]} must be {allowed}, not "
+                              f"{shape_str(state)}")
+        results = list(instr.shape.tuple_shapes)
+        if not is_tuple(instr.shape) or len(results) != 2 or is_tuple(results[1]) \
+                or not same_shape(results[0], state) or results[1].element_type not in INTEGER_TYPES:
+            raise _bad(instr, f"the result must be ({shape_str(state)}, an integer array), not "
+                              f"{shape_str(instr.shape)}")
+
     def _reverse(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 1)
         (a,) = _arrays(instr, ops)
@@ -651,9 +671,6 @@ class _Verifier:
         if indices.element_type not in INTEGER_TYPES:
             raise _bad(instr, f"indices must be integers, not {shape_str(indices)}")
         dn = instr.gather_dimension_numbers
-        if dn.operand_batching_dims or dn.start_indices_batching_dims:
-            raise CompileError("E207", f"gather '{_label(instr)}' with batching dimensions is not supported",
-                               _label(instr))
         rank, sizes = len(operand.dimensions), list(instr.gather_slice_sizes)
         if len(sizes) != rank or any(not 0 <= n <= d for n, d in zip(sizes, operand.dimensions, strict=True)):
             raise _bad(instr, f"slice_sizes={{{_ints(sizes)}}} do not fit {shape_str(operand)}")
@@ -664,12 +681,18 @@ class _Verifier:
         vector = dn.index_vector_dim
         if not 0 <= vector <= len(indices.dimensions):
             raise _bad(instr, f"index_vector_dim {vector} is out of range for {shape_str(indices)}")
+        _batching_dims(instr, operand, indices, list(dn.operand_batching_dims),
+                       list(dn.start_indices_batching_dims), vector,
+                       set(dn.collapsed_slice_dims) | set(dn.start_index_map))
+        if any(sizes[d] != 1 for d in dn.operand_batching_dims):
+            raise _bad(instr, "an operand batching dimension must have slice size 1")
         width = indices.dimensions[vector] if vector < len(indices.dimensions) else 1
         if width != len(dn.start_index_map):
             raise _bad(instr, f"indices give {width} coordinates, start_index_map names "
                               f"{len(dn.start_index_map)}")
         batch = gather_batch_shape(indices.dimensions, vector)
-        kept = [n for d, n in enumerate(sizes) if d not in dn.collapsed_slice_dims]
+        dropped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+        kept = [n for d, n in enumerate(sizes) if d not in dropped]
         out_rank = len(batch) + len(kept)
         _distinct_in_range(instr, list(dn.offset_dims), out_rank, "offset_dims")
         if len(dn.offset_dims) != len(kept):
@@ -691,9 +714,6 @@ class _Verifier:
         if indices.element_type not in INTEGER_TYPES:
             raise _bad(instr, f"indices must be integers, not {shape_str(indices)}")
         dn = instr.scatter_dimension_numbers
-        if dn.input_batching_dims or dn.scatter_indices_batching_dims:
-            raise CompileError("E207", f"scatter '{_label(instr)}' with batching dimensions is not supported",
-                               _label(instr))
         rank = len(operand.dimensions)
         _distinct_in_range(instr, list(dn.scatter_dims_to_operand_dims), rank, "scatter_dims_to_operand_dims")
         _distinct_in_range(instr, list(dn.inserted_window_dims), rank, "inserted_window_dims")
@@ -703,10 +723,13 @@ class _Verifier:
         if not 0 <= vector <= len(indices.dimensions) or width != len(dn.scatter_dims_to_operand_dims):
             raise _bad(instr, f"indices {shape_str(indices)} do not give one coordinate per "
                               "scatter_dims_to_operand_dims entry")
+        _batching_dims(instr, operand, indices, list(dn.input_batching_dims),
+                       list(dn.scatter_indices_batching_dims), vector,
+                       set(dn.inserted_window_dims) | set(dn.scatter_dims_to_operand_dims))
         batch = gather_batch_shape(indices.dimensions, vector)
         scatter_dims = [d for d in range(len(updates.dimensions)) if d not in dn.update_window_dims]
-        if [updates.dimensions[d] for d in scatter_dims] != batch or \
-                len(dn.update_window_dims) + len(dn.inserted_window_dims) != rank:
+        placed = len(dn.update_window_dims) + len(dn.inserted_window_dims) + len(dn.input_batching_dims)
+        if [updates.dimensions[d] for d in scatter_dims] != batch or placed != rank:
             raise _bad(instr, f"updates {shape_str(updates)} do not match indices {shape_str(indices)} and "
                               f"operand {shape_str(operand)}")
         reducer = self._callee(instr)
@@ -869,6 +892,20 @@ def _check_start_indices(instr: Instr, operand: hlo_pb2.ShapeProto, starts: list
     _same_types(instr, starts)
 
 
+def _batching_dims(instr: Instr, operand: hlo_pb2.ShapeProto, indices: hlo_pb2.ShapeProto,
+                   operand_dims: list[int], indices_dims: list[int], vector: int, taken: set[int]) -> None:
+    """Batching dimensions pair an operand dimension with an indices dimension of the same size."""
+    _distinct_in_range(instr, operand_dims, len(operand.dimensions), "operand batching dims")
+    _distinct_in_range(instr, indices_dims, len(indices.dimensions), "indices batching dims")
+    if len(operand_dims) != len(indices_dims) or vector in indices_dims or taken & set(operand_dims):
+        raise _bad(instr, "batching dimensions must pair distinct operand and indices dimensions (not the "
+                          "index vector, not indexed or collapsed)")
+    for a, b in zip(operand_dims, indices_dims, strict=True):
+        if operand.dimensions[a] != indices.dimensions[b]:
+            raise _bad(instr, f"batching dimension {a} of {shape_str(operand)} and {b} of "
+                              f"{shape_str(indices)} differ in size")
+
+
 def _element_type_fits(instr: Instr, kind: int) -> None:
     """The op is defined on its element type: float-only, integer-only, bitwise and arithmetic ops."""
     opcode = instr.opcode
@@ -919,6 +956,7 @@ _CHECKS = {
     **{op: _Verifier._unary for op in UNARY_OPCODES | {"copy"}},
     "is-finite": _Verifier._is_finite, "clamp": _Verifier._clamp, "fusion": _Verifier._call,
     "bitcast": _Verifier._bitcast, "bitcast-convert": _Verifier._bitcast_convert,
+    "rng-bit-generator": _Verifier._rng_bit_generator,
     "reverse": _Verifier._reverse, "pad": _Verifier._pad,
     "while": _Verifier._while, "conditional": _Verifier._conditional,
     "dynamic-slice": _Verifier._dynamic_slice, "convolution": _Verifier._convolution,

@@ -1,5 +1,7 @@
 """Gather, scatter and dynamic slices: rows of a table moved by POOL's indirect dmas (dma_gather,
-dma_scatter) with s32 row numbers in SBUF, and windows at constant starts as views.
+dma_scatter) with s32 row numbers in SBUF, and windows at constant starts as views. Gathers and
+scatters that do not move whole rows along one dimension use a table of single elements, with
+each element's operand position computed on the device.
 
 A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
 """
@@ -74,16 +76,17 @@ class IndexedOps:
 
     def _gather(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
         """Whole rows along one dimension (embedding lookups, `take`): the indices go to SBUF and
-        POOL's indirect dma brings row index[p] of the table into partition p."""
+        POOL's indirect dma brings row index[p] of the table into partition p. Any other form
+        gathers element by element (`_gather_elements`)."""
         operand, indices = ops
         dn, sizes = instr.gather_dimension_numbers, [int(n) for n in instr.gather_slice_sizes]
         rank = len(operand.shape)
-        d = dn.start_index_map[0] if len(dn.start_index_map) == 1 else -1
-        if d < 0 or any(sizes[k] != operand.shape[k] for k in range(rank) if k != d) or sizes[d] != 1:
-            raise CompileError("E207", f"gather '{instr.name}' does not take whole rows along one dimension; "
-                                       "only that form (embedding lookups, take) is supported", instr.name)
         if isinstance(operand, Splat):
             return Splat(operand.value, operand.dtype, shape)
+        d = dn.start_index_map[0] if len(dn.start_index_map) == 1 else -1
+        if d < 0 or any(sizes[k] != operand.shape[k] for k in range(rank) if k != d) or sizes[d] != 1 \
+                or dn.operand_batching_dims:
+            return self._gather_elements(instr, operand, indices, shape)
         batch = gather_batch_shape(indices.shape, dn.index_vector_dim)
         count = product(tuple(batch))
         rows = self._reshape_value(indices, (count,), instr.name)
@@ -168,11 +171,12 @@ class IndexedOps:
     def _scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
         """Whole rows along one dimension (`x.at[i].add(u)`, `x.at[i].set(u)`): the result is laid out
         with that dimension outermost; each update row is gathered, combined with its update by the
-        update computation, and scattered back (an out-of-range row is skipped, as XLA does). With
-        unique_indices all rows go at once; otherwise one row at a time, so repeated indices combine
-        in order."""
+        update computation, and scattered back (an out-of-range row is skipped, as XLA does). Any
+        other form (points, partial windows, batching dimensions) goes element by element."""
         operand, indices, updates = ops
         dn, rank = instr.scatter_dimension_numbers, len(shape)
+        if dn.input_batching_dims:
+            return self._scatter_elements(instr, ops, shape, dtype)
         window_dims = list(dn.update_window_dims)
         operand_window = [k for k in range(rank) if k not in dn.inserted_window_dims]
         window = [1] * rank
@@ -180,8 +184,7 @@ class IndexedOps:
             window[operand_dim] = updates.shape[update_dim]
         d = dn.scatter_dims_to_operand_dims[0] if len(dn.scatter_dims_to_operand_dims) == 1 else -1
         if d < 0 or window[d] != 1 or any(window[k] != shape[k] for k in range(rank) if k != d):
-            raise CompileError("E207", f"scatter '{instr.name}' does not update whole rows along one "
-                                       "dimension; only that form is supported", instr.name)
+            return self._scatter_elements(instr, ops, shape, dtype)
         scatter_dims = [k for k in range(len(updates.shape)) if k not in window_dims]
         count = product(tuple(updates.shape[k] for k in scatter_dims))
         order = (d, *(k for k in range(rank) if k != d))
@@ -194,17 +197,140 @@ class IndexedOps:
         laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
         back = tuple(int(k) for k in np.argsort(order))
         self._copy_into(operand, laid_out.transpose(back), instr.name)
+        self._combine_rows(instr, laid_out, rows, values)
+        return laid_out.transpose(back)
+
+    def _combine_rows(self, instr, table: View, rows: View, values: Value) -> None:
+        """table[rows[i]] = update(table[rows[i]], values[i]) for every i, in order: each row is
+        gathered, combined by the update computation and scattered back. With unique_indices all
+        rows go at once; otherwise one at a time, so repeated rows combine in order."""
+        count, row_shape = rows.shape[0], table.shape[1:]
         combine = self.computations[instr.called_computation_ids[0]]
         batches = [(0, count)] if instr.unique_indices else [(i, i + 1) for i in range(count)]
         budget = Budget(self.builder.program, instr.name, "scatter", planned=len(batches))
         for first, last in batches:
             some_rows = self._cut(rows, first, last) if (first, last) != (0, count) else rows
-            old = self._gather_rows(instr, laid_out, some_rows)
+            old = self._gather_rows(instr, table, some_rows)
             new = self._window(values, (first,) + (0,) * len(row_shape), (last, *row_shape))
             (combined,) = self._apply_reducer(combine, [old, new], (last - first, *row_shape))
-            self._scatter_rows(instr, laid_out, some_rows, combined)
+            self._scatter_rows(instr, table, some_rows, combined)
             budget.charge()
-        return laid_out.transpose(back)
+
+    def _gather_elements(self, instr, operand: View, indices: Value, shape: tuple[int, ...]) -> Value:
+        """Any gather, one element per indirect-dma row: the operand is a table of single elements,
+        and each output element's row is its operand position, computed on the device."""
+        dn, sizes = instr.gather_dimension_numbers, [int(n) for n in instr.gather_slice_sizes]
+        rank = len(operand.shape)
+        batch_positions = [p for p in range(len(shape)) if p not in dn.offset_dims]
+        dropped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+        kept = [d for d in range(rank) if d not in dropped]
+        positions, _ = self._element_positions(
+            instr, operand.shape, indices, dn.index_vector_dim, list(dn.start_index_map), sizes, shape,
+            batch_positions, dict(zip(kept, sorted(dn.offset_dims), strict=True)),
+            dict(zip(dn.operand_batching_dims, dn.start_indices_batching_dims, strict=True)), clamp=True)
+        count = product(shape)
+        table = self._element_table(operand, instr.name)
+        rows = self._reshape_value(positions, (count,), instr.name)
+        return self._reshape_value(self._gather_rows(instr, table, rows), shape, instr.name)
+
+    def _scatter_elements(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        """Any scatter, one element per indirect-dma row: every update element's operand position
+        is computed on the device (-1, which the dma skips, where its window does not fit), then
+        the elements combine in order as whole-row scatters do."""
+        operand, indices, updates = ops
+        dn = instr.scatter_dimension_numbers
+        rank = len(shape)
+        window_dims = sorted(dn.update_window_dims)
+        batch_positions = [p for p in range(len(updates.shape)) if p not in window_dims]
+        dropped = set(dn.inserted_window_dims) | set(dn.input_batching_dims)
+        window_of = dict(zip([d for d in range(rank) if d not in dropped], window_dims, strict=True))
+        sizes = [updates.shape[window_of[d]] if d in window_of else 1 for d in range(rank)]
+        positions, fits = self._element_positions(
+            instr, shape, indices, dn.index_vector_dim, list(dn.scatter_dims_to_operand_dims), sizes,
+            updates.shape, batch_positions, window_of,
+            dict(zip(dn.input_batching_dims, dn.scatter_indices_batching_dims, strict=True)), clamp=False)
+        if fits is not None:
+            positions = self._synthetic(instr, "select", [fits, positions, Splat(-1.0, common_pb2.S32, ())],
+                                        updates.shape, common_pb2.S32)
+        count = product(updates.shape)
+        out = self._new_output(instr, shape, dtype)
+        self._copy_into(operand, out, instr.name)
+        rows = self._reshape_value(positions, (count,), instr.name)
+        if isinstance(rows, Splat):
+            rows = self._materialize(rows, instr.name)
+        values = self._reshape_value(updates, (count, 1), instr.name)
+        self._combine_rows(instr, out.reshape((product(shape), 1)), rows, values)
+        return out
+
+    def _element_table(self, operand: View, source: str) -> View:
+        """The operand as a (elements, 1) table: one element per row."""
+        flat = operand.reshape((product(operand.shape), 1))
+        if flat is None:
+            flat = self._materialize(operand, source).reshape((product(operand.shape), 1))
+        return flat
+
+    def _element_positions(self, instr, operand_shape: tuple[int, ...], indices: Value, vector: int,
+                           index_map: list[int], sizes: list[int], shape: tuple[int, ...],
+                           batch_positions: list[int], window_of: dict[int, int], batching: dict[int, int],
+                           clamp: bool) -> tuple[Value, Value | None]:
+        """For every element of `shape` (a gather's output, a scatter's updates), the row-major
+        position in the operand it reads or writes, as s32: per operand dimension, the window start
+        (an index coordinate, clamped when `clamp`; or the paired batch coordinate) plus the
+        element's offset in the window. Without `clamp`, also whether every start lets the window
+        fit (a scatter skips the windows that do not)."""
+        s32 = common_pb2.S32
+        batch_shape = tuple(n for k, n in enumerate(indices.shape) if k != vector)
+
+        def op(opcode: str, operands: list[Value], kind: int = s32, **fields) -> Value:
+            return self._synthetic(instr, opcode, operands, shape, kind, **fields)
+
+        def spread(value: Value) -> Value:  # a value over the indices' batch dimensions, over `shape`
+            if isinstance(value, Splat):
+                return Splat(value.value, value.dtype, shape)
+            return value.broadcast(shape, tuple(batch_positions))
+
+        def along(position: int) -> Value:
+            counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.at", opcode="iota",
+                                                  dimensions=[position])
+            return self._iota(counter, shape, s32)
+
+        def coordinate(k: int) -> Value:
+            if vector == len(indices.shape):
+                part = indices
+            else:
+                starts = tuple(k if a == vector else 0 for a in range(len(indices.shape)))
+                limits = tuple(k + 1 if a == vector else n for a, n in enumerate(indices.shape))
+                part = self._reshape_value(self._window(indices, starts, limits), batch_shape, instr.name)
+            if part.dtype != s32:
+                part = self._synthetic(instr, "convert", [part], batch_shape, s32)
+            return spread(part)
+
+        strides = affine.row_major_strides(operand_shape)
+        total: Value = Splat(0.0, s32, shape)
+        fits: Value | None = None
+        for d in range(len(operand_shape)):
+            term: Value | None = None
+            if d in index_map:
+                term = coordinate(index_map.index(d))
+                low, high = Splat(0.0, s32, shape), Splat(float(operand_shape[d] - sizes[d]), s32, shape)
+                if clamp:
+                    term = op("clamp", [low, term, high])
+                else:
+                    above = op("compare", [term, low], common_pb2.PRED, comparison_direction="GE")
+                    below = op("compare", [term, high], common_pb2.PRED, comparison_direction="LE")
+                    inside = op("and", [above, below], common_pb2.PRED)
+                    fits = inside if fits is None else op("and", [fits, inside], common_pb2.PRED)
+            elif d in batching:
+                paired = batching[d] - (batching[d] > vector)
+                term = along(batch_positions[paired])
+            if d in window_of and sizes[d] > 1:
+                offset = along(window_of[d])
+                term = offset if term is None else op("add", [term, offset])
+            if term is not None:
+                stride = Splat(float(strides[d]), s32, shape)
+                scaled = term if strides[d] == 1 else op("multiply", [term, stride])
+                total = op("add", [total, scaled])
+        return total, fits
 
     def _scatter_rows(self, instr, table: View, rows: View, values: Value) -> None:
         """table[rows[i], ...] = values[i, ...] for a row-major table whose first dimension is indexed."""

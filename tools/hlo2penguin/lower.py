@@ -18,6 +18,7 @@ compute on the engine that owns the op, and store the result to HBM:
   iota           POOL iota
   popcnt, clz    shift/mask/add bit tricks in the operand's own integer type
   bitcast-convert  a dma that reinterprets bytes; across widths, shifts and ors of the pieces
+  rng-bit-generator  XLA:CPU's Threefry / Philox rounds in one POOL nest over counters (random.py)
 
 `call` and `fusion` are inlined; tuples are plumbing. Anything else was refused by the verifier.
 """
@@ -48,6 +49,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
     canonical_shape,
     ceil_div,
 )
+from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.sorting import SortOps
 from ncc.tools.hlo2penguin.values import (
     ACT,
@@ -91,7 +93,7 @@ REDUCERS = {"add": ("add", 0.0), "maximum": ("maximum", -np.inf), "minimum": ("m
 
 
 
-class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps):
+class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
     """Walks the entry computation in order and emits Penguin tensors and nests."""
 
     def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
@@ -175,6 +177,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps):
             return self._while(instr, ops[0])
         if opcode == "conditional":
             return self._conditional(instr, ops)
+        if opcode == "rng-bit-generator":
+            return self._rng_bit_generator(instr, ops[0])
         if self.region_shape and opcode in REGION_MOVES:
             return self._region_move(instr, ops, shape)
         if opcode == "reduce-window":

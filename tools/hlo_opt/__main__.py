@@ -1,7 +1,8 @@
 """ncc-hlo-opt: the golden evaluator (--evaluate, job GoldenEvaluator) and Penguin → BIR (job Frontend).
 
-Penguin optimization passes are not written yet (see README "Not yet"); the frontend lowers the
-Penguin program as hlo2penguin wrote it.
+Before lowering to BIR, the Frontend optimizes the Penguin program (optimizer.py) at --optlevel 1
+and above: loop fusion, then dead-code elimination (--penguin-passes picks others). At 0 it lowers
+the program as written.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ def _body(args: argparse.Namespace) -> None:
     from ncc.schemas import penguin_pb2
     from ncc.tools.common.protoio import read_proto
     from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+    from ncc.tools.hlo_opt.optimizer import optimize, pass_list
 
     program = read_proto(args.input, penguin_pb2.Program, "Penguin program")
+    optimize(program, pass_list(args.penguin_passes, args.optlevel))
     write_proto(args.output, lower_to_bir(program, args.target))
 
 
@@ -37,6 +40,10 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (--evaluate)")
     parser.add_argument("--inputs", help="TensorSet of inputs instead of generated ones (--evaluate)")
     parser.add_argument("--target", default="trn1")
+    parser.add_argument("--optlevel", type=int, choices=range(4), default=2,
+                        help="0 lowers the Penguin program as written; 1-3 fuse loops and drop dead code")
+    parser.add_argument("--penguin-passes", default="", metavar="a,b,...",
+                        help="the Penguin passes to run, in order ('none' for none); overrides --optlevel's")
     sys.exit(run_tool("hlo_opt", parser, _body))
 
 

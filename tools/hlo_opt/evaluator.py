@@ -42,6 +42,7 @@ from ncc.tools.hlo.index_math import (
     window_slices,
 )
 from ncc.tools.hlo.literals import literal_to_numpy
+from ncc.tools.hlo.rng_bits import rng_bit_generator
 
 Instr = hlo_pb2.HloInstructionProto
 
@@ -250,7 +251,9 @@ class _Evaluator:
 
     def _gather(self, instr: Instr, ops: list) -> np.ndarray:
         """XLA gather, one batch position at a time: its start indices (clamped so the slice fits)
-        pick a slice of the operand; collapsed dimensions go; slices land at offset_dims."""
+        pick a slice of the operand, and each operand batching dimension starts at the position's
+        coordinate in its paired indices dimension; collapsed and batching dimensions go; slices
+        land at offset_dims."""
         operand, indices = np.asarray(ops[0]), np.asarray(ops[1]).astype(np.int64)
         dn, sizes = instr.gather_dimension_numbers, list(instr.gather_slice_sizes)
         vector = dn.index_vector_dim
@@ -258,12 +261,16 @@ class _Evaluator:
             indices = indices[..., None]
         indices = np.moveaxis(indices, vector, -1)
         batch = indices.shape[:-1]
-        kept = [d for d in range(operand.ndim) if d not in dn.collapsed_slice_dims]
+        dropped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
+        kept = [d for d in range(operand.ndim) if d not in dropped]
+        paired = _batch_pairs(dn.operand_batching_dims, dn.start_indices_batching_dims, vector)
         natural = np.empty((*batch, *(sizes[d] for d in kept)), dtype=operand.dtype)
         for position in np.ndindex(*batch):
             starts = [0] * operand.ndim
             for coordinate, dim in zip(indices[position], dn.start_index_map, strict=True):
                 starts[dim] = int(np.clip(coordinate, 0, operand.shape[dim] - sizes[dim]))
+            for dim, batch_dim in paired:
+                starts[dim] = position[batch_dim]
             piece = operand[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
             natural[position] = piece.reshape([sizes[d] for d in kept])
         order = gather_output_order(dn.offset_dims, len(batch), natural.ndim)
@@ -282,7 +289,9 @@ class _Evaluator:
         window_dims = list(dn.update_window_dims)
         scatter_dims = [d for d in range(updates.ndim) if d not in window_dims]
         moved = np.transpose(updates, scatter_dims + window_dims)
-        operand_window = [d for d in range(out.ndim) if d not in dn.inserted_window_dims]
+        dropped = set(dn.inserted_window_dims) | set(dn.input_batching_dims)
+        operand_window = [d for d in range(out.ndim) if d not in dropped]
+        paired = _batch_pairs(dn.input_batching_dims, dn.scatter_indices_batching_dims, dn.index_vector_dim)
         sizes = [1] * out.ndim
         for d, n in zip(operand_window, moved.shape[len(scatter_dims):], strict=True):
             sizes[d] = n
@@ -291,6 +300,8 @@ class _Evaluator:
             starts = [0] * out.ndim
             for coordinate, dim in zip(indices[position], dn.scatter_dims_to_operand_dims, strict=True):
                 starts[dim] = int(coordinate)
+            for dim, batch_dim in paired:
+                starts[dim] = position[batch_dim]
             if any(s < 0 or s + n > extent for s, n, extent in zip(starts, sizes, out.shape, strict=True)):
                 continue
             where = tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))
@@ -432,6 +443,12 @@ class _Evaluator:
         raw = stored.view(storage_dtype(target)).reshape(tuple(instr.shape.dimensions))
         return round_to(to_compute(raw, target), instr.shape.element_type)
 
+    def _rng_bit_generator(self, instr: Instr, ops: list) -> tuple:
+        """(new state, bits) exactly as XLA:CPU computes them (tools/hlo/rng_bits.py)."""
+        bits_shape = instr.shape.tuple_shapes[1]
+        return rng_bit_generator(np.asarray(ops[0]), dims(bits_shape), compute_dtype(bits_shape.element_type),
+                                 instr.rng_algorithm)
+
     def _dot(self, instr: Instr, ops: list) -> np.ndarray:
         lhs, rhs = np.asarray(ops[0]), np.asarray(ops[1])
         dn = instr.dot_dimension_numbers
@@ -526,6 +543,11 @@ def _merge_sort(items: list[int], before: Callable[[int, int], bool]) -> list[in
     return merged + left[i:] + right[j:]
 
 
+def _batch_pairs(operand_dims, indices_dims, index_vector_dim: int) -> list[tuple[int, int]]:
+    """(operand dimension, position among the indices' batch dimensions) for each batching pair."""
+    return [(dim, b - (b > index_vector_dim)) for dim, b in zip(operand_dims, indices_dims, strict=True)]
+
+
 def pad_array(operand: np.ndarray, value: object, edges: list[tuple[int, int, int]]) -> np.ndarray:
     """`operand` padded by (low, high, interior) per dimension with `value` (negative edges crop)."""
     shape = [low + high + n + max(n - 1, 0) * interior for (low, high, interior), n in
@@ -571,6 +593,7 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "dot": _Evaluator._dot,
     "bitcast": _Evaluator._bitcast,
     "bitcast-convert": _Evaluator._bitcast_convert,
+    "rng-bit-generator": _Evaluator._rng_bit_generator,
     "reverse": _Evaluator._reverse,
     "pad": _Evaluator._pad,
     "convolution": _Evaluator._convolution,

@@ -106,32 +106,48 @@ def lower_bound_ns(
 ) -> dict[str, float]:
     """The lower bounds of any schedule and their maximum (key 'lower_bound_ns'). With `flow_only`
     the critical path follows only FLOW (true data) edges: after allocation the graph also holds
-    WAR/WAW edges that address reuse made, which bind this allocation, not every schedule."""
+    WAR/WAW edges that address reuse made, which bind this allocation, not every schedule.
+
+    An engine (or shared port) bound is head + work + tail: no instruction on it can start before
+    the earliest any of them can (the longest dependence path into it), all its work runs one
+    instruction at a time, and whichever finishes last still has at least the shortest remaining
+    path to the end of the program behind it."""
     table = table or CostTable(target)
-    work: dict[int, float] = defaultdict(float)
-    port_work: dict[str, float] = defaultdict(float)
+    users: dict[object, list[int]] = defaultdict(list)  # engine or port -> instruction ids
+    work: dict[object, float] = defaultdict(float)
     latency: dict[int, float] = {}
     moved = 0
     for instr in instructions:
         cost = table(instr)
-        work[instr.engine] += cost.engine_ns
-        for port in cost.ports:
-            port_work[port] += cost.engine_ns
+        for resource in (instr.engine, *cost.ports):
+            work[resource] += cost.engine_ns
+            users[resource].append(instr.id)
         latency[instr.id] = cost.latency_ns
         moved += cost.moved_bytes
     critical = 0.0
+    head: dict[int, float] = {}
+    tail: dict[int, float] = {}
     if deps is not None:
-        finish: dict[int, float] = {}
-        for node in deps.topological_order():
-            if node not in latency:
-                continue
-            preds = deps.predecessors_of_kind(node, "FLOW") if flow_only else deps.predecessors(node)
-            start = max((finish[p] for p in preds if p in finish), default=0.0)
-            finish[node] = start + latency[node]
-        critical = max(finish.values(), default=0.0)
+        order = [node for node in deps.topological_order() if node in latency]
+
+        def preds(node: int) -> Iterable[int]:
+            return deps.predecessors_of_kind(node, "FLOW") if flow_only else deps.predecessors(node)
+
+        for node in order:
+            head[node] = max((head[p] + latency[p] for p in preds(node) if p in head), default=0.0)
+        for node in reversed(order):  # tail: the longest path after `node` finishes
+            for p in preds(node):
+                if p in latency:
+                    tail[p] = max(tail.get(p, 0.0), latency[node] + tail.get(node, 0.0))
+        critical = max((head[n] + latency[n] for n in order), default=0.0)
     critical = max(critical, max(latency.values(), default=0.0))
-    busiest = max(work.values(), default=0.0)
-    port = max(port_work.values(), default=0.0)
+
+    def bound(resource: object) -> float:
+        ids = users[resource]
+        return min(head.get(i, 0.0) for i in ids) + work[resource] + min(tail.get(i, 0.0) for i in ids)
+
+    busiest = max((bound(r) for r in work if not isinstance(r, str)), default=0.0)
+    port = max((bound(r) for r in work if isinstance(r, str)), default=0.0)
     dma = moved / dma_bandwidth_bytes_per_ns(target)
     return {
         "busiest_engine_ns": busiest,

@@ -1,0 +1,67 @@
+"""Dead-code elimination on Penguin IR: statements whose results nobody reads, and what they leave.
+
+An intermediate HBM tensor that no statement reads is never needed, so the stores into it go (after
+fusion, most intermediates of an elementwise chain are such tensors); a statement whose SBUF/PSUM
+output no later statement of its nest reads goes too, back to the loads that fed only it. Module
+outputs are always live. Then nests left without statements, and declarations nothing names, go.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncc.schemas import common_pb2, penguin_pb2
+
+
+@dataclass
+class DceStats:
+    statements_removed: int = 0
+    tensors_removed: int = 0
+
+
+def eliminate_dead_code(program: penguin_pb2.Program) -> DceStats:
+    tensors = {t.name: t for t in program.tensors}
+
+    def base(name: str) -> str:
+        return tensors[name].view_of or name
+
+    def on_chip(name: str) -> bool:
+        return tensors[name].memory != common_pb2.HBM
+
+    stats = DceStats()
+    outputs = {t.name for t in program.tensors if t.role != penguin_pb2.INTERNAL}
+    changed = True
+    while changed:  # a store that goes can leave the loads (and stores) that fed it dead
+        changed = False
+        live_hbm = outputs | {base(a.tensor) for nest in program.nests for st in nest.statements
+                              for a in st.inputs if not on_chip(a.tensor)}
+        for nest in program.nests:
+            live_tiles: set[str] = set()
+            grew = True
+            while grew:  # to a fixed point: a tile may be read before (in order) it is written
+                grew = False
+                for st in nest.statements:
+                    if any(base(a.tensor) in live_hbm if not on_chip(a.tensor) else a.tensor in live_tiles
+                           for a in st.outputs):
+                        used = {a.tensor for a in st.inputs if on_chip(a.tensor)} - live_tiles
+                        if used:
+                            live_tiles |= used
+                            grew = True
+            kept = [st for st in nest.statements
+                    if any(base(a.tensor) in live_hbm if not on_chip(a.tensor) else a.tensor in live_tiles
+                           for a in st.outputs)]
+            if len(kept) != len(nest.statements):
+                stats.statements_removed += len(nest.statements) - len(kept)
+                changed = True
+                del nest.statements[:]
+                nest.statements.extend(kept)
+    nests = [n for n in program.nests if n.statements]
+    del program.nests[:]
+    program.nests.extend(nests)
+    named = {a.tensor for nest in program.nests for st in nest.statements for a in [*st.inputs, *st.outputs]}
+    named |= {tensors[n].view_of for n in named if tensors[n].view_of}
+    kept_tensors = [t for t in program.tensors if t.name in named or t.role != penguin_pb2.INTERNAL]
+    stats.tensors_removed = len(program.tensors) - len(kept_tensors)
+    del program.tensors[:]
+    program.tensors.extend(kept_tensors)
+    return stats

@@ -1,0 +1,146 @@
+"""Loop fusion: a consumer nest that reads, tile for tile, what the nest before it just stored joins
+that nest and reads the producer's SBUF tile instead of HBM.
+
+The lowering gives every HLO op its own nest that loads its operands from HBM and stores its result
+back, so an elementwise chain round-trips every intermediate through HBM. Two adjacent nests fuse
+when they iterate the same space and the consumer loads a tensor the producer stores with the same
+box at the same iteration, where that box is a different tile at every iteration (so the stored
+value is final when it is stored). The fused nest runs the producer's statements, then the
+consumer's with that load gone and its tile renamed to the producer's. The producer's store stays;
+dead-store elimination (dce.py) removes it when no one else reads the tensor. Nothing else moves:
+nests are fused only with their neighbour in program order, so no other nest can run in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.hlo_opt.access_keys import base, box_key, view_key
+
+
+@dataclass
+class FusionStats:
+    nests_before: int = 0
+    nests_after: int = 0
+    loads_removed: int = 0
+
+
+def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
+    """Fuse adjacent producer/consumer nests in place; returns what changed."""
+    tensors = {t.name: t for t in program.tensors}
+    stats = FusionStats(nests_before=len(program.nests))
+    fused: list[penguin_pb2.LoopNest] = []
+    for nest in program.nests:
+        if fused and _try_fuse(fused[-1], nest, tensors, stats):
+            continue
+        copy = penguin_pb2.LoopNest()
+        copy.CopyFrom(nest)
+        fused.append(copy)
+    del program.nests[:]
+    program.nests.extend(fused)
+    stats.nests_after = len(fused)
+    return stats
+
+
+def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
+              tensors: dict[str, penguin_pb2.TensorDecl], stats: FusionStats) -> bool:
+    if len(producer.axes) != len(consumer.axes) or not producer.axes:
+        return False
+    if any(p.extent != c.extent for p, c in zip(producer.axes, consumer.axes, strict=True)):
+        return False
+    rename = {c.name: p.name for p, c in zip(producer.axes, consumer.axes, strict=True)}
+    axes = [a.name for a in producer.axes]
+    stored = _tile_stores(producer, tensors, axes)  # (view key, box) -> producer's SBUF tile access
+    if not stored:
+        return False
+    written = {base(tensors, a.tensor) for st in producer.statements for a in st.outputs}
+    read_by_producer = {base(tensors, a.tensor) for st in producer.statements for a in st.inputs}
+    replaced: dict[str, penguin_pb2.Access] = {}  # consumer tile -> producer tile
+    dropped: set[int] = set()
+    def in_hbm(access: penguin_pb2.Access) -> bool:
+        return tensors[access.tensor].memory == common_pb2.HBM
+
+    for k, st in enumerate(consumer.statements):
+        for access in st.outputs:  # the consumer must not write what the producer touches
+            if in_hbm(access) and base(tensors, access.tensor) in written | read_by_producer:
+                return False
+        for access in st.inputs:
+            if not in_hbm(access) or base(tensors, access.tensor) not in written:
+                continue
+            if not _is_tile_load(st):
+                return False  # reads the producer's output other than as a tile load: needs all of it
+            key = (view_key(tensors[access.tensor]), box_key(access, rename))
+            tile = stored.get(key)
+            target = st.outputs[0]
+            if tile is None or not _same_tile(tensors[tile.tensor], tensors[target.tensor]) \
+                    or box_key(target, rename) != box_key(tile):
+                return False
+            replaced[target.tensor] = tile
+            dropped.add(k)
+    if not replaced:
+        return False
+    kept = [st for k, st in enumerate(consumer.statements) if k not in dropped]
+    if {a.tensor for st in kept for a in st.outputs} & set(replaced):
+        return False  # the consumer overwrites a tile it loaded: keep them apart
+    for st in kept:
+        merged = producer.statements.add()
+        merged.CopyFrom(st)
+        merged.name = f"{consumer.name}.{st.name}"
+        for access in [*merged.inputs, *merged.outputs]:
+            if access.tensor in replaced:
+                access.tensor = replaced[access.tensor].tensor
+            _rename_access(access, rename)
+        for predicate in merged.predicates:
+            _rename_expr(predicate.expr, rename)
+        if merged.attributes.get("accumulate_axis") in rename:
+            merged.attributes["accumulate_axis"] = rename[merged.attributes["accumulate_axis"]]
+    for key, value in consumer.attributes.items():
+        producer.attributes.setdefault(key, value)
+    stats.loads_removed += len(dropped)
+    return True
+
+
+def _tile_stores(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
+                 axes: list[str]) -> dict[tuple, penguin_pb2.Access]:
+    """Unconditional SBUF → HBM stores of a different box at every iteration, by (view, box)."""
+    stores = {}
+    for st in nest.statements:
+        if st.op != "dma" or st.predicates or len(st.inputs) != 1 or len(st.outputs) != 1:
+            continue
+        out, tile = st.outputs[0], st.inputs[0]
+        if tensors[out.tensor].memory != common_pb2.HBM or tensors[tile.tensor].memory != common_pb2.SBUF:
+            continue
+        if _one_axis_per_dimension(out, axes):
+            stores[(view_key(tensors[out.tensor]), box_key(out))] = tile
+    return stores
+
+
+def _one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str]) -> bool:
+    """Every axis moves exactly one dimension's start: the box is a different tile at every point."""
+    used: list[str] = []
+    for start in access.starts:
+        names = [t.var for t in start.terms if t.coeff]
+        if len(names) > 1:
+            return False
+        used += names
+    return sorted(used) == sorted(axes)
+
+
+def _is_tile_load(st: penguin_pb2.Statement) -> bool:
+    return st.op == "dma" and not st.predicates and len(st.inputs) == 1 and len(st.outputs) == 1
+
+
+def _same_tile(a: penguin_pb2.TensorDecl, b: penguin_pb2.TensorDecl) -> bool:
+    return (a.memory, a.dtype, list(a.shape), list(a.block_shape)) == \
+        (b.memory, b.dtype, list(b.shape), list(b.block_shape))
+
+
+def _rename_access(access: penguin_pb2.Access, rename: dict[str, str]) -> None:
+    for start in access.starts:
+        _rename_expr(start, rename)
+
+
+def _rename_expr(expr: penguin_pb2.AffineExpr, rename: dict[str, str]) -> None:
+    for term in expr.terms:
+        term.var = rename.get(term.var, term.var)
