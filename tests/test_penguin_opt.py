@@ -159,3 +159,17 @@ def test_unknown_penguin_pass_from_the_cli_is_e400(tmp_path: Path) -> None:
                        timeout=120)
     assert compiled.returncode != 0 and "[E400]" in compiled.stderr and "fuse" in compiled.stderr
     assert "Traceback" not in compiled.stderr
+
+
+def test_a_reduction_over_one_free_tile_fuses_with_what_uses_its_result(models_dir: Path) -> None:
+    """layernorm's row sums fit one free tile: the nest's second axis has extent 1, so the store
+    that waited for the last column tile happens at every point, and the mean's division (and,
+    in turn, the variance's) joins the reduction's nest instead of reading it back from HBM."""
+    from ncc.tools.hlo.hlo_reader import load_module
+
+    program = lower_module(load_module(str(models_dir / "layernorm.hlo.pb")))
+    fuse_nests(program)
+    assert any({"tensor_reduce", "tensor_scalar"} <= {st.op for st in nest.statements}
+               for nest in program.nests)
+    assert all(not st.predicates for nest in program.nests for st in nest.statements
+               if all(axis.extent == 1 for axis in nest.axes[1:]))

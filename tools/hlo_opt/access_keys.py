@@ -21,9 +21,12 @@ def view_key(tensor: penguin_pb2.TensorDecl) -> tuple:
             tuple(tensor.view_strides))
 
 
-def box_key(access: penguin_pb2.Access, rename: dict[str, str] | None = None) -> tuple:
-    """An access's box, with its axis names renamed by `rename`."""
+def box_key(access: penguin_pb2.Access, rename: dict[str, str] | None = None,
+            fixed: frozenset[str] = frozenset()) -> tuple:
+    """An access's box, with its axis names renamed by `rename`; terms in the axes `fixed` (of
+    extent 1, so always 0) are left out."""
     rename = rename or {}
-    starts = tuple((tuple(sorted((rename.get(t.var, t.var), t.coeff) for t in s.terms if t.coeff)),
+    starts = tuple((tuple(sorted((rename.get(t.var, t.var), t.coeff) for t in s.terms
+                                 if t.coeff and rename.get(t.var, t.var) not in fixed)),
                     s.constant) for s in access.starts)
     return starts, tuple(access.extents)

@@ -9,6 +9,10 @@ value is final when it is stored). The fused nest runs the producer's statements
 consumer's with that load gone and its tile renamed to the producer's. The producer's store stays;
 dead-store elimination (dce.py) removes it when no one else reads the tensor. Nothing else moves:
 nests are fused only with their neighbour in program order, so no other nest can run in between.
+
+First every nest is canonicalized: an axis of extent 1 has one value, so a predicate on such axes
+alone is decided at compile time (a reduction whose row fits one free tile stores unconditionally,
+and can then fuse like any elementwise nest).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common import affine
 from ncc.tools.hlo_opt.access_keys import base, box_key, view_key
 
 
@@ -32,6 +37,7 @@ def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
     stats = FusionStats(nests_before=len(program.nests))
     fused: list[penguin_pb2.LoopNest] = []
     for nest in program.nests:
+        _decide_single_point_predicates(nest)
         if fused and _try_fuse(fused[-1], nest, tensors, stats):
             continue
         copy = penguin_pb2.LoopNest()
@@ -50,14 +56,15 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
     if any(p.extent != c.extent for p, c in zip(producer.axes, consumer.axes, strict=True)):
         return False
     rename = {c.name: p.name for p, c in zip(producer.axes, consumer.axes, strict=True)}
-    axes = [a.name for a in producer.axes]
-    stored = _tile_stores(producer, tensors, axes)  # (view key, box) -> producer's SBUF tile access
+    fixed = frozenset(a.name for a in producer.axes if a.extent == 1)  # always 0
+    stored = _tile_stores(producer, tensors, fixed)  # (view key, box) -> producer's SBUF tile access
     if not stored:
         return False
     written = {base(tensors, a.tensor) for st in producer.statements for a in st.outputs}
     read_by_producer = {base(tensors, a.tensor) for st in producer.statements for a in st.inputs}
     replaced: dict[str, penguin_pb2.Access] = {}  # consumer tile -> producer tile
     dropped: set[int] = set()
+
     def in_hbm(access: penguin_pb2.Access) -> bool:
         return tensors[access.tensor].memory == common_pb2.HBM
 
@@ -70,11 +77,11 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
                 continue
             if not _is_tile_load(st):
                 return False  # reads the producer's output other than as a tile load: needs all of it
-            key = (view_key(tensors[access.tensor]), box_key(access, rename))
+            key = (view_key(tensors[access.tensor]), box_key(access, rename, fixed))
             tile = stored.get(key)
             target = st.outputs[0]
             if tile is None or not _same_tile(tensors[tile.tensor], tensors[target.tensor]) \
-                    or box_key(target, rename) != box_key(tile):
+                    or box_key(target, rename, fixed) != box_key(tile, {}, fixed):
                 return False
             replaced[target.tensor] = tile
             dropped.add(k)
@@ -101,26 +108,52 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
     return True
 
 
+def _decide_single_point_predicates(nest: penguin_pb2.LoopNest) -> None:
+    """Predicates over extent-1 axes only hold everywhere or nowhere: drop them, or the statement."""
+    fixed = {axis.name: 0 for axis in nest.axes if axis.extent == 1}
+    statements = []
+    for st in nest.statements:
+        decided = [p for p in st.predicates if all(t.var in fixed for t in p.expr.terms)]
+        if not all(affine.holds(p, fixed) for p in decided):
+            continue  # never runs
+        kept = [p for p in st.predicates if not all(t.var in fixed for t in p.expr.terms)]
+        if len(kept) != len(st.predicates):
+            del st.predicates[:]
+            st.predicates.extend(kept)
+        statements.append(st)
+    if len(statements) != len(nest.statements):
+        del nest.statements[:]
+        nest.statements.extend(statements)
+
+
 def _tile_stores(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
-                 axes: list[str]) -> dict[tuple, penguin_pb2.Access]:
-    """Unconditional SBUF → HBM stores of a different box at every iteration, by (view, box)."""
+                 fixed: frozenset[str]) -> dict[tuple, penguin_pb2.Access]:
+    """Unconditional SBUF → HBM stores of a different box at every iteration, by (view, box), into
+    tensors no other statement of the nest writes (so each stored box holds its final value)."""
+    writers: dict[str, int] = {}
+    for st in nest.statements:
+        for name in {base(tensors, a.tensor) for a in st.outputs}:
+            writers[name] = writers.get(name, 0) + 1
     stores = {}
     for st in nest.statements:
         if st.op != "dma" or st.predicates or len(st.inputs) != 1 or len(st.outputs) != 1:
             continue
         out, tile = st.outputs[0], st.inputs[0]
-        if tensors[out.tensor].memory != common_pb2.HBM or tensors[tile.tensor].memory != common_pb2.SBUF:
+        if tensors[out.tensor].memory != common_pb2.HBM or tensors[tile.tensor].memory != common_pb2.SBUF \
+                or writers[base(tensors, out.tensor)] != 1:
             continue
-        if _one_axis_per_dimension(out, axes):
-            stores[(view_key(tensors[out.tensor]), box_key(out))] = tile
+        moving = [a.name for a in nest.axes if a.name not in fixed]
+        if _one_axis_per_dimension(out, moving, fixed):
+            stores[(view_key(tensors[out.tensor]), box_key(out, {}, fixed))] = tile
     return stores
 
 
-def _one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str]) -> bool:
-    """Every axis moves exactly one dimension's start: the box is a different tile at every point."""
+def _one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str], fixed: frozenset[str]) -> bool:
+    """Every axis moves exactly one dimension's start: the box is a different tile at every point
+    (axes of extent 1, `fixed`, have one point and need not appear)."""
     used: list[str] = []
     for start in access.starts:
-        names = [t.var for t in start.terms if t.coeff]
+        names = [t.var for t in start.terms if t.coeff and t.var not in fixed]
         if len(names) > 1:
             return False
         used += names
