@@ -14,6 +14,7 @@ from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
@@ -161,15 +162,21 @@ def test_unknown_penguin_pass_from_the_cli_is_e400(tmp_path: Path) -> None:
     assert "Traceback" not in compiled.stderr
 
 
-def test_a_reduction_over_one_free_tile_fuses_with_what_uses_its_result(models_dir: Path) -> None:
+def test_a_norm_body_becomes_one_nest(models_dir: Path) -> None:
     """layernorm's row sums fit one free tile: the nest's second axis has extent 1, so the store
-    that waited for the last column tile happens at every point, and the mean's division (and,
-    in turn, the variance's) joins the reduction's nest instead of reading it back from HBM."""
+    that waited for the last column tile happens at every point, and what uses the sums joins the
+    reduction's nest. The mean and the scale, read back from HBM broadcast across each row, become
+    on-chip broadcasts of their [128, 1] tiles on ACT (BIR: an input access of stride 0)."""
     from ncc.tools.hlo.hlo_reader import load_module
 
     program = lower_module(load_module(str(models_dir / "layernorm.hlo.pb")))
+    assert len(program.nests) == 12
     fuse_nests(program)
-    assert any({"tensor_reduce", "tensor_scalar"} <= {st.op for st in nest.statements}
-               for nest in program.nests)
-    assert all(not st.predicates for nest in program.nests for st in nest.statements
-               if all(axis.extent == 1 for axis in nest.axes[1:]))
+    (nest,) = program.nests
+    assert all(not st.predicates for st in nest.statements)
+    broadcasts = [st for st in nest.statements if st.attributes.get("broadcast") == "1"]
+    assert len(broadcasts) == 3 and all(st.op == "tensor_copy" for st in broadcasts)
+    assert all(st.engine == common_pb2.ACT for st in broadcasts)
+    bir = lower_to_bir(program)
+    spread = [i for i in bir.instructions if i.op == "tensor_copy" and i.engine == common_pb2.ACT]
+    assert spread and all((i.inputs[0].dims[0].stride, i.inputs[0].dims[0].count) == (0, 768) for i in spread)

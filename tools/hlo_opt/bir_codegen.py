@@ -76,8 +76,12 @@ class BirCodeGenLoop:
         instr.inputs.extend(ap for ap, _ in inputs)
         instr.scalars.extend(st.scalars)
         for key, value in st.attributes.items():
-            if key not in ("accumulate_axis", "iota_dimension"):
+            if key not in ("accumulate_axis", "iota_dimension", "broadcast"):
                 instr.attributes[key] = value
+        if st.attributes.get("broadcast") == "1":  # a [P, 1] tile read across the output's free dim
+            source, free = instr.inputs[0], instr.outputs[0].dims[-1].count
+            del source.dims[:]
+            source.dims.add(stride=0, count=free)
         if st.op == "matmul":
             axis = st.attributes.get("accumulate_axis", "")
             instr.accumulate = bool(axis) and env[axis] != 0

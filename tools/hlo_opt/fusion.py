@@ -60,10 +60,12 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
     stored = _tile_stores(producer, tensors, fixed)  # (view key, box) -> producer's SBUF tile access
     if not stored:
         return False
+    columns = _column_stores(producer, tensors, stored, fixed)
     written = {base(tensors, a.tensor) for st in producer.statements for a in st.outputs}
     read_by_producer = {base(tensors, a.tensor) for st in producer.statements for a in st.inputs}
     replaced: dict[str, penguin_pb2.Access] = {}  # consumer tile -> producer tile
     dropped: set[int] = set()
+    spread: dict[int, penguin_pb2.Access] = {}  # consumer load -> the producer column tile it repeats
 
     def in_hbm(access: penguin_pb2.Access) -> bool:
         return tensors[access.tensor].memory == common_pb2.HBM
@@ -80,20 +82,33 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
             key = (view_key(tensors[access.tensor]), box_key(access, rename, fixed))
             tile = stored.get(key)
             target = st.outputs[0]
-            if tile is None or not _same_tile(tensors[tile.tensor], tensors[target.tensor]) \
+            if tile is None:
+                column = columns.get(_column_key(tensors[access.tensor], access, rename, fixed))
+                if column is None or tensors[column.tensor].dtype != tensors[target.tensor].dtype:
+                    return False
+                spread[k] = column
+                continue
+            if not _same_tile(tensors[tile.tensor], tensors[target.tensor]) \
                     or box_key(target, rename, fixed) != box_key(tile, {}, fixed):
                 return False
             replaced[target.tensor] = tile
             dropped.add(k)
-    if not replaced:
+    if not replaced and not spread:
         return False
-    kept = [st for k, st in enumerate(consumer.statements) if k not in dropped]
-    if {a.tensor for st in kept for a in st.outputs} & set(replaced):
+    kept = [(k, st) for k, st in enumerate(consumer.statements) if k not in dropped]
+    if {a.tensor for _, st in kept for a in st.outputs} & set(replaced):
         return False  # the consumer overwrites a tile it loaded: keep them apart
-    for st in kept:
+    for k, st in kept:
         merged = producer.statements.add()
         merged.CopyFrom(st)
         merged.name = f"{consumer.name}.{st.name}"
+        if k in spread:  # the load of a broadcast column becomes an on-chip broadcast of its tile
+            merged.op, merged.engine = "tensor_copy", common_pb2.ACT
+            merged.attributes["broadcast"] = "1"
+            del merged.inputs[:]
+            merged.inputs.add().CopyFrom(spread[k])
+            _rename_access(merged.outputs[0], rename)
+            continue
         for access in [*merged.inputs, *merged.outputs]:
             if access.tensor in replaced:
                 access.tensor = replaced[access.tensor].tensor
@@ -104,7 +119,7 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
             merged.attributes["accumulate_axis"] = rename[merged.attributes["accumulate_axis"]]
     for key, value in consumer.attributes.items():
         producer.attributes.setdefault(key, value)
-    stats.loads_removed += len(dropped)
+    stats.loads_removed += len(dropped) + len(spread)
     return True
 
 
@@ -146,6 +161,39 @@ def _tile_stores(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Tens
         if _one_axis_per_dimension(out, moving, fixed):
             stores[(view_key(tensors[out.tensor]), box_key(out, {}, fixed))] = tile
     return stores
+
+
+def _column_stores(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
+                   stored: dict[tuple, penguin_pb2.Access],
+                   fixed: frozenset[str]) -> dict[tuple, penguin_pb2.Access]:
+    """The stores among `stored` of one column ([..., P, 1] tiles of a [..., N, 1] view): what a
+    consumer that reads the column repeated across its free dimension can take from SBUF instead."""
+    columns = {}
+    for st in nest.statements:
+        if st.op != "dma" or len(st.outputs) != 1 or len(st.inputs) != 1:
+            continue
+        out = st.outputs[0]
+        view = tensors[out.tensor]
+        if view.memory != common_pb2.HBM or not view.shape or view.shape[-1] != 1 or out.extents[-1] != 1:
+            continue
+        if (view_key(view), box_key(out, {}, fixed)) not in stored:
+            continue
+        strides = list(view.view_strides) or list(affine.row_major_strides(view.shape))
+        leading = box_key(out, {}, fixed)
+        columns[(view.view_of or view.name, view.dtype, view.view_offset, tuple(strides[:-1]),
+                 tuple(view.shape[:-1]), leading[0][:-1], leading[1][:-1])] = st.inputs[0]
+    return columns
+
+
+def _column_key(view: penguin_pb2.TensorDecl, access: penguin_pb2.Access, rename: dict[str, str],
+                fixed: frozenset[str]) -> tuple | None:
+    """The `_column_stores` key a load reads when its view repeats one column (last stride 0)."""
+    strides = list(view.view_strides)
+    if not view.view_of or not strides or strides[-1] != 0:
+        return None
+    box = box_key(access, rename, fixed)
+    return (view.view_of, view.dtype, view.view_offset, tuple(strides[:-1]), tuple(view.shape[:-1]),
+            box[0][:-1], box[1][:-1])
 
 
 def _one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str], fixed: frozenset[str]) -> bool:
