@@ -48,3 +48,18 @@ def test_zoo_model_matches_jax(tmp_path: Path, model: str, suffix: str, optlevel
                 bound = 1e-4 * max(1.0, float(np.max(np.abs(expected))))
                 error = float(np.max(np.abs(got.astype(np.float64) - expected)))
                 assert error <= bound, f"{model} {name}: max error {error:.3g} > {bound:.3g}"
+
+
+@pytest.mark.parametrize("model", ZOO)
+def test_text_and_proto_lower_to_the_same_program(model: str) -> None:
+    """Each zoo model's .hlo and .hlo.pb become the same Penguin program, so what every --optlevel
+    proves from the proto (above) holds for the text too; the text also runs end to end at -O2."""
+    from ncc.tools.hlo.hlo_reader import load_module
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    programs = [lower_module(load_module(str(MODELS_DIR / f"{model}{suffix}")))
+                for suffix in (".hlo.pb", ".hlo")]
+    for program in programs:
+        program.ClearField("name")
+    proto, text = (program.SerializeToString(deterministic=True) for program in programs)
+    assert proto == text
