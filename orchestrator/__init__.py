@@ -17,6 +17,10 @@ ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside i
     stage_cache     the content-addressed stage cache shared across work dirs (cmd_cache: `ncc cache`)
     farm, cmd_farm  `ncc farm`: many models' pipelines in one Luigi graph, local or on luigid
     farm_progress   the farm's live status line, read from the work dirs
+    triage, cmd_triage  `ncc triage`: explain and bucket failed compiles from their work dirs
+    triage_bundle   a failed job as a self-contained reproducer (replay.sh; triage_supervise.py
+                    is the stdlib-only watchdog it replays under)
+    run_settings    run_settings.json: each compile's limits and allow-listed environment
     outputs         writing user-named outputs (devices and FIFOs written through, links followed)
     diskspace       naming a full file system ([U011])
     supervisor      one tool as a supervised process tree (limits, rusage, peak RSS, no stragglers)

@@ -48,6 +48,10 @@ COMMANDS: dict[str, CommandInfo] = {
     "inspect": CommandInfo(
         "ncc.orchestrator.cmd_inspect", "Show a NEFF's engine streams, tensors and metadata"
     ),
+    "triage": CommandInfo(
+        "ncc.orchestrator.cmd_triage",
+        "Explain failed compiles of a work dir or farm: bucket them, bundle a reproducer",
+    ),
 }
 
 

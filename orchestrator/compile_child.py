@@ -26,6 +26,7 @@ from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.orchestrator.diskspace import is_no_space, looks_full, no_space_message
 from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.run_settings import record_run_settings
 from ncc.orchestrator.workdir import WorkDir, write_json_atomic
 from ncc.tools.common.lifetime import die_with_parent_from_env
 
@@ -54,11 +55,15 @@ def run_compile(options: CompileOptions) -> tuple[int, dict[str, object]]:
     workdir = WorkDir(options.workdir)
     try:
         luigi_setup.configure_logging(options.verbose, workdir.driver_log)
+        run_id = os.urandom(6).hex()
+        record_run_settings(options, run_id)  # limits and environment, for `ncc triage`
         inject_driver_fault(settings().driver_fault)
         luigi_setup.require_shared_memory()
         from ncc.orchestrator.compile_command import CompileCommand  # imports Luigi: after isolation
 
-        summary = CompileCommand(options).execute()
+        command = CompileCommand(options)
+        command.run_id = run_id
+        summary = command.execute()
         return int(ExitCode.OK), {"summary": summary.to_json()}
     except NccError as err:
         return int(err.diagnostic.exit_code), {"diagnostic": err.diagnostic.to_json()}

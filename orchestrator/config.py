@@ -16,6 +16,23 @@ from functools import lru_cache
 FAULT_ENV = "NCC_FAULT_INJECT"
 DRIVER_FAULT_NAME = "driver"
 
+# The variables that can change what a stage tool does, recorded per compile (run_settings.json)
+# so that `ncc triage` can replay a job as it ran; no other variable is recorded (no secrets).
+REPLAY_ENV = (
+    FAULT_ENV,
+    "NCC_SIM_MAX_BYTES",  # the simulator's memory budget (tools/sim/limits.py)
+    "PYTHONFAULTHANDLER",
+    "PYTHONHASHSEED",
+    "PYTHONUTF8",
+    "PYTHONDONTWRITEBYTECODE",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+
 
 @dataclass(frozen=True)
 class DriverSettings:
@@ -28,6 +45,10 @@ class DriverSettings:
 
     def tool_command(self, tool: str) -> list[str]:
         return [self.python, "-m", f"{self.tool_package}.{tool}"]
+
+    def replay_env(self) -> dict[str, str]:
+        """The tools' environment restricted to REPLAY_ENV: what a replay of a job must set."""
+        return {key: value for key, value in self.tool_env if key in REPLAY_ENV}
 
 
 def _driver_fault(spec: str) -> str:

@@ -55,6 +55,8 @@ _TABLE: tuple[Code, ...] = (
     Code("U011", ExitCode.ENVIRONMENT, "no space left on the file system of the work directory or an output"),
     Code("U012", ExitCode.ENVIRONMENT, "too few open files allowed (ulimit -n) for ncc to work"),
     Code("U013", ExitCode.ENVIRONMENT, "POSIX shared memory (/dev/shm) is unusable: Luigi's worker needs it"),
+    Code("U014", ExitCode.USAGE, "`ncc triage`: the folder is neither an ncc work directory nor a farm"),
+    Code("U015", ExitCode.USAGE, "`ncc triage --bundle`: the work directory has no failed job to bundle"),
     Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
     Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
     # Tool codes that report the compiler's own output as wrong, not the user's input:

@@ -39,6 +39,7 @@ from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
 from ncc.orchestrator.jobspec import STATUS_FAILED, STATUS_OK, diagnostic_from_record, host_resource
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.run_settings import record_run_settings
 from ncc.orchestrator.stage_cache import CORRUPT, StageCache
 from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
 from ncc.tools.common.protoio import write_bytes_atomic
@@ -377,6 +378,7 @@ def run_farm(
         model.workdir.mkdir(parents=True, exist_ok=True)
         model.command.run_id = run_id
         model.command.prepareWorkDir(model.command.pipelineRecord(model.jobs))
+        record_run_settings(model.options, run_id)  # limits and environment, for `ncc triage`
         parameters = model.command.jobParameters(model.jobs)
         parameters["retries"] = settings.retries
         parameters["resources_mb"] = settings.mem_per_job_mb or 0

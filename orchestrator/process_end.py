@@ -16,6 +16,10 @@ MB = 1 << 20  # memory is reported in MB of 2^20 bytes, like --mem-limit
 KILLED_FOR_TIMEOUT = "timeout"
 KILLED_FOR_MEMORY = "memory"
 
+# How the messages below say it (`killed_for_in` reads it back from a recorded diagnostic).
+_MEMORY_PHRASE = "by ncc for exceeding its memory limit"
+_TIMEOUT_PHRASE = "by ncc after exceeding the time limit"
+
 
 @dataclass(frozen=True)
 class ProcessEnd:
@@ -70,12 +74,12 @@ def classify_abnormal_end(who: str, end: ProcessEnd, *, mem_limit_hint: bool = T
     if sig == signal.SIGKILL:
         if end.killed_for == KILLED_FOR_MEMORY and end.mem_limit_bytes is not None:
             return "F137", (
-                f"{who} was forcibly killed (SIGKILL) by ncc for exceeding its memory limit; "
+                f"{who} was forcibly killed (SIGKILL) {_MEMORY_PHRASE}; "
                 f"{peak} (limit {_mb(end.mem_limit_bytes)}, --mem-limit)"
             )
         if end.killed_for == KILLED_FOR_TIMEOUT and end.timeout_s is not None:
             return "F137", (
-                f"{who} was forcibly killed (SIGKILL) by ncc after exceeding the time limit of "
+                f"{who} was forcibly killed (SIGKILL) {_TIMEOUT_PHRASE} of "
                 f"{_seconds(end.timeout_s)} (--timeout); ran {end.wall_s:.1f} s, {peak}"
             )
         limit = (
@@ -99,3 +103,13 @@ def classify_abnormal_end(who: str, end: ProcessEnd, *, mem_limit_hint: bool = T
     if end.returncode == 3:
         return "F134", f"{who} terminated abnormally (exit status 3: an internal error in the tool)"
     return "F134", f"{who} terminated abnormally (exit status {end.returncode})"
+
+
+def killed_for_in(message: str) -> str:
+    """KILLED_FOR_MEMORY / KILLED_FOR_TIMEOUT if `message` (made by classify_abnormal_end) says
+    ncc killed the process for a limit, else ''."""
+    if _MEMORY_PHRASE in message:
+        return KILLED_FOR_MEMORY
+    if _TIMEOUT_PHRASE in message:
+        return KILLED_FOR_TIMEOUT
+    return ""

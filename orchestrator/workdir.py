@@ -12,6 +12,9 @@ Layout (docs/diagnostics.md shows an example):
     driver.log             the compile child's log (Luigi's log, progress, tracebacks)
     driver.stderr.log      anything else the compile child printed (a crash's stack)
     driver_result.json     the compile child's result for the parent process
+    run_settings.json      how the last compile that ran tools ran them: its run id, --timeout and
+                           --mem-limit, the allow-listed environment (config.REPLAY_ENV) and the
+                           `ncc compile` command that reruns it (read by `ncc triage`)
     .ncc.lock              held while a compile runs, so two compiles never share a work dir
 """
 
@@ -103,6 +106,10 @@ class WorkDir:
     def driver_result(self) -> Path:
         return self.root / "driver_result.json"
 
+    @property
+    def run_settings_path(self) -> Path:
+        return self.root / "run_settings.json"
+
     def job_dir(self, index: int, job: str) -> Path:
         return self.root / job_dir_name(index, job)
 
@@ -152,6 +159,37 @@ class WorkDir:
 
     def write_pipeline(self, record: diagnostic_pb2.PipelineRecord) -> None:
         write_message_json(self.pipeline_path, record)
+
+    def write_run_settings(
+        self,
+        run_id: str,
+        *,
+        timeout_s: float | None,
+        mem_limit_mb: int | None,
+        env: dict[str, str],
+        command: list[str],
+    ) -> None:
+        """Record how this run starts its tools (the job records say what they did, not under
+        which limits and environment). Written atomically; the last run to start wins, and its
+        run id says which jobs it ran (history.jsonl)."""
+        write_json_atomic(
+            self.run_settings_path,
+            {
+                "run_id": run_id,
+                "time": time.time(),
+                "timeout_s": timeout_s,
+                "mem_limit_mb": mem_limit_mb,
+                "env": dict(sorted(env.items())),
+                "command": command,
+            },
+        )
+
+    def read_run_settings(self) -> dict[str, object] | None:
+        try:
+            data = json.loads(self.run_settings_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
 
     def remove_job_dirs(self, job_names: Iterable[str]) -> list[str]:
         """Delete the job folders of an earlier compile (stale results of other flags or input).

@@ -10,56 +10,27 @@ Exit codes (the contract with the orchestrator, docs/diagnostics.md):
 Fault injection (test-only): NCC_FAULT_INJECT="TOOL:KIND[,TOOL:KIND]" makes the named tool
 misbehave as it starts, for real: abort (SIGABRT), segv (a real null-pointer read), kill (SIGKILL
 to itself), oom (allocates memory until something kills it), hang (sleeps forever), exit (exit 3),
-slow (sleeps 3 s, then works normally: time for a test to change something mid-compile).
-"TOOL:KIND@TEXT" misbehaves only when TEXT occurs in the tool's command line (one model of a farm).
+raise (exit 3 with a traceback), slow (sleeps 3 s, then works normally: time for a test to change
+something mid-compile). "TOOL:KIND@TEXT" misbehaves only when TEXT occurs in the tool's command
+line (one model of a farm); "@pass=NAME" and "@op=PATTERN" move the fault to the start of a named
+pass, in modules that hold an opcode pattern (ncc.tools.common.faults says how).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import errno
-import os
-import signal
 import sys
-import time
 import traceback
 from collections.abc import Callable
 
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.faults import FAULT_ENV, inject_fault  # noqa: F401  (FAULT_ENV: re-exported)
 from ncc.tools.common.lifetime import die_with_parent_from_env
 from ncc.tools.common.protoio import write_proto
 
-FAULT_ENV = "NCC_FAULT_INJECT"
 EXIT_OK, EXIT_COMPILE_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_NO_SPACE = 0, 1, 2, 3, 4
-
-
-def inject_fault(tool: str) -> None:
-    """Misbehave as NCC_FAULT_INJECT asks for this tool, if it names it."""
-    for item in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
-        name, _, kind = item.partition(":")
-        kind, _, only_if = kind.partition("@")
-        if name != tool or (only_if and only_if not in " ".join(sys.argv)):
-            continue
-        if kind == "abort":
-            os.abort()
-        elif kind == "segv":
-            ctypes.string_at(0)  # a real SIGSEGV: read address 0
-        elif kind == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif kind == "oom":
-            hog = []
-            while True:
-                hog.append(bytearray(64 << 20))  # touch 64 MiB at a time until killed
-                time.sleep(0.01)
-        elif kind == "hang":
-            while True:
-                time.sleep(3600)
-        elif kind == "exit":
-            sys.exit(EXIT_INTERNAL)
-        elif kind == "slow":
-            time.sleep(3)
 
 
 def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], None]) -> int:
@@ -67,8 +38,8 @@ def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argpars
     die_with_parent_from_env()
     parser.add_argument("--diagnostics", help="where to write a Diagnostic proto on a compile error")
     args = parser.parse_args()
-    inject_fault(tool)
     try:
+        inject_fault(tool)
         body(args)
     except CompileError as err:
         diagnostic = diagnostic_pb2.Diagnostic(

@@ -24,6 +24,8 @@ from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.pass_manager import Instruments, PassManager, default_pipeline, parse_pipeline
 from ncc.tools.walrus_driver.registry import load_passes
 
+TOOL = "walrus_driver"
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ncc-walrus-driver", description=__doc__.splitlines()[0])
@@ -100,7 +102,10 @@ def body(args: argparse.Namespace) -> None:
     if not args.input or not args.output:
         build_parser().error("--input and --output are required (unless --list-passes)")
     instruments = Instruments(
-        print_ir_after=set(args.print_ir_after), timing=args.timing, verify_each=args.verify_each
+        print_ir_after=set(args.print_ir_after),
+        timing=args.timing,
+        verify_each=args.verify_each,
+        as_tool=TOOL,  # one stderr line per pass start (what `ncc triage` reads), pass-level faults
     )
     program = read_proto(args.input, bir_pb2.Program, "BIR program")
     ctx, manager = prepare(program, args.walrus_passes, args.optlevel, args.target, instruments)
@@ -129,7 +134,7 @@ def _write_stats(path: str, report: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    sys.exit(run_tool("walrus_driver", build_parser(), body))
+    sys.exit(run_tool(TOOL, build_parser(), body))
 
 
 if __name__ == "__main__":

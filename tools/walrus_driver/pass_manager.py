@@ -4,6 +4,9 @@ A pipeline is text: pass names separated by commas, each optionally followed by 
 braces, e.g. "anti_dependency_analyzer,pre_sched{pressure_fraction=0.5},allocation". Every name
 and option is checked before any pass runs. Instruments (MLIR-style): print the IR after chosen
 passes, time each pass, run the verifier after every pass, and collect every pass's counters.
+Run as the stage tool (`Instruments.as_tool`), the manager also logs one line per pass start to
+stderr (tools/common/passlog.py: what `ncc triage` reads to name the pass that was running) and
+honours pass-level fault injection (`NCC_FAULT_INJECT=walrus_driver:segv@pass=NAME@op=PATTERN`).
 """
 
 from __future__ import annotations
@@ -11,10 +14,13 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, TextIO
 
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver import printer
+from ncc.tools.common.faults import inject_pass_fault
+from ncc.tools.common.passlog import log_pass_start
+from ncc.tools.walrus_driver import op_patterns, printer
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import PassInfo, get_pass
 
@@ -101,6 +107,7 @@ class Instruments:
     timing: bool = False
     verify_each: bool = False
     stream: TextIO = field(default_factory=lambda: sys.stderr)
+    as_tool: str = ""  # running as this stage tool: log pass starts, honour pass-level fault injection
 
 
 @dataclass
@@ -139,9 +146,13 @@ class PassManager:
 
     def run(self, ctx: PassContext) -> None:
         seen: dict[str, int] = {}
-        for spec, info, options in self.plan:
+        tool = self.instruments.as_tool
+        for position, (spec, info, options) in enumerate(self.plan, 1):
             seen[info.name] = seen.get(info.name, 0) + 1
             label = info.name if seen[info.name] == 1 else f"{info.name}#{seen[info.name]}"
+            if tool:
+                log_pass_start(self.instruments.stream, tool, label, position, len(self.plan))
+                inject_pass_fault(tool, info.name, label, partial(op_patterns.holds, ctx.program))
             ctx.current_pass, ctx.current_label, ctx.options = info.name, label, options
             ctx.stats.setdefault(label, {})
             begin = time.perf_counter()
