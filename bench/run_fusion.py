@@ -1,8 +1,10 @@
-"""How close compiled code comes to the machine's limits, with and without the Penguin optimizer
-(`make bench-fusion`).
+"""How close compiled code comes to the machine's limits, with and without the Penguin optimizer,
+and what software pipelining adds (`make bench-fusion`).
 
-For each model it compiles twice at -O2 — once with the default Penguin passes (loop fusion and
-dead-code elimination), once with `--penguin-passes=none` — runs each NEFF in the simulator and
+For each model it compiles four times at --optlevel (default 2): with `--penguin-passes=none`
+(unfused), with the Penguin passes fusion, cse, dce, pipeline (fused: what -O1 and above run; named
+so that -O0 runs them too), and the same with `--num-stages 2` and `--num-stages 3` (every loop the
+pipeline pass can pipeline legally, in 2 or 3 stages). It runs each NEFF in the simulator and
 prints, side by side:
 
   bytes/min   HBM bytes the program's DMAs move ÷ the minimum (every input, constant and output
@@ -10,19 +12,23 @@ prints, side by side:
   sim/bound   simulated time ÷ the first-principles bound max(FLOPs ÷ PE peak, minimum bytes ÷
               HBM bandwidth); PE peak is 128x128 MACs per cycle at the PE clock, a quarter of
               that for fp32 operands (the target's fp32_matmul_factor)
-  speedup     unfused simulated time ÷ fused simulated time
+  simulated   µs: unfused, then fused with num_stages 1 (no pipelining), 2 and 3
+  loops       how many loops --num-stages 3 pipelined
+  speedup     unfused ÷ fused (fusion), and num_stages 1 ÷ num_stages 3 (pipe)
 
-Models: every bundled model (its own inputs) and generated MLPs gelu(x @ W1) @ W2 of widths
---widths (random inputs). Software pipelining (num_stages) is not built yet, so there is no
-column for it.
+Models: every bundled model (its own inputs), generated MLPs gelu(x @ W1) @ W2 of widths --widths,
+and two load → compute → store loops over 16 row tiles: `tile_chain`, the JAX pipelining fixture
+(tests/data/pipelined_chain, its annotation removed) on f32[2048, 64], and `chain16`, six
+elementwise ops on f32[2048, 512] (random inputs).
 
-    python bench/run_fusion.py [--models gelu,mlp] [--widths 1024,2048] [--json FILE]
+    python bench/run_fusion.py [--models gelu,mlp] [--widths 1024,2048] [--optlevel 0] [--json FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -37,12 +43,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from hlo_gen import hlo_text  # noqa: E402
 
-from ncc.schemas import bir_pb2, common_pb2  # noqa: E402
+from ncc.schemas import bir_pb2, common_pb2, hlo_pb2  # noqa: E402
 from ncc.tools.common import dtypes  # noqa: E402
 from ncc.tools.target import load_target  # noqa: E402
 
 NCC = [sys.executable, "-m", "ncc.orchestrator"]
-VARIANTS = {"fused": [], "unfused": ["--penguin-passes=none"]}
+FUSED = "--penguin-passes=fusion,cse,dce,pipeline"
+VARIANTS = {"unfused": ["--penguin-passes=none"], "fused": [FUSED],
+            "stages2": [FUSED, "--num-stages", "2"], "stages3": [FUSED, "--num-stages", "3"]}
 
 
 @dataclass
@@ -52,6 +60,7 @@ class Measure:
     flops: int
     simulated_ns: float
     bound_ns: float
+    loops_pipelined: int
 
 
 def program_measures(bir: bir_pb2.Program) -> tuple[int, int, int, bool]:
@@ -91,12 +100,14 @@ def random_inputs(bir: bir_pb2.Program, path: Path) -> None:
     np.savez(path, **arrays)
 
 
-def measure(model: Path, inputs: Path | None, flags: list[str], folder: Path) -> Measure:
+def measure(model: Path, inputs: Path | None, flags: list[str], folder: Path, optlevel: int) -> Measure:
     neff = folder / "m.neff"
-    subprocess.run([*NCC, "compile", str(model), "--output", str(neff), "--optlevel", "2", *flags],
+    subprocess.run([*NCC, "compile", str(model), "--output", str(neff), "--optlevel", str(optlevel), *flags],
                    check=True, capture_output=True, text=True)
+    frontend = next((folder / "m.ncc-work").glob("*_Frontend"))
     bir = bir_pb2.Program()
-    bir.ParseFromString(next((folder / "m.ncc-work").glob("*_Frontend/bir.pb")).read_bytes())
+    bir.ParseFromString((frontend / "bir.pb").read_bytes())
+    piped = re.search(r"loops_pipelined=(\d+)", (frontend / "stderr.log").read_text())
     moved, minimum, flops, fp32 = program_measures(bir)
     if inputs is None:
         inputs = folder / "inputs.npz"
@@ -111,7 +122,7 @@ def measure(model: Path, inputs: Path | None, flags: list[str], folder: Path) ->
     if fp32:
         peak /= float(target.costs.get("fp32_matmul_factor", 4))
     bound = max(flops / peak, minimum / target.hbm_bandwidth_gbps)  # GB/s is bytes per ns
-    return Measure(moved, minimum, flops, simulated, bound)
+    return Measure(moved, minimum, flops, simulated, bound, int(piped.group(1)) if piped else 0)
 
 
 def models(names: list[str] | None, widths: list[int], scratch: Path) -> list[tuple[str, Path, Path | None]]:
@@ -127,6 +138,20 @@ def models(names: list[str] | None, widths: list[int], scratch: Path) -> list[tu
             path = scratch / f"{name}.hlo"
             path.write_text(hlo_text("mlp", batch=1024, d=width, layers=2))
             found.append((name, path, None))
+    if names is None or "tile_chain" in names:
+        fixture = ROOT / "tests" / "data" / "pipelined_chain"
+        module = hlo_pb2.HloModuleProto()
+        module.ParseFromString(fixture.with_suffix(".hlo.pb").read_bytes())
+        for computation in module.computations:
+            for instr in computation.instructions:
+                instr.ClearField("frontend_attributes")  # the --num-stages columns decide
+        path = scratch / "tile_chain.hlo.pb"
+        path.write_bytes(module.SerializeToString())
+        found.append(("tile_chain", path, _inputs_only(fixture.with_suffix(".io.npz"), scratch)))
+    if names is None or "chain16" in names:
+        path = scratch / "chain16.hlo"
+        path.write_text(hlo_text("chain", n=6, rows=2048, cols=512))
+        found.append(("chain16", path, None))
     return found
 
 
@@ -143,14 +168,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", help="comma-separated model names (default: all)")
     parser.add_argument("--widths", default="1024,2048", help="generated MLP widths ('' for none)")
+    parser.add_argument("--optlevel", type=int, default=2, choices=range(4), help="the backend's level")
     parser.add_argument("--json", type=Path, help="also write the measurements as JSON")
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",") if w]
     names = args.models.split(",") if args.models else None
     results: dict[str, dict[str, dict]] = {}
-    header = (f"{'model':<14} {'bytes/min':>16} {'sim/bound':>16} {'simulated us':>20} {'speedup':>8}\n"
-              f"{'':<14} {'unfused  fused':>16} {'unfused  fused':>16} {'unfused    fused':>20}")
-    print(header)
+    print(f"-O{args.optlevel}\n"
+          f"{'model':<14} {'bytes/min':>15} {'sim/bound':>15}  {'simulated us':<38} {'loops':>5} "
+          f"{'speedup':>15}\n"
+          f"{'':<14} {'unfused  fused':>15} {'unfused  fused':>15}  "
+          f"{'unfused  stages=1        2        3':<38} {'':>5} {'fusion   pipe':>15}")
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         for name, model, inputs in models(names, widths, scratch):
@@ -158,16 +186,20 @@ def main() -> int:
             for variant, flags in VARIANTS.items():
                 folder = scratch / f"{name}.{variant}"
                 folder.mkdir()
-                row[variant] = measure(model, inputs, flags, folder)
+                row[variant] = measure(model, inputs, flags, folder, args.optlevel)
             results[name] = {k: asdict(v) for k, v in row.items()}
-            u, f = row["unfused"], row["fused"]
-            print(f"{name:<14} {u.bytes_moved / u.min_bytes:>7.2f} {f.bytes_moved / f.min_bytes:>7.2f}  "
-                  f"{u.simulated_ns / u.bound_ns:>7.2f} {f.simulated_ns / f.bound_ns:>7.2f}  "
-                  f"{u.simulated_ns / 1e3:>9.1f} {f.simulated_ns / 1e3:>9.1f}  "
-                  f"{u.simulated_ns / f.simulated_ns:>7.2f}x", flush=True)
-    speedups = [r["unfused"]["simulated_ns"] / r["fused"]["simulated_ns"] for r in results.values()]
-    if speedups:
-        print(f"median speedup from the Penguin optimizer: {statistics.median(speedups):.2f}x")
+            u, f, s2, s3 = row["unfused"], row["fused"], row["stages2"], row["stages3"]
+            times = "".join(f"{m.simulated_ns / 1e3:>9.1f}" for m in (u, f, s2, s3))
+            print(f"{name:<14} {u.bytes_moved / u.min_bytes:>7.2f} {f.bytes_moved / f.min_bytes:>7.2f} "
+                  f"{u.simulated_ns / u.bound_ns:>7.2f} {f.simulated_ns / f.bound_ns:>7.2f}  {times:<38} "
+                  f"{s3.loops_pipelined:>5} {u.simulated_ns / f.simulated_ns:>6.2f}x "
+                  f"{f.simulated_ns / s3.simulated_ns:>6.2f}x", flush=True)
+    for label, before, after in (("the Penguin optimizer", "unfused", "fused"),
+                                 ("3-stage pipelining", "fused", "stages3")):
+        speedups = [r[before]["simulated_ns"] / r[after]["simulated_ns"] for r in results.values()]
+        if speedups:
+            print(f"median speedup from {label}: {statistics.median(speedups):.2f}x "
+                  f"(best {max(speedups):.2f}x)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
     return 0

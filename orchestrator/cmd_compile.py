@@ -52,6 +52,16 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _stage_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of stages") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
+    return value
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -99,8 +109,13 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--penguin-passes", type=_pass_list, default=(), metavar="a,b,...",
-        help="the Penguin optimizer's pass list (fusion, cse, dce), 'none' for none; default: all, "
-        "none at -O0",
+        help="the Penguin optimizer's pass list (fusion, cse, dce, pipeline), 'none' for none; default: "
+        "all, none at -O0",
+    )
+    parser.add_argument(
+        "--num-stages", type=_stage_count, default=0, metavar="N",
+        help="software-pipeline every eligible loop in N stages where the pipeline pass runs (loops "
+        "annotated with ncc_num_stages keep theirs; a loop it would make wrong is left as it is)",
     )
 
 
@@ -149,6 +164,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         verify=args.verify,
         walrus_passes=tuple(args.walrus_passes),
         penguin_passes=tuple(args.penguin_passes),
+        num_stages=args.num_stages,
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,

@@ -80,6 +80,8 @@ def _parse_manifest_flags(words: list[str] | tuple[str, ...]) -> dict[str, objec
         overrides["walrus_passes"] = tuple(args.walrus_passes)
     if "--penguin-passes" in given:
         overrides["penguin_passes"] = tuple(args.penguin_passes)
+    if "--num-stages" in given:
+        overrides["num_stages"] = args.num_stages
     return overrides
 
 
@@ -110,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
         verify=args.verify,
         walrus_passes=tuple(args.walrus_passes),
         penguin_passes=tuple(args.penguin_passes),
+        num_stages=args.num_stages,
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,

@@ -120,6 +120,7 @@ class CompileCommand:
             "optlevel": self.options.optlevel,
             "walrus_passes": ",".join(self.options.walrus_passes),
             "penguin_passes": ",".join(self.options.penguin_passes),
+            "num_stages": self.options.num_stages,
             "run_id": self.run_id,
             "timeout_s": self.options.timeout_s,
             "mem_limit_mb": self.options.mem_limit_mb,

@@ -78,6 +78,8 @@ class ToolJob(JobSpec, luigi.Task):
     walrus_passes = luigi.Parameter(default="", description="comma-separated backend pass list, '' = default")
     penguin_passes = luigi.Parameter(default="",
                                      description="comma-separated Penguin pass list, '' = default")
+    num_stages = luigi.IntParameter(default=0,
+                                    description="software-pipeline stages for every eligible loop, 0 = none")
     # How it is run: never part of a job's identity.
     run_id = luigi.Parameter(default="", significant=False, description="id of this ncc invocation")
     timeout_s = luigi.OptionalFloatParameter(

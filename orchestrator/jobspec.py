@@ -7,8 +7,8 @@ every job is complete or cached without starting Luigi or a child process (Compi
 restoreWithoutTools), and ToolJob (job.py) is the Luigi task that adds running the tool.
 
 The stages (stages.py) are JobSpec subclasses; their attributes (workdir, model, pipeline,
-compile_flags, optlevel, walrus_passes, penguin_passes, run_id, cache_dir) are Luigi parameters on
-a ToolJob and plain attributes on a spec made by `JobSpec.standalone(**parameters)`.
+compile_flags, optlevel, walrus_passes, penguin_passes, num_stages, run_id, cache_dir) are Luigi
+parameters on a ToolJob and plain attributes on a spec made by `JobSpec.standalone(**parameters)`.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class JobSpec(abc.ABC):
     optlevel: int
     walrus_passes: str
     penguin_passes: str
+    num_stages: int
     run_id: str
     cache_dir: str
 
@@ -90,6 +91,7 @@ class JobSpec(abc.ABC):
         "optlevel": 2,
         "walrus_passes": "",
         "penguin_passes": "",
+        "num_stages": 0,
         "run_id": "",
         "cache_dir": "",
     }

@@ -30,6 +30,7 @@ class CompileOptions:
     verify: bool = False
     walrus_passes: tuple[str, ...] = field(default_factory=tuple)
     penguin_passes: tuple[str, ...] = field(default_factory=tuple)  # () = the optlevel's default
+    num_stages: int = 0  # software-pipeline every eligible loop in this many stages (0: annotated only)
     timeout_s: float | None = None  # per job
     mem_limit_mb: int | None = None  # per job, resident memory of the tool's process tree
     verbose: int = 1
@@ -44,6 +45,8 @@ class CompileOptions:
             flags.append(f"--walrus-passes={','.join(self.walrus_passes)}")
         if self.penguin_passes:
             flags.append(f"--penguin-passes={','.join(self.penguin_passes)}")
+        if self.num_stages:
+            flags.append(f"--num-stages={self.num_stages}")
         return flags
 
     def to_json(self) -> str:
@@ -65,6 +68,7 @@ class CompileOptions:
             verify=bool(data["verify"]),
             walrus_passes=tuple(data["walrus_passes"]),
             penguin_passes=tuple(data.get("penguin_passes", ())),
+            num_stages=int(data.get("num_stages", 0)),
             timeout_s=data["timeout_s"],
             mem_limit_mb=data["mem_limit_mb"],
             verbose=int(data["verbose"]),

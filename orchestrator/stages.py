@@ -73,8 +73,8 @@ class GoldenEvaluator(JobSpec):
 
 @JobRegistry.register
 class Frontend(JobSpec):
-    """F2: optimize the Penguin IR (loop fusion, dead code; not at -O0), then generate BIR from it
-    (BirCodeGenLoop)."""
+    """F2: optimize the Penguin IR (loop fusion, common loads, dead code, software pipelining; not at
+    -O0), then generate BIR from it (BirCodeGenLoop)."""
 
     tool = "hlo_opt"
     output_names = ("bir.pb",)
@@ -84,7 +84,8 @@ class Frontend(JobSpec):
 
     def flags(self) -> list[str]:
         passes = ["--penguin-passes", self.penguin_passes] if self.penguin_passes else []
-        return [*passes, "--optlevel", str(self.optlevel)]
+        stages = ["--num-stages", str(self.num_stages)] if self.num_stages else []
+        return [*passes, *stages, "--optlevel", str(self.optlevel)]
 
     def tool_arguments(self) -> list[str]:
         (penguin,) = self.input_paths()

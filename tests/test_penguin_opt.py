@@ -118,7 +118,7 @@ ENTRY main {{
 def test_pass_list_defaults_and_refusals() -> None:
     from ncc.tools.common.errors import CompileError
 
-    assert pass_list("", 0) == [] and pass_list("", 2) == ["fusion", "cse", "dce"]
+    assert pass_list("", 0) == [] and pass_list("", 2) == ["fusion", "cse", "dce", "pipeline"]
     assert pass_list("none", 2) == [] and pass_list("dce", 0) == ["dce"]
     with pytest.raises(CompileError) as info:
         pass_list("fusion,bogus", 2)

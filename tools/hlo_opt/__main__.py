@@ -1,7 +1,8 @@
 """ncc-hlo-opt: the golden evaluator (--evaluate, job GoldenEvaluator) and Penguin → BIR (job Frontend).
 
 Before lowering to BIR, the Frontend optimizes the Penguin program (optimizer.py) at --optlevel 1
-and above: loop fusion, then dead-code elimination (--penguin-passes picks others). At 0 it lowers
+and above: loop fusion, common loads, dead code, then software pipelining of the loops that ask for
+it (--penguin-passes picks others; --num-stages N asks it of every eligible loop). At 0 it lowers
 the program as written.
 """
 
@@ -26,7 +27,7 @@ def _body(args: argparse.Namespace) -> None:
     from ncc.tools.hlo_opt.optimizer import optimize, pass_list
 
     program = read_proto(args.input, penguin_pb2.Program, "Penguin program")
-    optimize(program, pass_list(args.penguin_passes, args.optlevel))
+    optimize(program, pass_list(args.penguin_passes, args.optlevel), num_stages=args.num_stages)
     write_proto(args.output, lower_to_bir(program, args.target))
 
 
@@ -41,9 +42,12 @@ def main() -> None:
     parser.add_argument("--inputs", help="TensorSet of inputs instead of generated ones (--evaluate)")
     parser.add_argument("--target", default="trn1")
     parser.add_argument("--optlevel", type=int, choices=range(4), default=2,
-                        help="0 lowers the Penguin program as written; 1-3 fuse loops and drop dead code")
+                        help="0 lowers the Penguin program as written; 1-3 run the Penguin optimizer")
     parser.add_argument("--penguin-passes", default="", metavar="a,b,...",
                         help="the Penguin passes to run, in order ('none' for none); overrides --optlevel's")
+    parser.add_argument("--num-stages", type=int, default=0, metavar="N",
+                        help="software-pipeline every eligible loop in N stages (where the pipeline pass "
+                        "runs; annotated loops keep their own count; 0 or 1: only annotated loops)")
     sys.exit(run_tool("hlo_opt", parser, _body))
 
 

@@ -4,7 +4,10 @@ Every iteration point of a nest runs the statements whose predicates hold; each 
 instruction whose operands are concrete access patterns:
   * HBM boxes resolve through their view to the base tensor: offset + per-dim [stride, count];
   * on-chip boxes name the buffer of the block they fall in (one virtual buffer per tensor block,
-    so tiles of different iterations are independent and the allocator decides what shares space);
+    so tiles of different iterations are independent and the allocator decides what shares space;
+    a block that software pipelining widened along the partitions or a leading dimension is a ring
+    of slabs, one virtual buffer per slab; widened along the free dimension, one buffer holds the
+    iterations side by side);
   * extents are clipped at the tensor's logical shape (partial tiles).
 The list is in program order, which is a valid order; the backend reorders, allocates and syncs.
 
@@ -14,12 +17,15 @@ The instruction budget (tools/common/penguin_budget.py) is checked before anythi
 from __future__ import annotations
 
 import itertools
+import math
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.penguin_budget import check_budget
+
+PARTITIONS = 128  # an on-chip buffer's partitions at most
 
 _ROLE = {
     penguin_pb2.INPUT: bir_pb2.INPUT,
@@ -84,9 +90,16 @@ class BirCodeGenLoop:
             source.dims.add(stride=0, count=free)
         if st.op == "matmul":
             axis = st.attributes.get("accumulate_axis", "")
-            instr.accumulate = bool(axis) and env[axis] != 0
+            instr.accumulate = bool(axis) and env[axis] - self._shift(nest, st, axis) != 0
         if st.op == "iota":
             self._iota_scalars(instr, st, outputs[0][1])
+
+    @staticmethod
+    def _shift(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, axis: str) -> int:
+        """How far a pipelined statement's iteration lags its loop counter on `axis` (its stage)."""
+        if any(a.name == axis and "pipelined" in a.attributes for a in nest.axes):
+            return int(st.attributes.get("stage", "0"))
+        return 0
 
     def _iota_scalars(self, instr: bir_pb2.Instruction, st: penguin_pb2.Statement, starts: list[int]) -> None:
         """Iota over the logical tensor: value = index along `iota_dimension`, offset by the tile start."""
@@ -135,27 +148,37 @@ class BirCodeGenLoop:
     def _onchip(self, tensor: penguin_pb2.TensorDecl, starts: list[int],
                 extents: list[int]) -> bir_pb2.AccessPattern:
         block = list(tensor.block_shape)
-        if len(block) != len(starts) or any(e > b for e, b in zip(extents[:-2], block[:-2], strict=True)):
+        if len(block) != len(starts) or any(e > 1 for e in extents[:-2]):
             raise CompileError("E301", f"access does not fit the block of on-chip tensor '{tensor.name}'",
+                               tensor.name)
+        # A virtual buffer is one slab of a block: at most 128 partitions by the block's free extent.
+        # A block has one slab unless it spans several leading positions or more than 128 rows (a
+        # block widened by software pipelining to hold several iterations, one slab each).
+        rows = min(block[-2], PARTITIONS)
+        inner = [s % b for s, b in zip(starts, block, strict=True)]
+        if inner[-2] % rows + extents[-2] > rows and block[-2] > rows:
+            raise CompileError("E301", f"access straddles two slabs of on-chip tensor '{tensor.name}'",
                                tensor.name)
         key = ",".join(str(s // b) for s, b in zip(starts, block, strict=True))
         name = f"{tensor.name}[{key}]"
+        if math.prod(block[:-2]) > 1 or block[-2] > rows:
+            name += "/" + ".".join(str(at) for at in [*inner[:-2], inner[-2] // rows])
         size = itemsize(tensor.dtype)
         if name not in self.buffers:
             # Sized to what the block can hold of the tensor: a block at the tensor's edge (or of a
             # tensor narrower than a block) holds only the elements that exist, not a full block.
-            first = starts[-1] - starts[-1] % block[-1]
+            first = starts[-1] - inner[-1]
             held = min(block[-1], tensor.shape[-1] - first)
             self.buffers[name] = self.bir.buffers.add(
-                name=name, memory=tensor.memory, partitions=block[-2], bytes_per_partition=held * size,
+                name=name, memory=tensor.memory, partitions=rows, bytes_per_partition=held * size,
                 address=-1,
             )
         return bir_pb2.AccessPattern(
             memory=tensor.memory,
             tensor=name,
             dtype=tensor.dtype,
-            offset=(starts[-1] % block[-1]) * size,
-            partition_start=starts[-2] % block[-2],
+            offset=inner[-1] * size,
+            partition_start=inner[-2] % rows,
             partition_count=extents[-2],
             dims=[bir_pb2.Dim(stride=1, count=extents[-1])],
         )

@@ -1,9 +1,11 @@
 """The Penguin optimizer: the passes the Frontend runs before lowering to BIR, in order.
 
 `fusion` joins producer/consumer nests so intermediates stay in SBUF; `cse` drops loads and
-fills a nest already did; `dce` then drops the stores (and tensors) nobody reads any more. The
-default list is all three, in that order, at --optlevel 1 and above; -O0 runs none. Each pass
-reports what it changed, one line on stderr (the Frontend job's log).
+fills a nest already did; `dce` then drops the stores (and tensors) nobody reads any more;
+`pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
+loop). The default list is all four, in that order, at --optlevel 1 and above; -O0 runs none.
+A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
+changed, one line on stderr (the Frontend job's log).
 """
 
 from __future__ import annotations
@@ -16,30 +18,71 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
+from ncc.tools.hlo_opt.pipelining import pipeline_loops
 
-PASSES: dict[str, Callable[[penguin_pb2.Program], object]] = {
+PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,
     "cse": eliminate_common_loads,
     "dce": eliminate_dead_code,
+    "pipeline": pipeline_loops,
 }
-DEFAULT_PASSES = ("fusion", "cse", "dce")
+# Each pass's options and their types (a bool is written 0/1 or false/true).
+OPTIONS: dict[str, dict[str, type]] = {
+    "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
+}
+DEFAULT_PASSES = ("fusion", "cse", "dce", "pipeline")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:
-    """The passes to run: `text` ('a,b', or 'none') when given, else the optlevel's default."""
+    """The passes to run: `text` ('a,b{k=v}', or 'none') when given, else the optlevel's default."""
     if not text:
         return list(DEFAULT_PASSES) if optlevel >= 1 else []
     if text.strip() == "none":
         return []
-    names = [name.strip() for name in text.split(",")]
-    unknown = [name for name in names if name not in PASSES]
-    if unknown:
-        raise CompileError("E400", f"unknown Penguin pass '{unknown[0]}' (known: {', '.join(PASSES)})",
+    items, depth, current = [], 0, ""
+    for char in text:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(current.strip())
+            current = ""
+        else:
+            current += char
+    items.append(current.strip())
+    for item in items:
+        parse_pass(item)
+    return items
+
+
+def parse_pass(item: str) -> tuple[str, dict[str, object]]:
+    """'name{k=v,...}' -> (name, typed options); E400 for an unknown name or option."""
+    name, _, rest = item.partition("{")
+    name = name.strip()
+    if name not in PASSES:
+        raise CompileError("E400", f"unknown Penguin pass '{name}' (known: {', '.join(PASSES)})",
                            "--penguin-passes")
-    return names
+    if rest and not rest.endswith("}"):
+        raise CompileError("E400", f"malformed options of Penguin pass '{item}'", "--penguin-passes")
+    options: dict[str, object] = {}
+    for pair in filter(None, (p.strip() for p in rest[:-1].split(","))) if rest else []:
+        key, _, value = (part.strip() for part in pair.partition("="))
+        kind = OPTIONS.get(name, {}).get(key)
+        if kind is None:
+            raise CompileError("E400", f"Penguin pass '{name}' has no option '{key}'", "--penguin-passes")
+        if kind is bool and value.lower() in ("0", "false", "1", "true"):
+            options[key] = value.lower() in ("1", "true")
+        elif kind is int and value.lstrip("-").isdigit():
+            options[key] = int(value)
+        else:
+            raise CompileError("E400", f"option {key} of Penguin pass '{name}' takes a {kind.__name__}, got "
+                                       f"'{value}'", "--penguin-passes")
+    return name, options
 
 
-def optimize(program: penguin_pb2.Program, passes: list[str]) -> None:
-    for name in passes:
-        stats = PASSES[name](program)
+def optimize(program: penguin_pb2.Program, passes: list[str], num_stages: int = 0) -> None:
+    """Run `passes` in order; `num_stages` (--num-stages) is the pipeline pass's default."""
+    for item in passes:
+        name, options = parse_pass(item)
+        if name == "pipeline":
+            options.setdefault("num_stages", num_stages)
+        stats = PASSES[name](program, **options)
         print(f"penguin-opt: {name}: {stats}", file=sys.stderr)
