@@ -638,9 +638,20 @@ BITS = Case(
 )
 
 
-def _select_and_scatter_reference(x, source):
+def _select_and_scatter_reference(x, source, y, grad):
     """Each window (3x2, strides 2x1, padding 1/1 and 0/1 on the last two dims) picks its last
-    maximum (select is GT, so ties move on); the chosen element gets init 0.5 plus its sources."""
+    maximum (select is GT, so ties move on); the chosen element gets init 0.5 plus its sources.
+    Then a max-pool gradient over 300 rows with a size-1 dimension: 2x1x3 windows, no overlap,
+    the first maximum (GE) of each gets its gradient."""
+    pooled = np.zeros(y.shape, dtype=np.float32)
+    for w in np.ndindex(*grad.shape):
+        block = y[2 * w[0]:2 * w[0] + 2, 0, 3 * w[2]:3 * w[2] + 3]
+        a, b = np.unravel_index(np.argmax(block), block.shape)  # argmax: the first maximum
+        pooled[2 * w[0] + a, 0, 3 * w[2] + b] += grad[w]
+    return _windows_choose_last(x, source), pooled
+
+
+def _windows_choose_last(x, source):
     out = np.full(x.shape, np.float32(0.5), dtype=np.float32)
     for w in np.ndindex(*source.shape):
         best = None
@@ -662,6 +673,11 @@ gt {
   b = f32[] parameter(1)
   ROOT c = pred[] compare(a, b), direction=GT
 }
+ge {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT c = pred[] compare(a, b), direction=GE
+}
 add {
   a = f32[] parameter(0)
   b = f32[] parameter(1)
@@ -671,12 +687,19 @@ ENTRY main {
   x = f32[3,7,9] parameter(0)
   g = f32[3,4,9] parameter(1)
   init = f32[] constant(0.5)
-  ROOT s = f32[3,7,9] select-and-scatter(x, g, init), window={size=1x3x2 stride=1x2x1 pad=0_0x1_1x0_1},
+  s = f32[3,7,9] select-and-scatter(x, g, init), window={size=1x3x2 stride=1x2x1 pad=0_0x1_1x0_1},
     select=gt, scatter=add
+  y = f32[300,1,6] parameter(2)
+  h = f32[150,1,2] parameter(3)
+  zero = f32[] constant(0)
+  t = f32[300,1,6] select-and-scatter(y, h, zero), window={size=2x1x3 stride=2x1x3}, select=ge, scatter=add
+  ROOT out = (f32[3,7,9], f32[300,1,6]) tuple(s, t)
 }
 """,
     lambda rng: [np.round(rng.standard_normal((3, 7, 9)), 0).astype(np.float32),  # many ties
-                 rng.standard_normal((3, 4, 9)).astype(np.float32)],
+                 rng.standard_normal((3, 4, 9)).astype(np.float32),
+                 np.round(rng.standard_normal((300, 1, 6)), 0).astype(np.float32),
+                 rng.standard_normal((150, 1, 2)).astype(np.float32)],
     _select_and_scatter_reference,
 )
 
