@@ -971,3 +971,41 @@ def test_zero_element_iota_of_a_huge_axis_materializes_nothing(tmp_path: Path) -
                      "  ROOT i = f32[1000000000000,0] iota(), iota_dimension=0\n}\n")
     compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), "--verify", timeout=60)
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_a_loop_past_the_trip_limit_is_refused_from_its_counter_alone() -> None:
+    """20,000 trips of a body that computes on an array: the trip count folds from the counter
+    without lowering the body, so the refusal (E207) comes before any trip is unrolled; a loop of
+    3 trips of the same body still unrolls and computes."""
+    from ncc.tools.common.errors import CompileError
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    def module(trips: int) -> str:
+        return f"""HloModule m
+body {{
+  s = (f32[300,70], s32[]) parameter(0)
+  x = f32[300,70] get-tuple-element(s), index=0
+  i = s32[] get-tuple-element(s), index=1
+  y = f32[300,70] exponential(x)
+  one = s32[] constant(1)
+  j = s32[] add(i, one)
+  ROOT t = (f32[300,70], s32[]) tuple(y, j)
+}}
+cond {{
+  s = (f32[300,70], s32[]) parameter(0)
+  i = s32[] get-tuple-element(s), index=1
+  n = s32[] constant({trips})
+  ROOT lt = pred[] compare(i, n), direction=LT
+}}
+ENTRY main {{
+  x = f32[300,70] parameter(0)
+  c = s32[] constant(0)
+  init = (f32[300,70], s32[]) tuple(x, c)
+  ROOT w = (f32[300,70], s32[]) while(init), condition=cond, body=body
+}}
+"""
+    with pytest.raises(CompileError) as info:
+        lower_module(parse_hlo_text(module(20_000)))
+    assert info.value.code == "E207" and "w" in info.value.location
+    assert sum(nest.source == "y" for nest in lower_module(parse_hlo_text(module(3))).nests) == 3

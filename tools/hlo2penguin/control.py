@@ -1,15 +1,30 @@
 """Control flow without control flow: while loops unrolled while their condition folds to a
 constant, conditionals as one branch (a constant selector) or every branch and a select.
 
+Before a loop is unrolled, its trip count is found by folding only its compile-time scalars (the
+counter and what the condition reads) through condition and body, which costs microseconds a trip
+where lowering the body costs milliseconds: a loop of more trips than the limit is refused at once,
+and the instruction budget projects from the first trip over all of them.
+
 A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
 """
 
 from __future__ import annotations
 
-from ncc.schemas import common_pb2, penguin_pb2
+import numpy as np
+
+from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_instructions
+from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply
+from ncc.tools.hlo.hlo_types import compute_dtype, is_tuple, xla_type
+from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.values import Splat, Value
+
+# Ops a trip count can be folded through: elementwise ops on constants, and moves of a constant.
+_FOLDABLE = UNARY_OPCODES | BINARY_OPCODES | {"compare", "select", "clamp", "convert", "copy"}
+_SAME_VALUE = frozenset({"broadcast", "reshape", "bitcast", "transpose", "slice", "reverse"})
+Folded = tuple | np.ndarray | None  # a constant (one element), a tuple of them, or unknown (None)
 
 MAX_UNROLLED_ITERATIONS = 10_000  # a while loop is unrolled: 100 instructions a trip fill the budget (E302)
 
@@ -41,7 +56,11 @@ class ControlOps:
         a constant and steps by constants, as fori_loop and scan emit); the body is lowered once per
         iteration with that iteration's state, so a dynamic-slice by the counter becomes a static slice."""
         body, condition = (self.computations[c] for c in instr.called_computation_ids)
-        budget = Budget(self.builder.program, instr.name, "while loop")
+        trips = self._trip_count(body, condition, state)
+        if trips is not None and trips > MAX_UNROLLED_ITERATIONS:
+            raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
+                                       "iterations", instr.name)
+        budget = Budget(self.builder.program, instr.name, "while loop", planned=trips or 0)
         for _ in range(MAX_UNROLLED_ITERATIONS):
             verdict = self._computation(condition, [state])
             if not isinstance(verdict, Splat):
@@ -53,6 +72,25 @@ class ControlOps:
             budget.charge()
         raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
                                    "iterations", instr.name)
+
+    def _trip_count(self, body, condition, state: Value) -> int | None:
+        """How many times the loop runs, from its compile-time scalars alone, or None when the
+        condition needs more than they give (the unroller then decides, or refuses, as it goes)."""
+        folded = _constants_of(state)
+        for trips in range(MAX_UNROLLED_ITERATIONS + 1):
+            verdict = self._fold_computation(condition, [folded])
+            if not isinstance(verdict, np.ndarray):
+                return None
+            if not verdict.reshape(-1)[0]:
+                return trips
+            folded = self._fold_computation(body, [folded])
+        return MAX_UNROLLED_ITERATIONS + 1
+
+    def _fold_computation(self, comp: hlo_pb2.HloComputationProto, args: list[Folded]) -> Folded:
+        values: dict[int, Folded] = {}
+        for instr in comp.instructions:
+            values[instr.id] = _fold_instruction(instr, [values[i] for i in instr.operand_ids], args)
+        return values[comp.root_id if comp.root_id in values else comp.instructions[-1].id]
 
     def _conditional(self, instr, ops: list[Value]) -> Value:
         """A constant selector lowers its branch only; a computed one lowers every branch (they have no
@@ -81,3 +119,38 @@ class ControlOps:
             pairs = zip(on_true, on_false, strict=True)
             return tuple(self._select_tree(instr, taken, a, b) for a, b in pairs)
         return self._synthetic(instr, "select", [taken, on_true, on_false], on_true.shape, on_true.dtype)
+
+
+def _constants_of(value: Value) -> Folded:
+    """A lowering value as the trip counter sees it: a Splat's one value, tuples element by element."""
+    if isinstance(value, tuple):
+        return tuple(_constants_of(v) for v in value)
+    if isinstance(value, Splat):
+        return np.asarray([value.value]).astype(compute_dtype(xla_type(value.dtype)))
+    return None
+
+
+def _fold_instruction(instr: hlo_pb2.HloInstructionProto, ops: list[Folded], args: list[Folded]) -> Folded:
+    opcode = instr.opcode
+    if opcode == "parameter":
+        return args[instr.parameter_number] if instr.parameter_number < len(args) else None
+    if opcode == "tuple":
+        return tuple(ops)
+    if opcode == "get-tuple-element":
+        return ops[0][instr.tuple_index] if isinstance(ops[0], tuple) and instr.tuple_index < len(ops[0]) \
+            else None
+    if is_tuple(instr.shape):
+        return None
+    if opcode == "constant":
+        values = literal_to_numpy(instr.literal, instr.shape, instr.name).reshape(-1)
+        if values.size == 0 or not np.all(values == values[0]):
+            return None
+        return values[:1].astype(compute_dtype(instr.shape.element_type))
+    if opcode in _SAME_VALUE:
+        return ops[0] if isinstance(ops[0], np.ndarray) else None
+    if opcode in _FOLDABLE and ops and all(isinstance(op, np.ndarray) for op in ops):
+        name = instr.comparison_direction if opcode == "compare" else opcode
+        if opcode == "convert":
+            name = "copy"
+        return apply(name, ops, instr.shape.element_type)
+    return None
