@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-scale bench-fusion schemas clean
+.PHONY: setup demo test lint bench bench-scale bench-fusion bench-reduce schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ bench-scale: setup
 # Bytes moved and simulated time against the machine's limits, with and without the Penguin optimizer.
 bench-fusion: setup
 	$(BIN)/python bench/run_fusion.py
+
+# `ncc reduce` of a planted crash on each shared model: reduction time and final size.
+bench-reduce: setup
+	$(BIN)/python bench/run_reduce.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

@@ -21,6 +21,10 @@ ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside i
     triage_bundle   a failed job as a self-contained reproducer (replay.sh; triage_supervise.py
                     is the stdlib-only watchdog it replays under)
     run_settings    run_settings.json: each compile's limits and allow-listed environment
+    reduce, cmd_reduce  `ncc reduce`: delta debugging of an HLO module (reduce_edits: the candidate
+                    edits; interestingness: a test script, or a work dir's failure replayed)
+    bisect, cmd_bisect  `ncc bisect`: the first pass after which a compile's result stops matching
+                    its golden outputs (reruns hlo_opt / walrus_driver on prefixes of its pass list)
     outputs         writing user-named outputs (devices and FIFOs written through, links followed)
     diskspace       naming a full file system ([U011])
     supervisor      one tool as a supervised process tree (limits, rusage, peak RSS, no stragglers)

@@ -52,6 +52,12 @@ COMMANDS: dict[str, CommandInfo] = {
         "ncc.orchestrator.cmd_triage",
         "Explain failed compiles of a work dir or farm: bucket them, bundle a reproducer",
     ),
+    "reduce": CommandInfo(
+        "ncc.orchestrator.cmd_reduce", "Shrink an HLO module while a test or a work dir's failure still holds"
+    ),
+    "bisect": CommandInfo(
+        "ncc.orchestrator.cmd_bisect", "Find the pass after which a compile's result goes wrong"
+    ),
 }
 
 

@@ -57,6 +57,14 @@ _TABLE: tuple[Code, ...] = (
     Code("U013", ExitCode.ENVIRONMENT, "POSIX shared memory (/dev/shm) is unusable: Luigi's worker needs it"),
     Code("U014", ExitCode.USAGE, "`ncc triage`: the folder is neither an ncc work directory nor a farm"),
     Code("U015", ExitCode.USAGE, "`ncc triage --bundle`: the work directory has no failed job to bundle"),
+    Code("U016", ExitCode.USAGE, "`ncc reduce --workdir`: no failed job there (or not the --job named)"),
+    Code("U017", ExitCode.USAGE, "`ncc reduce`: the module is not interesting to begin with"),
+    Code("U018", ExitCode.USAGE, "`ncc reduce`: the module cannot be read or does not pass ncc's verifier"),
+    Code(
+        "U019",
+        ExitCode.USAGE,
+        "`ncc bisect`: not a work directory, or one whose compile did not get as far as the backend",
+    ),
     Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
     Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
     # Tool codes that report the compiler's own output as wrong, not the user's input:

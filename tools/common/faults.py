@@ -8,16 +8,26 @@ KIND is what the tool does, for real:
   hang   sleeps forever                     exit   exits 3 (an internal error, no traceback)
   raise  raises RuntimeError (exit 3 with a traceback in the tool's stderr)
   slow   sleeps 3 s, then works normally (time for a test to change something mid-compile)
+Or a planted miscompile: the tool goes on, but the named pass's output is wrong (after it ran):
+  drop_wait   one semaphore wait is removed from one instruction (needs a pass at or after
+              alloc_semaphores: before it there are no waits to drop)
+  max_to_add  one ALU instruction computing `maximum` computes `add` instead
+A miscompile needs `pass=NAME` (without one it never happens); the tool's pass manager plants
+it (tools/walrus_driver/miscompile.py) and logs what it changed.
 
 Without a condition the tool misbehaves as it starts. Conditions, joined by `@`, all must hold:
-  pass=NAME     not at start but when pass NAME starts (a pass name, or a label such as
-                `anti_dependency_analyzer#2` for its second run); tools with a pass manager only
+  pass=NAME     not at start but when pass NAME starts (a miscompile: when it ends; a pass name,
+                or a label such as `anti_dependency_analyzer#2` for its second run); tools with a
+                pass manager only
   op=PATTERN    only when the program holds PATTERN, an HLO opcode (`divide`) or a consumer with
                 a producer among its operands (`divide(exponential)`: a divide that consumes an
-                exponential); checked at pass starts, the tool's pass manager says what matches
+                exponential); checked at pass starts (a miscompile: ends), the tool's pass
+                manager says what matches
   TEXT          anything else: TEXT occurs in the tool's command line (one model of a farm)
 So `walrus_driver:segv@pass=allocation@op=divide(exponential)` segfaults walrus_driver as its
-`allocation` pass starts, in every module where a divide consumes an exponential (F139).
+`allocation` pass starts, in every module where a divide consumes an exponential (F139), and
+`walrus_driver:max_to_add@pass=pre_sched` makes pre_sched's output compute an add where a
+maximum was (the compile goes on; `--verify` or `ncc bisect` finds it).
 Unset, nothing here costs more than reading one environment variable.
 """
 
@@ -35,6 +45,7 @@ from dataclasses import dataclass
 FAULT_ENV = "NCC_FAULT_INJECT"
 EXIT_INTERNAL = 3
 KINDS = ("abort", "segv", "kill", "oom", "hang", "exit", "raise", "slow")
+MISCOMPILES = ("drop_wait", "max_to_add")
 
 _PATTERN = re.compile(r"^([A-Za-z][\w.-]*)(?:\(([A-Za-z][\w.-]*)\))?$")
 
@@ -70,6 +81,11 @@ class Fault:
     def at_pass(self) -> bool:
         """Fires at a pass boundary rather than as the tool starts."""
         return bool(self.pass_name or self.pattern or self.malformed)
+
+    @property
+    def miscompile(self) -> bool:
+        """A planted miscompile (the pass's output is changed) rather than a misbehaving process."""
+        return self.kind in MISCOMPILES
 
     @classmethod
     def parse(cls, item: str) -> Fault:
@@ -129,8 +145,16 @@ def misbehave(kind: str, where: str = "") -> None:
 def inject_fault(tool: str) -> None:
     """As the tool starts: misbehave as NCC_FAULT_INJECT asks, for its faults without pass conditions."""
     for fault in faults_for(tool):
-        if not fault.at_pass:
+        if not fault.at_pass and not fault.miscompile:
             misbehave(fault.kind, tool)
+
+
+def _fires_at(fault: Fault, pass_name: str, label: str, holds: Callable[[OpPattern], bool]) -> bool:
+    if not fault.at_pass or fault.malformed:
+        return False
+    if fault.pass_name and fault.pass_name not in (pass_name, label):
+        return False
+    return fault.pattern is None or holds(fault.pattern)
 
 
 def inject_pass_fault(
@@ -139,10 +163,17 @@ def inject_pass_fault(
     """As pass `pass_name` (its run `label`) starts: misbehave for each fault whose pass and op
     conditions hold; `holds(pattern)` says whether the program being compiled holds a pattern."""
     for fault in faults_for(tool):
-        if not fault.at_pass or fault.malformed:
-            continue
-        if fault.pass_name and fault.pass_name not in (pass_name, label):
-            continue
-        if fault.pattern is not None and not holds(fault.pattern):
-            continue
-        misbehave(fault.kind, f"pass {label}")
+        if not fault.miscompile and _fires_at(fault, pass_name, label, holds):
+            misbehave(fault.kind, f"pass {label}")
+
+
+def planted_miscompiles(
+    tool: str, pass_name: str, label: str, holds: Callable[[OpPattern], bool]
+) -> list[str]:
+    """After pass `pass_name` (its run `label`) ran: the miscompile kinds to plant in its output,
+    for each miscompile fault naming this pass whose other conditions hold."""
+    return [
+        fault.kind
+        for fault in faults_for(tool)
+        if fault.miscompile and fault.pass_name and _fires_at(fault, pass_name, label, holds)
+    ]

@@ -13,7 +13,8 @@ to itself), oom (allocates memory until something kills it), hang (sleeps foreve
 raise (exit 3 with a traceback), slow (sleeps 3 s, then works normally: time for a test to change
 something mid-compile). "TOOL:KIND@TEXT" misbehaves only when TEXT occurs in the tool's command
 line (one model of a farm); "@pass=NAME" and "@op=PATTERN" move the fault to the start of a named
-pass, in modules that hold an opcode pattern (ncc.tools.common.faults says how).
+pass, in modules that hold an opcode pattern, and the kinds max_to_add / drop_wait make that pass
+miscompile instead (ncc.tools.common.faults says how).
 """
 
 from __future__ import annotations

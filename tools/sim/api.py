@@ -8,11 +8,13 @@ E601 (out of bounds) / E603 (malformed), raised before anything runs. Races and 
 not errors here: they are findings in the SimResult (the CLI turns them into E611/E612).
 With `record_schedule=True` the result also holds the `Schedule` (when each instruction waited,
 ran and moved data), which `chrome_trace` turns into a Perfetto / chrome://tracing trace.
+`observe(instruction, outputs)`, when given, is called as each instruction's effect lands, with
+the BIR instruction and a copy of its outputs' storage right then, in simulated order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +24,7 @@ from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim import limits
 from ncc.tools.sim.hb import Race
+from ncc.tools.sim.instruction import Op
 from ncc.tools.sim.memory import DeviceMemory, shape_text
 from ncc.tools.sim.program import load_streams, streams_of_program
 from ncc.tools.sim.simulator import Simulator
@@ -29,6 +32,8 @@ from ncc.tools.sim.trace import Schedule, ScheduleRecorder, chrome_trace
 from ncc.tools.target import Target, load_target
 
 __all__ = ["Race", "Schedule", "SimResult", "chrome_trace", "simulate_neff", "simulate_program"]
+
+Observer = Callable[[bir_pb2.Instruction, list[np.ndarray]], None]
 
 
 @dataclass
@@ -89,6 +94,7 @@ def simulate_program(
     check_races: bool = True,
     target: Target | None = None,
     record_schedule: bool = False,
+    observe: Observer | None = None,
 ) -> SimResult:
     """Execute a BIR program: its streams if codegen filled them, else its instructions grouped
     by engine in order. Buffers not yet allocated (address -1) get private storage each."""
@@ -102,6 +108,7 @@ def simulate_program(
         check_races,
         target,
         record_schedule,
+        observe,
     )
 
 
@@ -122,6 +129,7 @@ def _simulate(
     check_races: bool,
     target: Target | None,
     record_schedule: bool = False,
+    observe: Observer | None = None,
 ) -> SimResult:
     target = target or _load_target(target_name)
     hbm, streams = list(hbm), list(streams)
@@ -130,7 +138,14 @@ def _simulate(
     _bind_inputs(memory, inputs)
     ops = load_streams(streams, memory, target, num_semaphores)
     recorder = ScheduleRecorder() if record_schedule else None
-    outcome = Simulator(ops, target, num_semaphores, check_races, recorder).run()
+    observer = None
+    if observe is not None:  # load_streams numbers ops (uid) in stream order
+        instructions = [instruction for stream in streams for instruction in stream.instructions]
+
+        def observer(op: Op) -> None:
+            observe(instructions[op.uid], [access.read() for access in op.outputs])
+
+    outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer).run()
     if recorder is not None:  # load_streams numbers ops (uid) in stream order
         recorder.schedule.ids = [int(i.id) for stream in streams for i in stream.instructions]
     return SimResult(

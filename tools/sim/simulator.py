@@ -17,13 +17,16 @@ Happens-before is tracked alongside (hb.py) when race checking is on: one thread
 per queue, clocks ticked as instructions start and transfers are queued.
 
 A `ScheduleRecorder` (trace.py), when given, is told when each instruction's waits held, when it
-started and ended and when each transfer moved; without one the loop records nothing.
+started and ended and when each transfer moved; without one the loop records nothing. An
+`observer`, when given, is called with each op right after its functional effect landed (what
+`ncc bisect` uses to find the first instruction whose result differs).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,9 +78,11 @@ class Simulator:
         num_semaphores: int,
         check_races: bool,
         recorder: ScheduleRecorder | None = None,
+        observer: Callable[[Op], None] | None = None,
     ) -> None:
         self.target = target
         self.recorder = recorder
+        self.observer = observer
         engine_ids = list(ENGINES.values())
         self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
         self.queue_thread = {q: len(engine_ids) + q for q in range(target.dma_queues)}
@@ -163,7 +168,7 @@ class Simulator:
     def _handle(self, kind: str, payload: object) -> None:
         if kind == _COMPLETE:
             engine, op, clock = payload
-            semantics.execute(op)
+            self._execute(op)
             self._update(op, clock)
             engine.running = None
         elif kind == _TRIGGERED:
@@ -188,8 +193,13 @@ class Simulator:
             self._push(end, _TRANSFERRED, (op, transfer_clock))
         else:
             op, clock = payload
-            semantics.execute(op)
+            self._execute(op)
             self._update(op, clock)
+
+    def _execute(self, op: Op) -> None:
+        semantics.execute(op)
+        if self.observer is not None:
+            self.observer(op)
 
     def _update(self, op: Op, clock: np.ndarray | None) -> None:
         for semaphore, increment in op.updates:

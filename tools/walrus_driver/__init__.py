@@ -11,6 +11,7 @@ runs it race- and deadlock-free and it computes what the input order computes se
   context.py        PassContext: program, target, dependence graph, state flags (E402 checks)
   birutil.py        op tables, operand footprints; costs.py cost model and lower bound;
   syncmodel.py      threads and vector clocks (alloc_semaphores and birverifier); printer.py text IR
+  miscompile.py     planted miscompiles (test-only, NCC_FAULT_INJECT=walrus_driver:max_to_add@pass=P)
   passes/           one module per pass (see `ncc-walrus-driver --list-passes`)
   __main__.py       the ncc-walrus-driver command line
 
@@ -20,5 +21,6 @@ Default pipeline (optlevel 1-3; optlevel 0 drops split_dma, dep_reduction and pr
 (bir_sim can be appended to execute the result in the simulator.)
 Diagnostics: E400 bad option/target, E401 unknown pass, E402 missing prerequisite, E403 out of
 on-chip memory, E404 out of semaphores, E405 malformed input, E410 verifier, E411 race/deadlock in
-simulation, E412 simulated result differs from sequential execution.
+simulation, E412 simulated result differs from sequential execution (or, bir_sim{golden=...},
+from the golden outputs).
 """

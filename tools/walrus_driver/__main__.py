@@ -2,9 +2,11 @@
 
   ncc-walrus-driver --input bir.pb --output program.pb [--walrus-passes a,b{k=v},c] [--optlevel N]
                     [--target trn1] [--stats stats.json] [--print-ir-after P|all] [--timing]
-                    [--verify-each] [--crash-reproducer PATH] [--list-passes] --diagnostics d.pb
+                    [--verify-each] [--crash-reproducer PATH] [--list-passes] [--print-pipeline]
+                    --diagnostics d.pb
 
-Without --walrus-passes the pass list is default_pipeline(--optlevel). Exit codes as every stage
+Without --walrus-passes the pass list is default_pipeline(--optlevel); --print-pipeline prints
+it (as text, one line: what `ncc bisect` cuts into prefixes) and exits. Exit codes as every stage
 tool (tools/common/toolmain.py): 0 ok, 1 compile error with a Diagnostic written, 2 usage.
 """
 
@@ -50,6 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="on a compile error, write the input program here and the pipeline to PATH.txt",
     )
     parser.add_argument("--list-passes", action="store_true", help="list the registered passes and exit")
+    parser.add_argument(
+        "--print-pipeline",
+        action="store_true",
+        help="print the pass list these flags run (--walrus-passes, or --optlevel's) and exit",
+    )
     return parser
 
 
@@ -99,8 +106,12 @@ def body(args: argparse.Namespace) -> None:
     if args.list_passes:
         _list_passes()
         return
+    if args.print_pipeline:
+        passes = args.walrus_passes if args.walrus_passes is not None else default_pipeline(args.optlevel)
+        print(PassManager(parse_pipeline(passes) if isinstance(passes, str) else passes).pipeline_text())
+        return
     if not args.input or not args.output:
-        build_parser().error("--input and --output are required (unless --list-passes)")
+        build_parser().error("--input and --output are required (unless --list-passes or --print-pipeline)")
     instruments = Instruments(
         print_ir_after=set(args.print_ir_after),
         timing=args.timing,

@@ -6,7 +6,8 @@ and option is checked before any pass runs. Instruments (MLIR-style): print the 
 passes, time each pass, run the verifier after every pass, and collect every pass's counters.
 Run as the stage tool (`Instruments.as_tool`), the manager also logs one line per pass start to
 stderr (tools/common/passlog.py: what `ncc triage` reads to name the pass that was running) and
-honours pass-level fault injection (`NCC_FAULT_INJECT=walrus_driver:segv@pass=NAME@op=PATTERN`).
+honours pass-level fault injection (`NCC_FAULT_INJECT=walrus_driver:segv@pass=NAME@op=PATTERN`),
+planted miscompiles included (`walrus_driver:max_to_add@pass=NAME`: miscompile.py, after the pass).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ from functools import partial
 from typing import Any, TextIO
 
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.faults import inject_pass_fault
+from ncc.tools.common.faults import inject_pass_fault, planted_miscompiles
 from ncc.tools.common.passlog import log_pass_start
-from ncc.tools.walrus_driver import op_patterns, printer
+from ncc.tools.walrus_driver import miscompile, op_patterns, printer
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import PassInfo, get_pass
 
@@ -166,6 +167,8 @@ class PassManager:
             self.records.append(PassRecord(label, info.name, wall, dict(spec.options)))
             ctx.current_pass = ctx.current_label = ""
             ctx.options = None
+            if tool:
+                self._plant_miscompiles(ctx, tool, info.name, label)
             if self.instruments.verify_each and info.name != "birverifier":
                 self._verify(ctx, after=label)
             wanted = self.instruments.print_ir_after
@@ -174,6 +177,13 @@ class PassManager:
                 self.instruments.stream.write(printer.format_program(ctx.program))
         if self.instruments.timing:
             self.instruments.stream.write(self.timing_report())
+
+    def _plant_miscompiles(self, ctx: PassContext, tool: str, name: str, label: str) -> None:
+        """Test-only: make this pass's output wrong as NCC_FAULT_INJECT asks, and say how."""
+        for kind in planted_miscompiles(tool, name, label, partial(op_patterns.holds, ctx.program)):
+            change = miscompile.plant(ctx.program, kind) or "nothing to change"
+            self.instruments.stream.write(f"{tool}: fault injected after pass {label}: {kind}: {change}\n")
+            self.instruments.stream.flush()
 
     def _verify(self, ctx: PassContext, after: str) -> None:
         verifier = get_pass("birverifier")

@@ -6,18 +6,32 @@ finding. With `compare_sequential` (default) the program the driver received is 
 one instruction at a time in its original order (every instruction waits for the previous one on
 a single semaphore, buffers unallocated, i.e. private) and the outputs must be bit-identical: E412
 otherwise. Counters: simulated_ns, races, simulated_ns over the schedule's lower bound.
+
+Golden mode (`golden=golden.pb`, what `ncc bisect` appends to each prefix of the pipeline): the
+program as it stands after the passes before it is run on the TensorSet's inputs (arg*) and its
+outputs compared with the TensorSet's (out*) under --verify's tolerance (ncc.tools.sim.check):
+E412 when one differs. It needs no earlier pass: a program with semaphores runs with them (a
+race or deadlock is E411), one without runs one instruction at a time in its current order, with
+its addresses if it has them (so a pass that reorders, allocates or rewrites wrongly shows before
+any semaphore exists). `report=FILE.json` writes, before the verdict, what ncc bisect reads:
+the verdict and its message, the first race's instruction ids, each instruction's result digest
+in the order results landed, and the program's text (printer.py).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver import costs
+from ncc.tools.common.protoio import write_bytes_atomic
+from ncc.tools.walrus_driver import costs, printer
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
@@ -29,6 +43,8 @@ class Options:
     seed: int = 0
     compare_sequential: bool = True
     check_races: bool = True
+    golden: str = ""  # a TensorSet (golden.pb): run on its inputs, compare with its outputs
+    report: str = ""  # golden mode: write the verdict, per-instruction trace and program text (JSON)
 
 
 def random_inputs(program: bir_pb2.Program, seed: int) -> dict[str, np.ndarray]:
@@ -51,13 +67,14 @@ def random_inputs(program: bir_pb2.Program, seed: int) -> dict[str, np.ndarray]:
     return inputs
 
 
-def sequential_program(program: bir_pb2.Program) -> bir_pb2.Program:
-    """The program with every instruction waiting for the previous one: the reference semantics."""
+def sequential_program(program: bir_pb2.Program, keep_addresses: bool = False) -> bir_pb2.Program:
+    """The program with every instruction waiting for the previous one: the reference semantics
+    (buffers private unless `keep_addresses`)."""
     reference = bir_pb2.Program()
     reference.CopyFrom(program)
     del reference.streams[:]
     reference.num_semaphores = 1
-    for buffer in reference.buffers:
+    for buffer in reference.buffers if not keep_addresses else ():
         buffer.address = -1
     for position, instr in enumerate(reference.instructions):
         del instr.waits[:]
@@ -71,6 +88,9 @@ def sequential_program(program: bir_pb2.Program) -> bir_pb2.Program:
 @register(NAME, Options)
 def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
+    if options.golden:
+        run_golden(ctx, options)
+        return
     ctx.require_allocated()
     try:
         from ncc.tools.sim.api import simulate_program
@@ -128,3 +148,86 @@ def _first_difference(got: np.ndarray | None, expected: np.ndarray) -> str:
         return ""
     index = tuple(int(i) for i in diff[0])
     return f" (first at {list(index)}: {got[index]!r} != {expected[index]!r})"
+
+
+# -- golden mode ----------------------------------------------------------------------------------
+
+
+class _Trace:
+    """What each instruction's result was, in the order results landed (the simulator's observer)."""
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+
+    def __call__(self, instr: bir_pb2.Instruction, outputs: list[np.ndarray]) -> None:
+        digest = hashlib.blake2b(digest_size=8)
+        shapes = []
+        for array in outputs:
+            digest.update(np.ascontiguousarray(array).tobytes())
+            shapes.append("x".join(map(str, array.shape)) + ":" + str(array.dtype))
+        self.rows.append([instr.name, int(instr.id), ",".join(shapes), digest.hexdigest()])
+
+
+def run_golden(ctx: PassContext, options: Options) -> None:
+    """Run the program as it stands on the golden inputs; E411/E412 unless it matches the golden outputs."""
+    from ncc.tools.sim.api import simulate_program
+    from ncc.tools.sim.check import ATOL, compare, default_rtol, read_tensors
+
+    inputs = read_tensors(options.golden, "golden inputs", "arg")
+    expected = read_tensors(options.golden, "golden outputs", "out")
+    synchronized = ctx.synchronized
+    program = ctx.program if synchronized else sequential_program(ctx.program, keep_addresses=True)
+    trace = _Trace() if options.report else None
+    result = simulate_program(
+        program, inputs, check_races=synchronized and options.check_races, target=ctx.target, observe=trace
+    )
+    races = max(result.race_count, len(result.races))
+    ctx.set_stat("simulated_ns", round(result.simulated_ns, 1))
+    ctx.set_stat("races", races)
+    ctx.set_stat("deadlock", int(result.deadlock is not None))
+    rtol = default_rtol(ctx.program)
+    comparisons = [
+        compare(name, result.outputs.get(name), expected[name], ATOL, rtol) for name in sorted(expected)
+    ]
+    ctx.set_stat("outputs_compared", len(comparisons))
+    wrong = [comparison.message(ATOL, rtol) for comparison in comparisons if not comparison.ok]
+    execution = "parallel" if synchronized else "sequential"
+    if options.report:
+        _write_report(options.report, ctx.program, execution, result, trace, wrong)
+    if result.deadlock is not None:
+        raise CompileError("E411", f"bir_sim: the program deadlocks: {result.deadlock}", NAME)
+    if races:
+        raise CompileError("E411", f"bir_sim: {races} race(s); first: {result.races[0].describe()}", NAME)
+    if wrong:
+        how = "with its semaphores" if synchronized else "one instruction at a time"
+        raise CompileError("E412", f"bir_sim: {wrong[0]} (expected: {options.golden}; run {how})", NAME)
+
+
+def _race_ids(program: bir_pb2.Program, race: Any) -> list[int]:
+    """The ids of the two instructions of a race (the simulator names them `'name' (ENGINE)`)."""
+    labels = {race.first.rsplit(" (", 1)[0], race.second.rsplit(" (", 1)[0]}
+    return [int(i.id) for i in program.instructions if repr(i.name or f"#{i.id}") in labels]
+
+
+def _write_report(
+    path: str, program: bir_pb2.Program, execution: str, result: Any, trace: _Trace | None, wrong: list[str]
+) -> None:
+    if result.deadlock is not None:
+        verdict, message = "deadlock", result.deadlock
+    elif result.races:
+        verdict, message = "race", result.races[0].describe()
+    elif wrong:
+        verdict, message = "mismatch", "; ".join(wrong)
+    else:
+        verdict, message = "ok", ""
+    report = {
+        "verdict": verdict,
+        "message": message,
+        "execution": execution,
+        "race_count": max(result.race_count, len(result.races)),
+        "race_ids": _race_ids(program, result.races[0]) if result.races else [],
+        "trace": trace.rows if trace is not None else [],
+        # The program's text in program order: [id, name, printer line].
+        "ir": [[int(i.id), i.name, printer.format_instruction(i)] for i in program.instructions],
+    }
+    write_bytes_atomic(path, (json.dumps(report) + "\n").encode())
