@@ -53,6 +53,7 @@ from ncc.orchestrator.supervisor import Limits, run_supervised
 from ncc.orchestrator.triage import is_workdir
 from ncc.orchestrator.workdir import RECORD, WorkDir, job_dir_name, read_job_record
 from ncc.schemas import diagnostic_pb2
+from ncc.tools.common.pipeline_text import split_pipeline
 
 BISECT_DIR = "bisect"
 _MARKER = ".ncc-bisect"  # says the folder is ours to clear
@@ -239,18 +240,12 @@ def _flag(command: list[str], name: str) -> str | None:
     return values[1] if values else None
 
 
-def split_pipeline(text: str) -> list[str]:
-    """'a,b{k=v,k2=v2},c' -> ['a', 'b{k=v,k2=v2}', 'c'] (commas inside braces stay)."""
-    items, depth, current = [], 0, ""
-    for char in text:
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current.strip())
-            current = ""
-        else:
-            current += char
-    items.append(current.strip())
-    return [item for item in items if item]
+def _pipeline_items(text: str) -> list[str]:
+    """The passes of a recorded pipeline (it ran, so its braces balance)."""
+    try:
+        return [item for item in split_pipeline(text) if item]
+    except ValueError:
+        return []
 
 
 def _steps(job: str, texts: list[str]) -> list[Step]:
@@ -417,7 +412,7 @@ class _Bisector:
         ]
         self._must("hlo_opt", arguments, "frontend")
         if passes is not None:
-            texts = [] if passes.strip() == "none" else split_pipeline(passes)
+            texts = [] if passes.strip() == "none" else _pipeline_items(passes)
         else:
             log = (self.folder / "setup" / "frontend.stderr.log").read_text(
                 encoding="utf-8", errors="replace"
@@ -430,7 +425,7 @@ class _Bisector:
         chosen = ["--walrus-passes", passes] if passes is not None else []
         self._must("walrus_driver", ["--print-pipeline", *chosen, *self.walrus_flags], "pipeline")
         text = (self.folder / "setup" / "pipeline.stdout.log").read_text(encoding="utf-8").strip()
-        return _steps("WalrusDriver", split_pipeline(text))
+        return _steps("WalrusDriver", _pipeline_items(text))
 
     def run(self, linear: bool) -> Bisection:
         golden = self.golden()

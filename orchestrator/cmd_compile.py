@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ncc.orchestrator.options import DEFAULT_OPTLEVEL, OPTLEVELS, CompileOptions, default_workdir
 from ncc.orchestrator.outputs import is_stream
+from ncc.tools.common.pipeline_text import split_pipeline
 
 _PASS_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -25,16 +26,11 @@ def _pass_list(text: str) -> tuple[str, ...]:
     The walrus driver owns the meaning of names and options; this only refuses text that is not a
     pipeline at all, so a typo is reported before any job runs only when it is a syntax error.
     """
-    items, depth, current = [], 0, ""
-    for char in text:
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current.strip())
-            current = ""
-        else:
-            current += char
-    items.append(current.strip())
-    bad = [item for item in items if not _PASS_NAME.match(item.split("{", 1)[0]) or depth != 0]
+    try:
+        items = split_pipeline(text)
+    except ValueError:  # unbalanced braces: the whole text is at fault
+        items = [text + " (unbalanced braces)"]
+    bad = [item for item in items if not _PASS_NAME.match(item.split("{", 1)[0]) or item.endswith(" braces)")]
     if bad:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a comma-separated list of pass names (bad: {', '.join(repr(b) for b in bad)})"
@@ -42,7 +38,7 @@ def _pass_list(text: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -62,7 +58,7 @@ def _stage_count(text: str) -> int:
     return value
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
@@ -123,11 +119,11 @@ def add_compile_flags(parser: argparse.ArgumentParser) -> None:
     """Result flags plus how jobs run: limits and the stage cache (shared with `ncc farm`)."""
     add_result_flags(parser)
     parser.add_argument(
-        "--timeout", type=_positive_float, metavar="S", help="wall-clock limit per job, seconds"
+        "--timeout", type=positive_float, metavar="S", help="wall-clock limit per job, seconds"
     )
     parser.add_argument(
         "--mem-limit",
-        type=_positive_int,
+        type=positive_int,
         metavar="MB",
         help="resident memory limit per job (whole process tree)",
     )

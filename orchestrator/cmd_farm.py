@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ncc.orchestrator import luigi_setup
-from ncc.orchestrator.cmd_compile import _positive_int, add_compile_flags, add_result_flags
+from ncc.orchestrator.cmd_compile import add_compile_flags, add_result_flags, positive_int
 from ncc.orchestrator.diagnostics import ExitCode, NccError
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.workdir import WorkDir, write_json_atomic
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "inputs", nargs="+", type=Path, metavar="INPUT", help="model files, folders, manifests"
     )
     parser.add_argument(
-        "--workers", type=_positive_int, default=1, metavar="N", help="Luigi workers in this process"
+        "--workers", type=positive_int, default=1, metavar="N", help="Luigi workers in this process"
     )
     parser.add_argument(
         "--scheduler-url",
@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="inputs, work dirs and NEFFs of the farm (shared by all its workers; default ./ncc-farm)",
     )
     parser.add_argument(
-        "--mem-per-job", type=_positive_int, metavar="MB", help="memory each job reserves on its machine"
+        "--mem-per-job", type=positive_int, metavar="MB", help="memory each job reserves on its machine"
     )
     parser.add_argument(
         "--retries", type=int, default=0, metavar="N", help="reruns of a failed job (default 0)"

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ncc.orchestrator.cmd_compile import positive_float, positive_int
 from ncc.orchestrator.diagnostics import NccError, printable
 from ncc.orchestrator.interestingness import CompileTest, compile_test, script_test
 from ncc.orchestrator.outputs import OutputError, check_writable, write_output
@@ -44,26 +45,6 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be greater than 0")
-    return value
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", type=Path, help="the HLO module to reduce (.hlo or .hlo.pb)")
     how = parser.add_mutually_exclusive_group(required=True)
@@ -82,11 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the reduced module as HLO text; REDUCED.hlo.pb gets it as a serialized HloModuleProto",
     )
     parser.add_argument(
-        "--jobs", "-j", type=_positive_int, default=_cores(), metavar="N",
+        "--jobs", "-j", type=positive_int, default=_cores(), metavar="N",
         help="candidates tested at once (default: the cores ncc may use)",
     )
     parser.add_argument(
-        "--candidate-timeout", type=_positive_float, metavar="S",
+        "--candidate-timeout", type=positive_float, metavar="S",
         help=f"stop a candidate's test after S seconds (default: 10x the original's, at least "
         f"{MIN_CANDIDATE_TIMEOUT_S:g})",
     )

@@ -21,11 +21,12 @@ import pytest
 from orchestrator_support import assert_one_line_error, find_model, ncc
 from walrus_builders import Bir, chain_program
 
-from ncc.orchestrator.bisect import locate, split_pipeline
+from ncc.orchestrator.bisect import locate
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.faults import FAULT_ENV, Fault, inject_fault, planted_miscompiles
+from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.common.protoio import write_proto
 from ncc.tools.sim.api import simulate_program
 from ncc.tools.target import load_target
@@ -192,7 +193,10 @@ def test_locate_names_the_first_result_that_differs_then_a_race_then_a_text_chan
 
 def test_pipeline_text_splits_at_top_level_commas() -> None:
     assert split_pipeline("a, b{k=1,j=2},c{x=y}") == ["a", "b{k=1,j=2}", "c{x=y}"]
-    assert split_pipeline("") == []
+    assert split_pipeline("") == [""]  # an empty item stays, for the caller to refuse
+    for unbalanced in ("a{k=1", "a}"):
+        with pytest.raises(ValueError):
+            split_pipeline(unbalanced)
 
 
 # -- ncc bisect on real compiles ------------------------------------------------------------------

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
@@ -39,15 +40,10 @@ def pass_list(text: str, optlevel: int) -> list[str]:
         return list(DEFAULT_PASSES) if optlevel >= 1 else []
     if text.strip() == "none":
         return []
-    items, depth, current = [], 0, ""
-    for char in text:
-        depth += {"{": 1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current.strip())
-            current = ""
-        else:
-            current += char
-    items.append(current.strip())
+    try:
+        items = split_pipeline(text)
+    except ValueError as err:
+        raise CompileError("E400", f"{err} in Penguin pass list {text!r}", "--penguin-passes") from None
     for item in items:
         parse_pass(item)
     return items

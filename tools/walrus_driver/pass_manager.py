@@ -21,6 +21,7 @@ from typing import Any, TextIO
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.faults import inject_pass_fault, planted_miscompiles
 from ncc.tools.common.passlog import log_pass_start
+from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.walrus_driver import miscompile, op_patterns, printer
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import PassInfo, get_pass
@@ -70,22 +71,11 @@ class PassSpec:
 def parse_pipeline(text: str) -> list[PassSpec]:
     """'a,b{k=v,k2=v2},c' -> [PassSpec('a'), PassSpec('b', {...}), PassSpec('c')]."""
     specs: list[PassSpec] = []
-    items: list[str] = []
-    depth, start = 0, 0
-    for index, char in enumerate(text):
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth < 0:
-                raise CompileError("E400", f"unbalanced '}}' in pass pipeline {text!r}")
-        elif char == "," and depth == 0:
-            items.append(text[start:index])
-            start = index + 1
-    if depth:
-        raise CompileError("E400", f"unbalanced '{{' in pass pipeline {text!r}")
-    items.append(text[start:])
-    for item in (item.strip() for item in items):
+    try:
+        items = split_pipeline(text)
+    except ValueError as err:
+        raise CompileError("E400", f"{err} in pass pipeline {text!r}") from None
+    for item in items:
         if not item:
             continue
         name, brace, rest = item.partition("{")
