@@ -60,14 +60,17 @@ def backend_instruction_count(program: penguin_pb2.Program) -> tuple[int, pengui
     total = largest_count = 0
     largest = None
     for nest in program.nests:
-        extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-        count = sum(
-            _statement_points(nest, st, extents) * _dma_weight(st, tensors) for st in nest.statements
-        )
+        count = nest_backend_instructions(nest, tensors)
         total += count
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
     return total, largest, largest_count
+
+
+def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict) -> int:
+    """The backend instructions one nest becomes (backend_instruction_count's term for it)."""
+    extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
+    return sum(_statement_points(nest, st, extents) * _dma_weight(st, tensors) for st in nest.statements)
 
 
 def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_instructions
+from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_backend_instructions
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply
 from ncc.tools.hlo.hlo_types import compute_dtype, is_tuple, xla_type
 from ncc.tools.hlo.literals import literal_to_numpy
@@ -32,22 +32,32 @@ MAX_UNROLLED_ITERATIONS = 10_000  # a while loop is unrolled: 100 instructions a
 class Budget:
     """Stops a lowering that repeats a body (an unrolled loop, a row-by-row scatter) as soon as what
     it emitted passes the instruction budget, or, when the number of rounds is known, as soon as the
-    first round shows that all of them would (E302), rather than after building all of it."""
+    first round shows that all of them would (E302), rather than after building all of it. It counts
+    backend instructions (each dma as the pieces split_dma cuts it into) on top of what the program
+    already holds, as the budget check of the whole program does, so a program it lets through is
+    not refused later, after all of it was built, for the same reason."""
 
     def __init__(self, program: penguin_pb2.Program, name: str, what: str, planned: int = 0) -> None:
         self.program, self.name, self.what, self.planned = program, name, what, planned
         self.counted, self.total, self.rounds = len(program.nests), 0, 0
+        self.tensors = {tensor.name: tensor for tensor in program.tensors}
+        self.tensors_seen = len(program.tensors)
+        self.before = sum(nest_backend_instructions(nest, self.tensors) for nest in program.nests)
 
     def charge(self) -> None:
-        nests = self.program.nests
-        self.total += sum(nest_instructions(nests[k]) for k in range(self.counted, len(nests)))
+        nests, tensors = self.program.nests, self.program.tensors
+        for k in range(self.tensors_seen, len(tensors)):  # only the declarations made since last time
+            self.tensors[tensors[k].name] = tensors[k]
+        self.tensors_seen = len(tensors)
+        self.total += sum(nest_backend_instructions(nests[k], self.tensors)
+                          for k in range(self.counted, len(nests)))
         self.counted, self.rounds = len(nests), self.rounds + 1
         expected = self.total * self.planned // self.rounds if self.planned else self.total
-        if max(self.total, expected) > MAX_INSTRUCTIONS:
+        if self.before + max(self.total, expected) > MAX_INSTRUCTIONS:
             rounds = f"{self.rounds:,} of {self.planned or self.rounds:,}"
             raise CompileError("E302", f"program too large: {self.what} '{self.name}' unrolls past the "
-                                       f"budget of {MAX_INSTRUCTIONS:,} instructions ({self.total:,} in its "
-                                       f"first {rounds} rounds)", self.name)
+                                       f"budget of {MAX_INSTRUCTIONS:,} backend instructions ({self.total:,} "
+                                       f"in its first {rounds} rounds, {self.before:,} before it)", self.name)
 
 
 class ControlOps:
