@@ -36,17 +36,7 @@ def eliminate_dead_code(program: penguin_pb2.Program) -> DceStats:
         live_hbm = outputs | {base(a.tensor) for nest in program.nests for st in nest.statements
                               for a in st.inputs if not on_chip(a.tensor)}
         for nest in program.nests:
-            live_tiles: set[str] = set()
-            grew = True
-            while grew:  # to a fixed point: a tile may be read before (in order) it is written
-                grew = False
-                for st in nest.statements:
-                    if any(base(a.tensor) in live_hbm if not on_chip(a.tensor) else a.tensor in live_tiles
-                           for a in st.outputs):
-                        used = {a.tensor for a in st.inputs if on_chip(a.tensor)} - live_tiles
-                        if used:
-                            live_tiles |= used
-                            grew = True
+            live_tiles = _live_tiles(nest, live_hbm, base, on_chip)
             kept = [st for st in nest.statements
                     if any(base(a.tensor) in live_hbm if not on_chip(a.tensor) else a.tensor in live_tiles
                            for a in st.outputs)]
@@ -65,3 +55,23 @@ def eliminate_dead_code(program: penguin_pb2.Program) -> DceStats:
     del program.tensors[:]
     program.tensors.extend(kept_tensors)
     return stats
+
+
+def _live_tiles(nest: penguin_pb2.LoopNest, live_hbm: set[str], base, on_chip) -> set[str]:
+    """The on-chip tiles some statement that matters reads, by a worklist over the nest's
+    writers (linear: a tile may be read before, in statement order, it is written)."""
+    writers: dict[str, list[penguin_pb2.Statement]] = {}
+    pending: list[penguin_pb2.Statement] = []
+    for st in nest.statements:
+        for access in st.outputs:
+            if on_chip(access.tensor):
+                writers.setdefault(access.tensor, []).append(st)
+            elif base(access.tensor) in live_hbm:
+                pending.append(st)
+    live: set[str] = set()
+    while pending:
+        for access in pending.pop().inputs:
+            if on_chip(access.tensor) and access.tensor not in live:
+                live.add(access.tensor)
+                pending.extend(writers.get(access.tensor, []))
+    return live
