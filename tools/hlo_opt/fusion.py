@@ -36,33 +36,79 @@ def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
     tensors = {t.name: t for t in program.tensors}
     stats = FusionStats(nests_before=len(program.nests))
     fused: list[penguin_pb2.LoopNest] = []
+    summary: _NestSummary | None = None
     for nest in program.nests:
         _decide_single_point_predicates(nest)
-        if fused and _try_fuse(fused[-1], nest, tensors, stats):
+        if summary is not None and _try_fuse(summary, nest, stats):
             continue
         copy = penguin_pb2.LoopNest()
         copy.CopyFrom(nest)
         fused.append(copy)
+        summary = _NestSummary(copy, tensors)
     del program.nests[:]
     program.nests.extend(fused)
     stats.nests_after = len(fused)
     return stats
 
 
-def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
-              tensors: dict[str, penguin_pb2.TensorDecl], stats: FusionStats) -> bool:
+class _NestSummary:
+    """What fusion needs to know of the nest that grows as consumers join it, kept up to date one
+    appended statement at a time (re-scanning the whole nest per join made a long chain quadratic).
+
+    `writers` counts the statements writing each HBM base; `stores` and `columns` hold every
+    candidate tile store by key with the base it writes, valid while that base has one writer."""
+
+    def __init__(self, nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl]):
+        self.nest, self.tensors = nest, tensors
+        self.fixed = frozenset(a.name for a in nest.axes if a.extent == 1)  # always 0
+        self.moving = [a.name for a in nest.axes if a.name not in self.fixed]
+        self.writers: dict[str, int] = {}
+        self.read: set[str] = set()
+        self.stores: dict[tuple, tuple[str, penguin_pb2.Access]] = {}
+        self.columns: dict[tuple, tuple[str, penguin_pb2.Access]] = {}
+        for st in nest.statements:
+            self.add(st)
+
+    def add(self, st: penguin_pb2.Statement) -> None:
+        tensors = self.tensors
+        for name in {base(tensors, a.tensor) for a in st.outputs}:
+            self.writers[name] = self.writers.get(name, 0) + 1
+        self.read.update(base(tensors, a.tensor) for a in st.inputs)
+        if st.op != "dma" or st.predicates or len(st.inputs) != 1 or len(st.outputs) != 1:
+            return
+        out, tile = st.outputs[0], st.inputs[0]
+        view = tensors[out.tensor]
+        if view.memory != common_pb2.HBM or tensors[tile.tensor].memory != common_pb2.SBUF:
+            return
+        if not _one_axis_per_dimension(out, self.moving, self.fixed):
+            return
+        written = base(tensors, out.tensor)
+        box = box_key(out, {}, self.fixed)
+        self.stores[(view_key(view), box)] = (written, tile)
+        if view.shape and view.shape[-1] == 1 and out.extents[-1] == 1:
+            strides = list(view.view_strides) or list(affine.row_major_strides(view.shape))
+            self.columns[(view.view_of or view.name, view.dtype, view.view_offset, tuple(strides[:-1]),
+                          tuple(view.shape[:-1]), box[0][:-1], box[1][:-1])] = (written, tile)
+
+    def written(self, name: str) -> bool:
+        return name in self.writers
+
+    def store(self, key: tuple | None, table: dict) -> penguin_pb2.Access | None:
+        """The SBUF tile of the unconditional store under `key`, if its tensor has no other writer
+        (so each stored box holds its final value)."""
+        entry = table.get(key) if key is not None else None
+        if entry is None or self.writers[entry[0]] != 1:
+            return None
+        return entry[1]
+
+
+def _try_fuse(summary: _NestSummary, consumer: penguin_pb2.LoopNest, stats: FusionStats) -> bool:
+    producer, tensors, fixed = summary.nest, summary.tensors, summary.fixed
     if len(producer.axes) != len(consumer.axes) or not producer.axes:
         return False
     if any(p.extent != c.extent for p, c in zip(producer.axes, consumer.axes, strict=True)):
         return False
     rename = {c.name: p.name for p, c in zip(producer.axes, consumer.axes, strict=True)}
-    fixed = frozenset(a.name for a in producer.axes if a.extent == 1)  # always 0
-    stored = _tile_stores(producer, tensors, fixed)  # (view key, box) -> producer's SBUF tile access
-    if not stored:
-        return False
-    columns = _column_stores(producer, tensors, stored, fixed)
-    written = {base(tensors, a.tensor) for st in producer.statements for a in st.outputs}
-    read_by_producer = {base(tensors, a.tensor) for st in producer.statements for a in st.inputs}
     replaced: dict[str, penguin_pb2.Access] = {}  # consumer tile -> producer tile
     dropped: set[int] = set()
     spread: dict[int, penguin_pb2.Access] = {}  # consumer load -> the producer column tile it repeats
@@ -72,18 +118,20 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
 
     for k, st in enumerate(consumer.statements):
         for access in st.outputs:  # the consumer must not write what the producer touches
-            if in_hbm(access) and base(tensors, access.tensor) in written | read_by_producer:
+            name = base(tensors, access.tensor)
+            if in_hbm(access) and (summary.written(name) or name in summary.read):
                 return False
         for access in st.inputs:
-            if not in_hbm(access) or base(tensors, access.tensor) not in written:
+            if not in_hbm(access) or not summary.written(base(tensors, access.tensor)):
                 continue
             if not _is_tile_load(st):
                 return False  # reads the producer's output other than as a tile load: needs all of it
             key = (view_key(tensors[access.tensor]), box_key(access, rename, fixed))
-            tile = stored.get(key)
+            tile = summary.store(key, summary.stores)
             target = st.outputs[0]
             if tile is None:
-                column = columns.get(_column_key(tensors[access.tensor], access, rename, fixed))
+                column = summary.store(_column_key(tensors[access.tensor], access, rename, fixed),
+                                       summary.columns)
                 if column is None or tensors[column.tensor].dtype != tensors[target.tensor].dtype:
                     return False
                 spread[k] = column
@@ -108,15 +156,16 @@ def _try_fuse(producer: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
             del merged.inputs[:]
             merged.inputs.add().CopyFrom(spread[k])
             _rename_access(merged.outputs[0], rename)
-            continue
-        for access in [*merged.inputs, *merged.outputs]:
-            if access.tensor in replaced:
-                access.tensor = replaced[access.tensor].tensor
-            _rename_access(access, rename)
-        for predicate in merged.predicates:
-            _rename_expr(predicate.expr, rename)
-        if merged.attributes.get("accumulate_axis") in rename:
-            merged.attributes["accumulate_axis"] = rename[merged.attributes["accumulate_axis"]]
+        else:
+            for access in [*merged.inputs, *merged.outputs]:
+                if access.tensor in replaced:
+                    access.tensor = replaced[access.tensor].tensor
+                _rename_access(access, rename)
+            for predicate in merged.predicates:
+                _rename_expr(predicate.expr, rename)
+            if merged.attributes.get("accumulate_axis") in rename:
+                merged.attributes["accumulate_axis"] = rename[merged.attributes["accumulate_axis"]]
+        summary.add(merged)
     for key, value in consumer.attributes.items():
         producer.attributes.setdefault(key, value)
     stats.loads_removed += len(dropped) + len(spread)
@@ -139,50 +188,6 @@ def _decide_single_point_predicates(nest: penguin_pb2.LoopNest) -> None:
     if len(statements) != len(nest.statements):
         del nest.statements[:]
         nest.statements.extend(statements)
-
-
-def _tile_stores(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
-                 fixed: frozenset[str]) -> dict[tuple, penguin_pb2.Access]:
-    """Unconditional SBUF → HBM stores of a different box at every iteration, by (view, box), into
-    tensors no other statement of the nest writes (so each stored box holds its final value)."""
-    writers: dict[str, int] = {}
-    for st in nest.statements:
-        for name in {base(tensors, a.tensor) for a in st.outputs}:
-            writers[name] = writers.get(name, 0) + 1
-    stores = {}
-    for st in nest.statements:
-        if st.op != "dma" or st.predicates or len(st.inputs) != 1 or len(st.outputs) != 1:
-            continue
-        out, tile = st.outputs[0], st.inputs[0]
-        if tensors[out.tensor].memory != common_pb2.HBM or tensors[tile.tensor].memory != common_pb2.SBUF \
-                or writers[base(tensors, out.tensor)] != 1:
-            continue
-        moving = [a.name for a in nest.axes if a.name not in fixed]
-        if _one_axis_per_dimension(out, moving, fixed):
-            stores[(view_key(tensors[out.tensor]), box_key(out, {}, fixed))] = tile
-    return stores
-
-
-def _column_stores(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
-                   stored: dict[tuple, penguin_pb2.Access],
-                   fixed: frozenset[str]) -> dict[tuple, penguin_pb2.Access]:
-    """The stores among `stored` of one column ([..., P, 1] tiles of a [..., N, 1] view): what a
-    consumer that reads the column repeated across its free dimension can take from SBUF instead."""
-    columns = {}
-    for st in nest.statements:
-        if st.op != "dma" or len(st.outputs) != 1 or len(st.inputs) != 1:
-            continue
-        out = st.outputs[0]
-        view = tensors[out.tensor]
-        if view.memory != common_pb2.HBM or not view.shape or view.shape[-1] != 1 or out.extents[-1] != 1:
-            continue
-        if (view_key(view), box_key(out, {}, fixed)) not in stored:
-            continue
-        strides = list(view.view_strides) or list(affine.row_major_strides(view.shape))
-        leading = box_key(out, {}, fixed)
-        columns[(view.view_of or view.name, view.dtype, view.view_offset, tuple(strides[:-1]),
-                 tuple(view.shape[:-1]), leading[0][:-1], leading[1][:-1])] = st.inputs[0]
-    return columns
 
 
 def _column_key(view: penguin_pb2.TensorDecl, access: penguin_pb2.Access, rename: dict[str, str],
