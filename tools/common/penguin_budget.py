@@ -53,30 +53,40 @@ def nest_instructions(nest: penguin_pb2.LoopNest) -> int:
     return sum(_statement_points(nest, st, extents) for st in nest.statements)
 
 
-def backend_instruction_count(program: penguin_pb2.Program) -> tuple[int, penguin_pb2.LoopNest | None, int]:
+def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = False,
+                              ) -> tuple[int, penguin_pb2.LoopNest | None, int]:
     """(backend instructions, the nest with most of them, its count): instruction_count with every
-    dma statement counted as the pieces split_dma will cut it into (its full block: a bound)."""
+    dma statement counted as the pieces split_dma will cut it into (its full block: a bound).
+
+    `surviving`: count only what the Penguin optimizer cannot remove, leaving out the dmas of
+    intermediates in HBM (fusion keeps those in SBUF): a lower bound of what the backend will hold,
+    for the check before the optimizer has run."""
     tensors = {t.name: t for t in program.tensors}
     total = largest_count = 0
     largest = None
     for nest in program.nests:
-        count = nest_backend_instructions(nest, tensors)
+        count = nest_backend_instructions(nest, tensors, surviving)
         total += count
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
     return total, largest, largest_count
 
 
-def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict) -> int:
+def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict, surviving: bool = False) -> int:
     """The backend instructions one nest becomes (backend_instruction_count's term for it)."""
     extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-    return sum(_statement_points(nest, st, extents) * _dma_weight(st, tensors) for st in nest.statements)
+    weights = [_dma_weight(st, tensors, surviving) for st in nest.statements]
+    return sum(_statement_points(nest, st, extents) * weight
+               for st, weight in zip(nest.statements, weights, strict=True) if weight)
 
 
-def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
-    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box."""
+def _dma_weight(st: penguin_pb2.Statement, tensors: dict, surviving: bool = False) -> int:
+    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box (0 for an
+    HBM intermediate's when only `surviving` instructions count)."""
     if st.op != "dma":
         return 1
+    if surviving and any(_internal_hbm(access.tensor, tensors) for access in [*st.inputs, *st.outputs]):
+        return 0
     for access in [*st.inputs, *st.outputs]:
         tensor = tensors.get(access.tensor)
         if tensor is None or tensor.memory == common_pb2.HBM or len(access.extents) < 2:
@@ -85,6 +95,14 @@ def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
         elements = math.prod(int(e) for e in access.extents)
         return dma_pieces(partitions, elements * itemsize(tensor.dtype))
     return 1
+
+
+def _internal_hbm(name: str, tensors: dict) -> bool:
+    tensor = tensors.get(name)
+    if tensor is None or tensor.memory != common_pb2.HBM:
+        return False
+    base = tensors.get(tensor.view_of, tensor) if tensor.view_of else tensor
+    return base.role == penguin_pb2.INTERNAL
 
 
 def _statement_points(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, extents: dict[str, int]) -> int:
@@ -130,11 +148,12 @@ def _statement_points(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, ext
     return count // subspace * hits
 
 
-def check_budget(program: penguin_pb2.Program, limit: int = MAX_INSTRUCTIONS) -> int:
+def check_budget(program: penguin_pb2.Program, limit: int = MAX_INSTRUCTIONS, surviving: bool = False) -> int:
     """The program's BIR instruction count; E302 when its backend instructions, or its iteration
-    space, exceed `limit`."""
+    space, exceed `limit`. `surviving` (before the Penguin optimizer runs): only what it cannot remove
+    counts, and the exact check comes again after it, before unrolling."""
     total, points, _, _ = instruction_count(program)
-    backend, largest, largest_count = backend_instruction_count(program)
+    backend, largest, largest_count = backend_instruction_count(program, surviving)
     if backend > limit or points > limit:
         where = largest.source or largest.name if largest is not None else program.name
         what = f"{backend:,} backend instructions" if backend > limit else f"{points:,} loop iterations"

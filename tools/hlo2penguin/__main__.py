@@ -22,7 +22,10 @@ def _body(args: argparse.Namespace) -> None:
     module = load_module(args.input)
     verify_module(module)
     program = lower_module(module)
-    check_budget(program)  # refuse a module too large to unroll before any later job runs
+    # Refuse a module too large to unroll before any later job runs: here by what the Penguin
+    # optimizer cannot remove (a 25,000-op chain fuses from 2M to 100k instructions); the Frontend
+    # job checks the exact count after its passes, before unrolling.
+    check_budget(program, surviving=True)
     if args.module_output:
         write_proto(args.module_output, module)
     write_proto(args.output, program)
