@@ -44,12 +44,29 @@ def at_least(var: str, value: int) -> penguin_pb2.Predicate:
 
 
 def holds(predicate: penguin_pb2.Predicate, point: Mapping[str, int]) -> bool:
-    value = evaluate(predicate.expr, point)
-    if predicate.relation == penguin_pb2.EQ:
+    return relation_holds(predicate.relation, evaluate(predicate.expr, point))
+
+
+def relation_holds(relation: int, value: int) -> bool:
+    """Whether `value` (a predicate's expression at a point) satisfies the predicate's relation."""
+    if relation == penguin_pb2.EQ:
         return value == 0
-    if predicate.relation == penguin_pb2.GE:
+    if relation == penguin_pb2.GE:
         return value >= 0
-    raise ValueError(f"unknown predicate relation {predicate.relation}")
+    raise ValueError(f"unknown predicate relation {relation}")
+
+
+Compiled = tuple[tuple[tuple[str, int], ...], int]  # ((var, coeff), ...), constant
+
+
+def compiled(expr: penguin_pb2.AffineExpr) -> Compiled:
+    """An expression as plain tuples, for evaluating it at many points (`evaluate_compiled`)."""
+    return tuple((term.var, term.coeff) for term in expr.terms), expr.constant
+
+
+def evaluate_compiled(expr: Compiled, point: Mapping[str, int]) -> int:
+    terms, constant = expr
+    return constant + sum(coeff * point[var] for var, coeff in terms)
 
 
 def to_text(affine: penguin_pb2.AffineExpr) -> str:

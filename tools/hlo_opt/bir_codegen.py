@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import affine
@@ -57,17 +58,29 @@ class BirCodeGenLoop:
         names = [axis.name for axis in nest.axes]
         if any(axis.extent == 0 for axis in nest.axes):
             return  # an empty iteration space (a zero-element tensor): never build its other axes' ranges
+        # Each statement's predicates and accesses are read once per nest, not once per point:
+        # unrolling is the frontend's inner loop (100k instructions for a fused 25,000-op chain).
+        predicates = [[(affine.compiled(p.expr), p.relation) for p in st.predicates]
+                      for st in nest.statements]
+        plans: dict[int, tuple[list[_AccessPlan], list[_AccessPlan]]] = {}
         for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
             env = dict(zip(names, point, strict=True))
             label = ",".join(f"{n}{v}" for n, v in env.items() if len(names) > 0)
-            for statement in nest.statements:
-                if all(affine.holds(p, env) for p in statement.predicates):
-                    self._statement(nest, statement, env, label)
+            resolved: dict[tuple, tuple[bir_pb2.AccessPattern, list[int]] | None] = {}  # this point's
+            for k, statement in enumerate(nest.statements):
+                if all(affine.relation_holds(relation, affine.evaluate_compiled(expr, env))
+                       for expr, relation in predicates[k]):
+                    plan = plans.get(k)
+                    if plan is None:
+                        plan = plans[k] = ([self._plan(a, statement) for a in statement.outputs],
+                                           [self._plan(a, statement) for a in statement.inputs])
+                    self._statement(nest, statement, plan, env, label, resolved)
 
-    def _statement(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, env: dict[str, int],
-                   label: str) -> None:
-        outputs = [self._resolve(a, env, st) for a in st.outputs]
-        inputs = [self._resolve(a, env, st) for a in st.inputs]
+    def _statement(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement,
+                   plan: tuple[list[_AccessPlan], list[_AccessPlan]], env: dict[str, int], label: str,
+                   resolved: dict) -> None:
+        outputs = [self._resolve(a, env, resolved) for a in plan[0]]
+        inputs = [self._resolve(a, env, resolved) for a in plan[1]]
         if any(ap is None for ap in outputs + inputs):
             return  # an empty box: the clipped tile has no elements
         instr = self.bir.instructions.add(
@@ -117,20 +130,30 @@ class BirCodeGenLoop:
         del instr.scalars[:]
         instr.scalars.extend(scalars)
 
-    def _resolve(self, access: penguin_pb2.Access, env: dict[str, int], st: penguin_pb2.Statement):
+    def _plan(self, access: penguin_pb2.Access, st: penguin_pb2.Statement) -> _AccessPlan:
         tensor = self.tensors.get(access.tensor)
         if tensor is None:
             raise CompileError("E301", f"statement uses undeclared tensor '{access.tensor}'", st.name)
-        shape = list(tensor.shape)
+        shape = tuple(tensor.shape)
         if len(access.starts) != len(shape) or len(access.extents) != len(shape):
             raise CompileError("E301", f"access rank does not match tensor '{tensor.name}'", st.name)
-        starts = [affine.evaluate(s, env) for s in access.starts]
-        extents = [min(e, size - s) for s, e, size in zip(starts, access.extents, shape, strict=True)]
+        return _AccessPlan(tensor, shape, tuple(affine.compiled(start) for start in access.starts),
+                           tuple(access.extents))
+
+    def _resolve(self, plan: _AccessPlan, env: dict[str, int], resolved: dict):
+        starts = [affine.evaluate_compiled(start, env) for start in plan.starts]
+        key = (plan.tensor.name, *starts, *plan.extents)
+        if key in resolved:  # the same box at the same point (a tile one statement writes, the next reads)
+            return resolved[key]
+        extents = [min(e, size - s) for s, e, size in zip(starts, plan.extents, plan.shape, strict=True)]
         if any(e <= 0 for e in extents):
-            return None
-        if tensor.memory == common_pb2.HBM:
-            return self._hbm(tensor, starts, extents), starts
-        return self._onchip(tensor, starts, extents), starts
+            result = None
+        elif plan.tensor.memory == common_pb2.HBM:
+            result = self._hbm(plan.tensor, starts, extents), starts
+        else:
+            result = self._onchip(plan.tensor, starts, extents), starts
+        resolved[key] = result
+        return result
 
     def _hbm(self, tensor: penguin_pb2.TensorDecl, starts: list[int],
              extents: list[int]) -> bir_pb2.AccessPattern:
@@ -182,6 +205,15 @@ class BirCodeGenLoop:
             partition_count=extents[-2],
             dims=[bir_pb2.Dim(stride=1, count=extents[-1])],
         )
+
+
+@dataclass(frozen=True)
+class _AccessPlan:
+    """An access read once per nest: its tensor and starts compiled to (var, coeff) pairs."""
+    tensor: penguin_pb2.TensorDecl
+    shape: tuple[int, ...]
+    starts: tuple[affine.Compiled, ...]
+    extents: tuple[int, ...]
 
 
 def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1") -> bir_pb2.Program:
