@@ -273,13 +273,11 @@ def _first(heap: list[tuple], count: int, taken: set[int], node_at: int) -> list
 class _Pressure:
     """Live on-chip bytes per partition as the schedule grows, and who would free or grow them."""
 
-    bytes_of: dict[str, int]
-    memory_of: dict[str, int]
     users_left: dict[str, int]
     live: dict[int, int]
     peak: dict[int, int]
     limit: dict[int, float]
-    touches: dict[int, set[str]]
+    touches: dict[int, tuple[tuple[str, int, int], ...]]  # id -> on-chip (buffer, memory, bytes)
     live_names: set[str] = field(default_factory=set)
 
     @classmethod
@@ -290,16 +288,16 @@ class _Pressure:
         target: Target,
         fraction: float,
     ) -> _Pressure:
+        onchip = {b.name: (b.memory, b.bytes_per_partition) for b in program.buffers}
         users: dict[str, int] = defaultdict(int)
         touches = {}
         for instr in instructions:
-            touched = birutil.touched_buffers(instr)
+            names = birutil.touched_buffers(instr)
+            touched = tuple((name, *onchip[name]) for name in names if name in onchip)
             touches[instr.id] = touched
-            for name in touched:
+            for name, _, _ in touched:
                 users[name] += 1
         return cls(
-            bytes_of={b.name: b.bytes_per_partition for b in program.buffers},
-            memory_of={b.name: b.memory for b in program.buffers},
             users_left=dict(users),
             live={birutil.SBUF: 0, birutil.PSUM: 0},
             peak={birutil.SBUF: 0, birutil.PSUM: 0},
@@ -310,26 +308,31 @@ class _Pressure:
             touches=touches,
         )
 
-    def _delta(self, node: int) -> tuple[dict[int, int], int]:
-        """(bytes per memory that the instruction makes live, net growth of the live set)."""
-        new: dict[int, int] = defaultdict(int)
+    def _delta(self, node: int) -> tuple[bool, int]:
+        """(whether running the instruction keeps every memory's live bytes within the limit, net
+        growth of the live set). The scheduler's innermost question under pressure: kept to plain
+        locals."""
+        live_names, users_left = self.live_names, self.users_left
+        new_sbuf = new_psum = -1  # bytes it makes live per memory, -1 for none
         growth = 0
-        for name in self.touches.get(node, ()):
-            memory = self.memory_of.get(name)
-            if memory is None:
-                continue
-            size = self.bytes_of[name]
-            if name not in self.live_names:
-                new[memory] += size
+        for name, memory, size in self.touches.get(node, ()):
+            if name not in live_names:
+                if memory == birutil.SBUF:
+                    new_sbuf = size + max(new_sbuf, 0)
+                else:
+                    new_psum = size + max(new_psum, 0)
                 growth += size
-            if self.users_left.get(name, 0) == 1:
+            if users_left[name] == 1:
                 growth -= size
-        return new, growth
+        live, limit = self.live, self.limit
+        fits = (new_sbuf < 0 or live[birutil.SBUF] + new_sbuf <= limit[birutil.SBUF]) and (
+            new_psum < 0 or live[birutil.PSUM] + new_psum <= limit[birutil.PSUM]
+        )
+        return fits, growth
 
     def fits(self, node: int) -> bool:
         """Whether running the instruction keeps every memory's live bytes within the limit."""
-        new, _ = self._delta(node)
-        return all(self.live[m] + n <= self.limit[m] for m, n in new.items())
+        return self._delta(node)[0]
 
     def pick(
         self,
@@ -345,36 +348,42 @@ class _Pressure:
         input order, which is the frontend's program order: it finishes one tile before it starts
         the next, so following it bounds the live set even when every ready instruction grows it
         (e.g. all first operands of many tiles were loaded and no tile has its second yet)."""
-        best: tuple[float, float, float, int] | None = None
+        entries: list[tuple[float, float, int, int]] = []
         for engine in available.keys() | waiting.keys():
             free = machine.engine_free[engine]
-            entries = [(free, p, i, n) for p, i, n in _first(available.get(engine, []), window, taken, 2)]
+            entries += [(free, p, i, n) for p, i, n in _first(available.get(engine, []), window, taken, 2)]
             entries += [
                 (max(e, free), p, i, n) for e, p, i, n in _first(waiting.get(engine, []), window, taken, 3)
             ]
-            for start, neg_prio, index, node in entries:
-                if node in taken:
-                    continue
-                if self.fits(node):
-                    key = (0, start, neg_prio, node)
-                elif self._delta(node)[1] <= 0:
-                    key = (1, start, neg_prio, node)
-                else:
-                    key = (2, index, 0.0, node)
-                if best is None or key < best:
-                    best = key
-        return best[3] if best is not None else None
+        # Earliest start first: the first that fits is the choice, and the first that does not grow
+        # the live set is the choice if none fits (so most picks look at a few entries only).
+        entries.sort(key=lambda entry: (entry[0], entry[1], entry[3]))
+        shrinking: int | None = None
+        earliest_in_input: tuple[int, int] | None = None
+        for _, _, index, node in entries:
+            if node in taken:
+                continue
+            fits, growth = self._delta(node)
+            if fits:
+                return node
+            if shrinking is None and growth <= 0:
+                shrinking = node
+            if earliest_in_input is None or (index, node) < earliest_in_input:
+                earliest_in_input = (index, node)
+        if shrinking is not None:
+            return shrinking
+        return earliest_in_input[1] if earliest_in_input is not None else None
 
     def scheduled(self, instr: bir_pb2.Instruction) -> None:
-        touched = [n for n in self.touches.get(instr.id, ()) if n in self.memory_of]
-        for name in touched:  # its buffers are live while it runs ...
+        touched = self.touches.get(instr.id, ())
+        for name, memory, size in touched:  # its buffers are live while it runs ...
             if name not in self.live_names:
                 self.live_names.add(name)
-                self.live[self.memory_of[name]] += self.bytes_of[name]
+                self.live[memory] += size
         for memory, value in self.live.items():
             self.peak[memory] = max(self.peak[memory], value)
-        for name in touched:  # ... and those it used last are dead after it
+        for name, memory, size in touched:  # ... and those it used last are dead after it
             self.users_left[name] -= 1
             if self.users_left[name] == 0:
                 self.live_names.discard(name)
-                self.live[self.memory_of[name]] -= self.bytes_of[name]
+                self.live[memory] -= size
