@@ -18,6 +18,7 @@ from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
+from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.optimizer import optimize, pass_list
 
 S = "f32[300,2100]"  # three partition tiles (one partial), two free tiles (one partial)
@@ -118,7 +119,8 @@ ENTRY main {{
 def test_pass_list_defaults_and_refusals() -> None:
     from ncc.tools.common.errors import CompileError
 
-    assert pass_list("", 0) == [] and pass_list("", 2) == ["fusion", "cse", "dce", "pipeline"]
+    assert pass_list("", 0) == []
+    assert pass_list("", 2) == ["fusion", "cse", "dce", "pipeline", "invariant_loads"]
     assert pass_list("none", 2) == [] and pass_list("dce", 0) == ["dce"]
     with pytest.raises(CompileError) as info:
         pass_list("fusion,bogus", 2)
@@ -180,3 +182,71 @@ def test_a_norm_body_becomes_one_nest(models_dir: Path) -> None:
     bir = lower_to_bir(program)
     spread = [i for i in bir.instructions if i.op == "tensor_copy" and i.engine == common_pb2.ACT]
     assert spread and all((i.inputs[0].dims[0].stride, i.inputs[0].dims[0].count) == (0, 768) for i in spread)
+
+
+# A dense layer's bias: b broadcast along the rows of a 300-row x (three row tiles, one partial)
+BIAS = """HloModule bias
+ENTRY main {
+  x = f32[300,640] parameter(0)
+  b = f32[640] parameter(1)
+  bb = f32[300,640] broadcast(b), dimensions={1}
+  s = f32[300,640] add(x, bb)
+  ROOT t = f32[300,640] tanh(s)
+}
+"""
+
+
+def test_a_broadcast_bias_is_loaded_once_per_column_tile_not_once_per_row_tile() -> None:
+    program = lowered(BIAS)
+    optimize(program, ["fusion", "cse", "dce"])
+    tensors = {t.name: t for t in program.tensors}
+    (nest,) = program.nests
+    bias_loads = [st for st in nest.statements if st.op == "dma"
+                  and tensors[st.inputs[0].tensor].view_of == "b"]
+    assert len(bias_loads) == 1 and not bias_loads[0].predicates
+    rows = next(axis for axis in nest.axes if axis.extent == 3)
+    before = len(lower_to_bir(program).instructions)
+    stats = hoist_invariant_loads(program)
+    assert (stats.loads_hoisted, stats.tiles_replicated) == (1, 1)
+    (predicate,) = bias_loads[0].predicates
+    assert [(t.var, t.coeff) for t in predicate.expr.terms] == [(rows.name, 1)]
+    tile = tensors[bias_loads[0].outputs[0].tensor]
+    assert list(tile.replicated_dims) == [0]
+    bir = lower_to_bir(program)
+    loads = [i for i in bir.instructions if i.op == "dma" and i.inputs[0].tensor == "b"]
+    assert len(bir.instructions) == before - 2 * len(loads)  # the two other row tiles' loads are gone
+    # every row tile (the partial last one too) reads the one buffer the first row tile filled
+    readers = {ap.tensor for i in bir.instructions if i.op != "dma" for ap in i.inputs
+               if ap.tensor.startswith(tile.name)}
+    assert readers == {ap.tensor for i in loads for ap in i.outputs}
+    partial = [ap for i in bir.instructions for ap in i.inputs if ap.tensor in readers
+               and ap.partition_count == 300 - 256]
+    assert partial and all(ap.partition_start == 0 for ap in partial)
+
+
+def test_a_load_whose_tile_another_statement_writes_is_not_hoisted() -> None:
+    program = lowered(BIAS)
+    optimize(program, ["fusion", "cse", "dce"])
+    tensors = {t.name: t for t in program.tensors}
+    (nest,) = program.nests
+    load = next(st for st in nest.statements
+                if st.op == "dma" and tensors[st.inputs[0].tensor].view_of == "b")
+    overwrite = nest.statements.add()
+    overwrite.CopyFrom(load)
+    overwrite.name, overwrite.op = "overwrite", "tensor_copy"
+    overwrite.inputs[0].CopyFrom(load.outputs[0])
+    assert hoist_invariant_loads(program).loads_hoisted == 0
+
+
+def test_hoisted_bias_verifies_from_the_cli(tmp_path: Path) -> None:
+    model = tmp_path / "bias.hlo"
+    model.write_text(BIAS)
+    moved = {}
+    for name, flags in (("hoisted", []), ("plain", ["--penguin-passes=fusion,cse,dce"])):
+        neff = tmp_path / f"{name}.neff"
+        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
+        assert compiled.returncode == 0, compiled.stderr
+        moved[name] = _bir_dma_bytes(tmp_path / f"{name}.ncc-work")
+    x_and_out = 2 * 300 * 640 * 4
+    assert moved["plain"] == x_and_out + 300 * 640 * 4  # the bias, broadcast to every row
+    assert moved["hoisted"] == x_and_out + 128 * 640 * 4  # once, to one row tile's 128 partitions

@@ -171,6 +171,8 @@ class BirCodeGenLoop:
     def _onchip(self, tensor: penguin_pb2.TensorDecl, starts: list[int],
                 extents: list[int]) -> bir_pb2.AccessPattern:
         block = list(tensor.block_shape)
+        if tensor.replicated_dims:  # every block along these holds the same data: one buffer
+            starts = [0 if d in tensor.replicated_dims else s for d, s in enumerate(starts)]
         if len(block) != len(starts) or any(e > 1 for e in extents[:-2]):
             raise CompileError("E301", f"access does not fit the block of on-chip tensor '{tensor.name}'",
                                tensor.name)

@@ -3,7 +3,9 @@
 `fusion` joins producer/consumer nests so intermediates stay in SBUF; `cse` drops loads and
 fills a nest already did; `dce` then drops the stores (and tensors) nobody reads any more;
 `pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
-loop). The default list is all four, in that order, at --optlevel 1 and above; -O0 runs none.
+loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
+broadcast bias or norm weight) once. The default list is all five, in that order, at --optlevel 1
+and above; -O0 runs none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
 changed, one line on stderr (the Frontend job's log).
 """
@@ -19,6 +21,7 @@ from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
+from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.pipelining import pipeline_loops
 
 PASSES: dict[str, Callable[..., object]] = {
@@ -26,12 +29,13 @@ PASSES: dict[str, Callable[..., object]] = {
     "cse": eliminate_common_loads,
     "dce": eliminate_dead_code,
     "pipeline": pipeline_loops,
+    "invariant_loads": hoist_invariant_loads,
 }
 # Each pass's options and their types (a bool is written 0/1 or false/true).
 OPTIONS: dict[str, dict[str, type]] = {
     "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
 }
-DEFAULT_PASSES = ("fusion", "cse", "dce", "pipeline")
+DEFAULT_PASSES = ("fusion", "cse", "dce", "pipeline", "invariant_loads")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:
