@@ -106,28 +106,33 @@ def _check_instructions(ctx: PassContext, report: _Report) -> None:
                 "engine_rule", where, f"{instr.op} runs on {wanted}, not {birutil.engine_name(instr.engine)}"
             )
         n_in, n_out = birutil.OP_ARITY[instr.op]
-        if len(instr.inputs) != n_in or len(instr.outputs) != n_out:
+        inputs, outputs = instr.inputs, instr.outputs
+        if len(inputs) != n_in or len(outputs) != n_out:
             report.fail(
                 "operand_count",
                 where,
                 f"{instr.op} takes {n_in} inputs and {n_out} outputs, "
-                f"has {len(instr.inputs)} and {len(instr.outputs)}",
+                f"has {len(inputs)} and {len(outputs)}",
             )
             continue
-        for ap in [*instr.inputs, *instr.outputs]:
+        operands = [*inputs, *outputs]
+        for ap in operands:
             _check_operand(ap, instr, where, buffers, tensors, target.partitions, report)
         _check_op_shapes(instr, where, target, report)
-        if is_dma(instr.op) and not 0 <= instr.dma_queue < target.dma_queues:
+        dma = is_dma(instr.op)
+        if dma and not 0 <= instr.dma_queue < target.dma_queues:
             report.fail(
                 "dma_queue", where, f"queue {instr.dma_queue} does not exist (target has {target.dma_queues})"
             )
-        if not is_dma(instr.op):
-            for ap in [*instr.inputs, *instr.outputs]:
-                if ap.memory == birutil.HBM:
+        if not dma:
+            pool = instr.engine == birutil.POOL
+            for ap in operands:
+                memory = ap.memory
+                if memory == birutil.HBM:
                     report.fail(
                         "onchip_operands", where, f"{instr.op} cannot access HBM tensor {ap.tensor!r}"
                     )
-                if ap.memory == birutil.PSUM and instr.engine == birutil.POOL:
+                if memory == birutil.PSUM and pool:
                     report.fail("pool_psum", where, f"POOL cannot access PSUM (operand {ap.tensor!r})")
 
 
@@ -141,33 +146,36 @@ def _check_operand(
     report: _Report,
 ) -> None:
     report.checks += 1
-    if ap.dtype == common_pb2.DTYPE_INVALID:
+    dtype, memory = ap.dtype, ap.memory
+    if dtype == common_pb2.DTYPE_INVALID:
         report.fail("dtype", where, f"operand {ap.tensor!r} has no dtype")
         return
     span = birutil.element_span(ap)
-    if ap.memory in birutil.ONCHIP:
+    if memory in birutil.ONCHIP:
         buffer = buffers.get(ap.tensor)
         if buffer is None:
             report.fail("operand_memory", where, f"no buffer named {ap.tensor!r}")
             return
-        if buffer.memory != ap.memory:
+        if buffer.memory != memory:
             report.fail(
                 "operand_memory",
                 where,
                 f"{ap.tensor!r} is a {birutil.memory_name(buffer.memory)} buffer, "
-                f"accessed as {birutil.memory_name(ap.memory)}",
+                f"accessed as {birutil.memory_name(memory)}",
             )
-        end = ap.partition_start + ap.partition_count
-        if ap.partition_start < 0 or ap.partition_count <= 0 or end > buffer.partitions or end > partitions:
+        start, count = ap.partition_start, ap.partition_count
+        end = start + count
+        if start < 0 or count <= 0 or end > buffer.partitions or end > partitions:
             report.fail(
                 "partitions",
                 where,
-                f"partitions [{ap.partition_start}, {end}) of {ap.tensor!r} exceed its {buffer.partitions} "
+                f"partitions [{start}, {end}) of {ap.tensor!r} exceed its {buffer.partitions} "
                 f"(target {partitions})",
             )
         if span is not None:
-            size = dtypes.itemsize(ap.dtype)
-            lo, hi = ap.offset + span[0] * size, ap.offset + (span[1] + 1) * size
+            size = dtypes.itemsize(dtype)
+            offset = ap.offset
+            lo, hi = offset + span[0] * size, offset + (span[1] + 1) * size
             if lo < 0 or hi > buffer.bytes_per_partition:
                 report.fail(
                     "bounds",
@@ -175,7 +183,7 @@ def _check_operand(
                     f"bytes [{lo}, {hi}) of {ap.tensor!r} exceed its "
                     f"{buffer.bytes_per_partition} bytes per partition",
                 )
-    elif ap.memory == birutil.HBM:
+    elif memory == birutil.HBM:
         tensor = tensors.get(ap.tensor)
         if tensor is None:
             report.fail("operand_memory", where, f"no HBM tensor named {ap.tensor!r}")
