@@ -250,3 +250,25 @@ def test_hoisted_bias_verifies_from_the_cli(tmp_path: Path) -> None:
     x_and_out = 2 * 300 * 640 * 4
     assert moved["plain"] == x_and_out + 300 * 640 * 4  # the bias, broadcast to every row
     assert moved["hoisted"] == x_and_out + 128 * 640 * 4  # once, to one row tile's 128 partitions
+
+
+def test_the_first_budget_check_counts_only_what_fusion_cannot_remove() -> None:
+    """HLOToTensorizer checks the budget by what survives the Penguin optimizer (a long chain fuses
+    to a fraction of its unfused size); the Frontend checks the exact count after the passes."""
+    from ncc.tools.common.errors import CompileError
+    from ncc.tools.common.penguin_budget import backend_instruction_count, check_budget
+
+    program = lowered(CHAIN)
+    unfused, _, _ = backend_instruction_count(program)
+    surviving, _, _ = backend_instruction_count(program, surviving=True)
+    optimize(program, ["fusion", "cse", "dce"])
+    fused, _, _ = backend_instruction_count(program)
+    assert surviving <= fused < unfused
+    limit = fused
+    program = lowered(CHAIN)
+    check_budget(program, limit, surviving=True)
+    with pytest.raises(CompileError) as info:
+        check_budget(program, limit)
+    assert info.value.code == "E302"
+    optimize(program, ["fusion", "cse", "dce"])
+    check_budget(program, limit)

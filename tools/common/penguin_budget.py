@@ -6,8 +6,11 @@ and predicates (no unrolling): `instruction_count` gives the BIR instructions th
 large tile DMA into pieces (tools/target.dma_pieces, the rule split_dma applies; up to 8 per
 DMA). A program of more than MAX_INSTRUCTIONS backend instructions, or whose nests have more than
 MAX_INSTRUCTIONS iteration points in all, is refused with E302 naming the largest nest and the HLO
-instruction it came from. A legal HLO shape (up to 16 GiB per array) could otherwise unroll to
-billions of instructions and run the compiler out of time and memory. The limit follows the
+instruction it came from. The first job checks only what the Penguin optimizer cannot remove
+(`surviving`: the dmas of HBM intermediates left out, since fusion keeps those on chip), and the
+Frontend job checks the exact count after its passes, before it unrolls. A legal HLO shape (up
+to 16 GiB per array) could otherwise unroll to billions of instructions and run the compiler out
+of time and memory. The limit follows the
 backend's cost, measured here (`make bench-scale` and generated MLPs): an elementwise chain costs
 about 0.3 ms of CPU and 6 KB of peak memory per backend instruction (677k: 227 s, 4.2 GB); a
 spill-heavy matmul program (an MLP at D = 8192) about 0.8 ms and 12 KB. So 1M backend
@@ -58,35 +61,63 @@ def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = Fa
     """(backend instructions, the nest with most of them, its count): instruction_count with every
     dma statement counted as the pieces split_dma will cut it into (its full block: a bound).
 
-    `surviving`: count only what the Penguin optimizer cannot remove, leaving out the dmas of
-    intermediates in HBM (fusion keeps those in SBUF): a lower bound of what the backend will hold,
-    for the check before the optimizer has run."""
+    `surviving`: count only what the Penguin optimizer cannot remove, a lower bound of what the
+    backend will hold, for the check before the optimizer has run: the dmas of intermediates in
+    HBM are left out (fusion keeps those on chip), and a load of a module input or constant counts
+    once however many nests repeat it with the same view and box (fused, cse loads it once)."""
     tensors = {t.name: t for t in program.tensors}
     total = largest_count = 0
     largest = None
+    seen_loads: set[tuple] | None = set() if surviving else None
     for nest in program.nests:
-        count = nest_backend_instructions(nest, tensors, surviving)
+        count = nest_backend_instructions(nest, tensors, seen_loads)
         total += count
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
     return total, largest, largest_count
 
 
-def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict, surviving: bool = False) -> int:
-    """The backend instructions one nest becomes (backend_instruction_count's term for it)."""
+def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict,
+                              seen_loads: set[tuple] | None = None) -> int:
+    """The backend instructions one nest becomes (backend_instruction_count's term for it); with
+    `seen_loads`, only those that survive the Penguin optimizer, given the loads counted already."""
     extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-    weights = [_dma_weight(st, tensors, surviving) for st in nest.statements]
+    weights = [_dma_weight(st, tensors) for st in nest.statements]
+    if seen_loads is not None:
+        weights = [weight * _survives(nest, st, tensors, seen_loads) for st, weight in
+                   zip(nest.statements, weights, strict=True)]
     return sum(_statement_points(nest, st, extents) * weight
                for st, weight in zip(nest.statements, weights, strict=True) if weight)
 
 
-def _dma_weight(st: penguin_pb2.Statement, tensors: dict, surviving: bool = False) -> int:
-    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box (0 for an
-    HBM intermediate's when only `surviving` instructions count)."""
+def _survives(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict,
+              seen_loads: set[tuple]) -> bool:
+    """Whether the optimizer must keep `st`: not a dma of an HBM intermediate, nor a load (of an
+    input or constant) that an earlier nest makes with the same view and box."""
+    if st.op != "dma":
+        return True
+    if any(_internal_hbm(access.tensor, tensors) for access in [*st.inputs, *st.outputs]):
+        return False
+    source = st.inputs[0] if st.inputs else None
+    if st.predicates or source is None or source.tensor not in tensors \
+            or tensors[source.tensor].memory != common_pb2.HBM:
+        return True
+    view = tensors[source.tensor]
+    position = {axis.name: f"#{k}" for k, axis in enumerate(nest.axes)}  # names differ between nests
+    key = (view.view_of or view.name, view.view_offset, tuple(view.view_strides), tuple(view.shape),
+           tuple((tuple(sorted((position.get(t.var, t.var), t.coeff) for t in e.terms if t.coeff)),
+                  e.constant) for e in source.starts), tuple(source.extents),
+           tuple(axis.extent for axis in nest.axes))
+    if key in seen_loads:
+        return False
+    seen_loads.add(key)
+    return True
+
+
+def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
+    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box."""
     if st.op != "dma":
         return 1
-    if surviving and any(_internal_hbm(access.tensor, tensors) for access in [*st.inputs, *st.outputs]):
-        return 0
     for access in [*st.inputs, *st.outputs]:
         tensor = tensors.get(access.tensor)
         if tensor is None or tensor.memory == common_pb2.HBM or len(access.extents) < 2:
@@ -153,7 +184,7 @@ def check_budget(program: penguin_pb2.Program, limit: int = MAX_INSTRUCTIONS, su
     space, exceed `limit`. `surviving` (before the Penguin optimizer runs): only what it cannot remove
     counts, and the exact check comes again after it, before unrolling."""
     total, points, _, _ = instruction_count(program)
-    backend, largest, largest_count = backend_instruction_count(program, surviving)
+    backend, largest, largest_count = backend_instruction_count(program, surviving=surviving)
     if backend > limit or points > limit:
         where = largest.source or largest.name if largest is not None else program.name
         what = f"{backend:,} backend instructions" if backend > limit else f"{points:,} loop iterations"
