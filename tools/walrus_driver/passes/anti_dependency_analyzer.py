@@ -8,8 +8,9 @@ access is a box of columns x rows of its tensor (birutil.hbm_box: exact for tile
 and transposed tiles, so a column tile does not wait for every store of its producer). A read
 gets a FLOW edge from every active overlapping write;
 a write gets OUTPUT edges from active overlapping writes and ANTI edges from active overlapping
-reads, and then retires every access it covers (later conflicts with a retired access are implied
-through the covering write), which keeps the active lists short. Regions are cut into pages so
+reads, and then retires what it covers of every access (an access it overlaps keeps only its parts
+outside the write; later conflicts with a retired part are implied through the covering write),
+which keeps the active lists short. Regions are cut into pages so
 a lookup scans only the accesses near its bytes (or rows): linear in the program in practice.
 
 An instruction attribute `order_after` (comma-separated instruction names) adds ORDERED edges:
@@ -130,13 +131,11 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
                     active[0].append(entry)
                 continue
             p0, p1, b0, b1 = box.p0, box.p1, box.b0, box.b1
-            for active in lists:  # a write retires every access it covers
+            for active in lists:  # a write retires what it covers of every access
                 for which in (0, 1):
                     entries = active[which]
-                    kept = [
-                        e for e in entries if not (p0 <= e[0] and e[1] <= p1 and b0 <= e[2] and e[3] <= b1)
-                    ]
-                    if len(kept) != len(entries):
+                    if any(q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1 for q0, q1, c0, c1, _ in entries):
+                        kept = _uncovered(entries, p0, p1, b0, b1)
                         retired += len(entries) - len(kept)
                         active[which][:] = kept
                 active[1].append(entry)
@@ -154,3 +153,27 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
         ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
     ctx.set_stat("address_mode", 1 if use_addresses else 0)
     ctx.set_stat("retired_entries", retired)
+
+
+def _uncovered(entries: list, p0: int, p1: int, b0: int, b1: int) -> list:
+    """`entries` less the box [p0, p1) x [b0, b1): an entry the box covers goes, one it overlaps
+    keeps the parts outside it (up to four boxes), the rest stay. Later conflicts with a removed
+    part also conflict with the covering write, which is ordered after the entry, so their edges
+    are implied; keeping partly overwritten accesses whole made every later access near them get
+    an edge from each (an MLP at D = 8192 had 46 edges per instruction after allocation)."""
+    kept = []
+    for entry in entries:
+        q0, q1, c0, c1, src = entry
+        if q0 >= p1 or p0 >= q1 or c0 >= b1 or b0 >= c1:
+            kept.append(entry)
+            continue
+        if q0 < p0:
+            kept.append((q0, p0, c0, c1, src))
+        if p1 < q1:
+            kept.append((p1, q1, c0, c1, src))
+        lo, hi = max(q0, p0), min(q1, p1)
+        if c0 < b0:
+            kept.append((lo, hi, c0, b0, src))
+        if b1 < c1:
+            kept.append((lo, hi, b1, c1, src))
+    return kept
