@@ -17,6 +17,7 @@ something wrong:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,9 @@ class PassContext:
     _cost_table: CostTable | None = None
     # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
     footprint_cache: dict[int, Any] = field(default_factory=dict)
+    # How to rebuild a graph made stale by a pass that changed instructions, run only when a later
+    # pass asks for it (require_deps) before the analyzer runs again (allocation's spills)
+    deps_rebuild: Callable[[], None] | None = None
 
     def costs(self) -> CostTable:
         """The shared memo of instruction costs, reset when instructions change."""
@@ -99,9 +103,16 @@ class PassContext:
     def fail_needs_before(self, what: str) -> None:
         raise CompileError("E402", f"pass {self.current_pass} must run before {what}", self.current_pass)
 
+    def valid_deps(self) -> DepGraph | None:
+        """The dependence graph if it is valid (a stale one rebuilt if it can be), else None."""
+        if (self.deps is None or not self.deps_valid) and self.deps_rebuild is not None:
+            rebuild, self.deps_rebuild = self.deps_rebuild, None
+            rebuild()
+        return self.deps if self.deps_valid else None
+
     def require_deps(self, for_addresses: bool = False) -> DepGraph:
         """The dependence graph, or E402 if it is missing or stale."""
-        if self.deps is None or not self.deps_valid:
+        if self.valid_deps() is None:
             self.fail_needs("anti_dependency_analyzer")
         if for_addresses and not self.deps_valid_for_addresses:
             self.fail_needs("anti_dependency_analyzer (after allocation: address reuse adds hazards)")
@@ -134,6 +145,7 @@ class PassContext:
     def instructions_changed(self) -> None:
         """Instructions were added or removed: the dependence graph and the schedule are stale."""
         self.deps = None
+        self.deps_rebuild = None
         self._cost_table = None
         self.footprint_cache = {}
         self.order_before_schedule = None

@@ -24,7 +24,7 @@ PSUM buffers are never spilled (the scheduler bounds PSUM pressure; a dma cannot
 Reusing freed space creates new WAR/WAW hazards between different buffers, so the dependence
 graph is no longer valid for addresses: anti_dependency_analyzer must run again before
 alloc_semaphores. When spills added instructions, the graph between virtual buffers is rebuilt
-here (with the spills), so that passes before that second analysis can still read it.
+(with the spills) when a pass before that second analysis asks for it.
 """
 
 from __future__ import annotations
@@ -151,9 +151,10 @@ def run(ctx: PassContext) -> None:
         if layout.spills > options.too_many_spills:
             program.attributes["too_many_spills"] = "1"
         ctx.instructions_changed()
-        # Passes between here and the analyzer's next run (assign_hwdge_engine) read the graph
-        # between virtual buffers: rebuild it for the program with its spills.
-        anti_dependency_analyzer.analyze(ctx, use_addresses=False)
+        # A pass between here and the analyzer's next run that reads the graph between virtual
+        # buffers (assign_hwdge_engine) gets it rebuilt for the program with its spills; the
+        # default pipelines run the analyzer next, which needs no such graph.
+        ctx.deps_rebuild = lambda: anti_dependency_analyzer.analyze(ctx, use_addresses=False)
     ctx.set_stat("spills", layout.spills)
     ctx.set_stat("spilled_bytes_per_partition", layout.spilled_bytes)
     ctx.allocated = True

@@ -144,6 +144,7 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
             by_kind[KINDS[code >> 2]] += 1
 
     ctx.deps = graph
+    ctx.deps_rebuild = None
     ctx.deps_valid = True
     ctx.deps_valid_for_addresses = use_addresses
     ctx.deps_reduced = False

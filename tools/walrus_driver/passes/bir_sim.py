@@ -102,7 +102,7 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("simulated_ns", round(result.simulated_ns, 1))
     ctx.set_stat("races", races)
     ctx.set_stat("deadlock", int(result.deadlock is not None))
-    bound = costs.lower_bound_ns(ctx.program.instructions, ctx.deps if ctx.deps_valid else None, ctx.target)
+    bound = costs.lower_bound_ns(ctx.program.instructions, ctx.valid_deps(), ctx.target)
     if bound["lower_bound_ns"]:
         ctx.set_stat("simulated_over_lower_bound", round(result.simulated_ns / bound["lower_bound_ns"], 3))
     ctx.program.attributes["walrus.simulated_ns"] = f"{result.simulated_ns:.1f}"

@@ -31,7 +31,7 @@ def run(ctx: PassContext) -> None:
     for instr in program.instructions:
         streams[instr.engine].instructions.append(instr)
     ctx.codegen_done = True
-    deps = ctx.deps if ctx.deps_valid else None
+    deps = ctx.valid_deps()
     bound = costs.lower_bound_ns(program.instructions, deps, ctx.target, ctx.costs(), flow_only=True)
     program.attributes["walrus.lower_bound_ns"] = f"{bound['lower_bound_ns']:.1f}"
     ctx.set_stat("lower_bound_ns", round(bound["lower_bound_ns"], 1))
