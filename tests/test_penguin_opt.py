@@ -138,16 +138,22 @@ def _bir_dma_bytes(workdir: Path) -> int:
     return total
 
 
-@pytest.mark.slow
-def test_fused_chain_verifies_from_the_cli_and_moves_the_minimum(tmp_path: Path) -> None:
-    model = tmp_path / "chain.hlo"
-    model.write_text(CHAIN)
+def _verified_dma_bytes(tmp_path: Path, text: str, variants: dict[str, list[str]]) -> dict[str, int]:
+    """Compile `text` with --verify once per variant (its extra flags): HBM bytes each one's dmas move."""
+    model = tmp_path / "model.hlo"
+    model.write_text(text)
     moved = {}
-    for name, flags in (("fused", []), ("unfused", ["--penguin-passes=none"])):
+    for name, flags in variants.items():
         neff = tmp_path / f"{name}.neff"
         compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
         assert compiled.returncode == 0, compiled.stderr
         moved[name] = _bir_dma_bytes(tmp_path / f"{name}.ncc-work")
+    return moved
+
+
+@pytest.mark.slow
+def test_fused_chain_verifies_from_the_cli_and_moves_the_minimum(tmp_path: Path) -> None:
+    moved = _verified_dma_bytes(tmp_path, CHAIN, {"fused": [], "unfused": ["--penguin-passes=none"]})
     minimum = 3 * 300 * 2100 * 4  # two inputs, one output
     assert moved["fused"] == minimum
     assert moved["unfused"] > 3 * minimum
@@ -239,14 +245,7 @@ def test_a_load_whose_tile_another_statement_writes_is_not_hoisted() -> None:
 
 
 def test_hoisted_bias_verifies_from_the_cli(tmp_path: Path) -> None:
-    model = tmp_path / "bias.hlo"
-    model.write_text(BIAS)
-    moved = {}
-    for name, flags in (("hoisted", []), ("plain", ["--penguin-passes=fusion,cse,dce"])):
-        neff = tmp_path / f"{name}.neff"
-        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
-        assert compiled.returncode == 0, compiled.stderr
-        moved[name] = _bir_dma_bytes(tmp_path / f"{name}.ncc-work")
+    moved = _verified_dma_bytes(tmp_path, BIAS, {"hoisted": [], "plain": ["--penguin-passes=fusion,cse,dce"]})
     x_and_out = 2 * 300 * 640 * 4
     assert moved["plain"] == x_and_out + 300 * 640 * 4  # the bias, broadcast to every row
     assert moved["hoisted"] == x_and_out + 128 * 640 * 4  # once, to one row tile's 128 partitions
