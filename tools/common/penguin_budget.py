@@ -25,6 +25,7 @@ import math
 
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
+from ncc.tools.common.access_keys import box_key, view_key
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import dma_pieces
@@ -102,12 +103,9 @@ def _survives(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: di
     if st.predicates or source is None or source.tensor not in tensors \
             or tensors[source.tensor].memory != common_pb2.HBM:
         return True
-    view = tensors[source.tensor]
     position = {axis.name: f"#{k}" for k, axis in enumerate(nest.axes)}  # names differ between nests
-    key = (view.view_of or view.name, view.view_offset, tuple(view.view_strides), tuple(view.shape),
-           tuple((tuple(sorted((position.get(t.var, t.var), t.coeff) for t in e.terms if t.coeff)),
-                  e.constant) for e in source.starts), tuple(source.extents),
-           tuple(axis.extent for axis in nest.axes))
+    extents = tuple(axis.extent for axis in nest.axes)
+    key = (view_key(tensors[source.tensor]), box_key(source, position), extents)
     if key in seen_loads:
         return False
     seen_loads.add(key)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
-from ncc.tools.hlo_opt.access_keys import base
+from ncc.tools.common.access_keys import base
 
 
 @dataclass

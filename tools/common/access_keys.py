@@ -1,4 +1,6 @@
-"""Keys that say when two Penguin accesses read the same data: the Penguin passes compare with these.
+"""Keys that say when two Penguin accesses read the same data: the Penguin passes (tools/hlo_opt) and
+the instruction budget (penguin_budget: a load several nests repeat survives the optimizer once)
+compare with these.
 
 An HBM tensor declaration reads its base through an offset and strides (a view) or whole; a box
 is its per-dimension affine starts and extents. Axis names can differ between nests, so box keys
