@@ -87,8 +87,7 @@ class _NestSummary:
         self.stores[(view_key(view), box)] = (written, tile)
         if view.shape and view.shape[-1] == 1 and out.extents[-1] == 1:
             strides = list(view.view_strides) or list(affine.row_major_strides(view.shape))
-            self.columns[(view.view_of or view.name, view.dtype, view.view_offset, tuple(strides[:-1]),
-                          tuple(view.shape[:-1]), box[0][:-1], box[1][:-1])] = (written, tile)
+            self.columns[_column_tuple(view, strides, box)] = (written, tile)
 
     def written(self, name: str) -> bool:
         return name in self.writers
@@ -192,13 +191,17 @@ def _decide_single_point_predicates(nest: penguin_pb2.LoopNest) -> None:
 
 def _column_key(view: penguin_pb2.TensorDecl, access: penguin_pb2.Access, rename: dict[str, str],
                 fixed: frozenset[str]) -> tuple | None:
-    """The `_column_stores` key a load reads when its view repeats one column (last stride 0)."""
+    """The `_NestSummary.columns` key a load reads when its view repeats one column (last stride 0)."""
     strides = list(view.view_strides)
     if not view.view_of or not strides or strides[-1] != 0:
         return None
-    box = box_key(access, rename, fixed)
-    return (view.view_of, view.dtype, view.view_offset, tuple(strides[:-1]), tuple(view.shape[:-1]),
-            box[0][:-1], box[1][:-1])
+    return _column_tuple(view, strides, box_key(access, rename, fixed))
+
+
+def _column_tuple(view: penguin_pb2.TensorDecl, strides: list[int], box: tuple) -> tuple:
+    """A column of an HBM view, whatever its last dimension: everything but that dimension."""
+    return (view.view_of or view.name, view.dtype, view.view_offset, tuple(strides[:-1]),
+            tuple(view.shape[:-1]), box[0][:-1], box[1][:-1])
 
 
 def _one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str], fixed: frozenset[str]) -> bool:
