@@ -46,6 +46,7 @@ from google.protobuf.message import DecodeError
 
 from ncc.orchestrator.config import FAULT_ENV, settings
 from ncc.orchestrator.diagnostics import NccError
+from ncc.orchestrator.diskspace import scratch_write_error
 from ncc.orchestrator.jobspec import STATUS_OK
 from ncc.orchestrator.process_end import classify_abnormal_end
 from ncc.orchestrator.stages import GOLDEN_SEED
@@ -494,8 +495,10 @@ class _Bisector:
         ]
         code, message, argv = self.runner.run("walrus_driver", arguments, directory, "check")
         data = _read_report(report)
-        if not code:
-            verdict = MATCHES if data is None or data.get("verdict") == "ok" else DIFFERS
+        if not code and data is None:  # a check that leaves no report has not judged the state
+            verdict, message = ERROR, message or f"bir_sim wrote no report ({report})"
+        elif not code:
+            verdict = MATCHES if data.get("verdict") == "ok" else DIFFERS
         else:
             verdict = DIFFERS if code in _CHECK_CODES else ERROR
         return self._record(Probe(state, verdict, message, code, data, directory, argv))
@@ -535,9 +538,13 @@ def bisect(
         if folder.exists():
             if not (folder / _MARKER).is_file():
                 raise NccError.of("U019", f"{folder} exists and was not made by ncc bisect; move it away")
-            shutil.rmtree(folder)
-        (folder / "setup").mkdir(parents=True)
-        (folder / _MARKER).write_text("made by ncc bisect; cleared by the next one\n")
+        try:
+            if folder.exists():
+                shutil.rmtree(folder)
+            (folder / "setup").mkdir(parents=True)
+            (folder / _MARKER).write_text("made by ncc bisect; cleared by the next one\n")
+        except OSError as err:
+            raise scratch_write_error(err, root) from None
         result = _Bisector(found, folder, timeout_s, progress).run(linear)
     result.verify_failed = _verify_failed(found)
     return result

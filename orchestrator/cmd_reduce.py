@@ -148,11 +148,8 @@ def run(args: argparse.Namespace) -> int:
     timeout = args.candidate_timeout or FIRST_TEST_TIMEOUT_S
     reducer = Reducer(test, module, scratch, args.jobs, timeout, log=say)
     try:
-        if isinstance(test, CompileTest):
-            original = model.read_bytes()
-            verdict, seconds = reducer.check_file(lambda path: path.write_bytes(original))
-        elif model.name.lower().endswith((".hlo", ".txt")):
-            original = model.read_bytes()
+        if isinstance(test, CompileTest) or model.name.lower().endswith((".hlo", ".txt")):
+            original = model.read_bytes()  # the model as given, byte for byte
             verdict, seconds = reducer.check_file(lambda path: path.write_bytes(original))
         else:
             verdict, seconds = reducer.check_file(lambda path: test.write(module, path))

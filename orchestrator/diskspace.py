@@ -11,6 +11,8 @@ import errno
 import os
 from pathlib import Path
 
+from ncc.orchestrator.diagnostics import NccError
+
 NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 NEARLY_FULL_BYTES = 64 * 1024  # less free than this after a failure: the failure was the disk
 
@@ -48,3 +50,11 @@ def looks_full(path: Path) -> bool:
         return free_bytes(path) < NEARLY_FULL_BYTES
     except OSError:
         return False
+
+
+def scratch_write_error(error: OSError, path: Path) -> NccError:
+    """The diagnostic for a folder of scratch files (reduce's candidates, bisect's states) that
+    cannot be written: U011 when the disk is full, else U003 naming the folder."""
+    if is_no_space(error) or looks_full(path):
+        return NccError.of("U011", no_space_message(path))
+    return NccError.of("U003", f"cannot write in {path}: {error.strerror or error}")

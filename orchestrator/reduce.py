@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from ncc.orchestrator.diskspace import scratch_write_error
 from ncc.orchestrator.reduce_edits import EDITS, Candidate, Edit, cleanup, element_total, instruction_count
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
@@ -338,11 +339,13 @@ class Reducer:
 
     def _check(self, made: Candidate, process: Process) -> Verdict:
         folder = self.scratch / f"c{next(self._serials):05d}"
-        folder.mkdir()
         try:
+            folder.mkdir()
             path = folder / self.test.file_name()
             self.test.write(made.module, path)
             return self.test.check(path, process, self.timeout)
+        except OSError as err:  # the scratch folder, not the candidate: stop with its diagnostic
+            raise scratch_write_error(err, self.scratch) from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -160,6 +160,17 @@ def test_bir_sim_golden_mode_judges_the_program_after_any_prefix(tmp_path: Path)
         PassManager(f"bir_sim{{golden={golden},report={tmp_path / 'bad.json'}}}").run(ctx)
     assert err.value.code == "E412" and "output out0 differs from the expected values" in err.value.message
     assert json.loads((tmp_path / "bad.json").read_text())["verdict"] == "mismatch"
+    # A golden file without outputs would let every program match: refused instead.
+    inputs_only = common_pb2.TensorSet()
+    inputs_only.ParseFromString(golden.read_bytes())
+    kept = [t for t in inputs_only.tensors if not t.name.startswith("out")]
+    del inputs_only.tensors[:]
+    inputs_only.tensors.extend(kept)
+    write_proto(str(tmp_path / "no_outputs.pb"), inputs_only)
+    ctx = PassContext.for_program(max_chain_program(), load_target("trn1"))
+    with pytest.raises(CompileError) as err:
+        PassManager(f"bir_sim{{golden={tmp_path / 'no_outputs.pb'}}}").run(ctx)
+    assert err.value.code == "E602" and "holds no golden outputs" in err.value.message
 
 
 def _row(instr_id: int, name: str, text: str) -> list:

@@ -175,6 +175,8 @@ def run_golden(ctx: PassContext, options: Options) -> None:
 
     inputs = read_tensors(options.golden, "golden inputs", "arg")
     expected = read_tensors(options.golden, "golden outputs", "out")
+    if not expected:  # nothing to compare would make every program match
+        raise CompileError("E602", f"bir_sim: {options.golden} holds no golden outputs (out0, ...)", NAME)
     synchronized = ctx.synchronized
     program = ctx.program if synchronized else sequential_program(ctx.program, keep_addresses=True)
     trace = _Trace() if options.report else None
