@@ -1,9 +1,13 @@
-"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report FILE.json] [--trace FILE.json]`.
+"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report F.json] [--trace F.json] [--inferences N]`.
 
 Runs the NEFF on the simulator (ncc.tools.sim.api, the simulator's public API) with the arrays
 arg0..argN of IN.npz, writes out0..outM to OUT.npz and prints the simulated time. If IN.npz also
 holds reference outputs (out0.., as the models' NAME.io.npz do), the report says how far the
-NEFF's outputs are from them. A race or a deadlock is a failed check: [R001]/[R002], exit 5,
+NEFF's outputs are from them. `--inferences N` runs it N times back to back, as a
+runtime serving requests does: memory and semaphore counts carry over, so a NEFF whose semaphores
+are not reset at the end races in its second inference (the trace shows the first). A race, a
+deadlock, or semaphores left above 0 at the end of an inference are failed checks:
+[R001]/[R002]/[R003], exit 5,
 after the outputs, the report and the trace were written so they can be inspected. `--trace`
 writes the simulated schedule in Chrome Trace Event Format (open it in ui.perfetto.dev or
 chrome://tracing): a track per engine and per DMA queue, each instruction a slice, semaphore
@@ -43,11 +47,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--report", type=Path, metavar="FILE.json", help="write the simulation report as JSON"
     )
     parser.add_argument(
+        "--inferences",
+        type=_positive,
+        default=1,
+        metavar="N",
+        help="run the NEFF N times back to back, memory and semaphores carried over (default 1)",
+    )
+    parser.add_argument(
         "--trace",
         type=Path,
         metavar="FILE.json",
         help="write the simulated schedule as a Chrome Trace Event Format file (Perfetto, chrome://tracing)",
     )
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
@@ -160,7 +181,9 @@ def run(args: argparse.Namespace) -> int:
         print(warning, file=sys.stderr)
     started = time.monotonic()
     try:
-        result = simulate_neff(neff, inputs, record_schedule=args.trace is not None)
+        result = simulate_neff(
+            neff, inputs, record_schedule=args.trace is not None, inferences=args.inferences
+        )
     except CompileError as err:
         raise _compile_error(err) from None
     wall = time.monotonic() - started
@@ -218,5 +241,13 @@ def run(args: argparse.Namespace) -> int:
         count_text = f"at least {count}" if getattr(result, "races_capped", False) else str(count)
         raise NccError.of(
             "R001", f"{count_text} data race(s) in {args.neff}; first: {result.races[0].describe()}", **where
+        )
+    if result.unreset_semaphores:
+        left = ", ".join(f"s{s}={c}" for s, c in sorted(result.unreset_semaphores.items()))
+        raise NccError.of(
+            "R003",
+            f"{args.neff} ends an inference with semaphores not reset ({left}): "
+            "the next inference's waits would pass before their producers ran",
+            **where,
         )
     return int(ExitCode.OK)

@@ -67,6 +67,7 @@ _TABLE: tuple[Code, ...] = (
     ),
     Code("R001", ExitCode.CHECK_FAILED, "the simulator found a data race in the NEFF"),
     Code("R002", ExitCode.CHECK_FAILED, "the simulator found a deadlock in the NEFF"),
+    Code("R003", ExitCode.CHECK_FAILED, "the NEFF ends an inference with semaphores not reset"),
     # Tool codes that report the compiler's own output as wrong, not the user's input:
     Code("E410", ExitCode.CHECK_FAILED, "birverifier: the backend broke a rule of the machine"),
     Code("E411", ExitCode.CHECK_FAILED, "bir_sim: the compiled program races or deadlocks"),
@@ -74,6 +75,7 @@ _TABLE: tuple[Code, ...] = (
     Code("E610", ExitCode.CHECK_FAILED, "--verify: the NEFF's outputs differ from the golden evaluator's"),
     Code("E611", ExitCode.CHECK_FAILED, "--verify: the NEFF has a data race"),
     Code("E612", ExitCode.CHECK_FAILED, "--verify: the NEFF deadlocks"),
+    Code("E613", ExitCode.CHECK_FAILED, "--verify: the NEFF ends an inference with semaphores not reset"),
     Code(
         "F134",
         ExitCode.INTERNAL,

@@ -133,7 +133,9 @@ def _tiny_hbm(tensor: str):
 
 
 def write_tiny_neff(path: Path, second: str) -> Path:
-    """x → y by a DMA on SP, plus on ACT either a racing DMA ("race") or a wait nobody satisfies."""
+    """x → y by a DMA on SP, plus on ACT either a racing DMA ("race"), a wait nobody satisfies
+    ("deadlock"), or ("unreset") a copy y → z that waits for the first DMA's semaphore, which is
+    never reset: right once, racing in a second inference."""
     from ncc.schemas import bir_pb2, common_pb2
     from ncc.tools.packager.neff import write_neff
 
@@ -141,11 +143,24 @@ def write_tiny_neff(path: Path, second: str) -> Path:
     neff.hbm.add(name="x", dtype=common_pb2.F32, shape=[4], role=bir_pb2.INPUT, index=0)
     neff.hbm.add(name="y", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=0)
     sp = neff.streams.add(engine=common_pb2.SP)
-    sp.instructions.add(
+    first = sp.instructions.add(
         id=1, name="a", op="dma", engine=common_pb2.SP, inputs=[_tiny_hbm("x")], outputs=[_tiny_hbm("y")]
     )
     act = neff.streams.add(engine=common_pb2.ACT)
-    if second == "race":
+    if second == "unreset":
+        neff.hbm.add(name="z", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=1)
+        first.updates.add(semaphore=0, increment=1)
+        act.instructions.add(
+            id=2,
+            name="b",
+            op="dma",
+            engine=common_pb2.ACT,
+            dma_queue=1,
+            inputs=[_tiny_hbm("y")],
+            outputs=[_tiny_hbm("z")],
+            waits=[bir_pb2.SemaphoreWait(semaphore=0, value=1)],
+        )
+    elif second == "race":
         act.instructions.add(
             id=2,
             name="b",

@@ -193,6 +193,13 @@ def test_compile_run_inspect_add_mul(tmp_path: Path, model: Path) -> None:
     data = json.loads(report.read_text())
     assert data["simulated_ns"] > 0 and data["races"] == [] and data["deadlock"] is None
     assert data["metadata"]["compiler"] == "ncc" and len(data["neff_sha256"]) == 64
+    assert data["unreset_semaphores"] == {}
+
+    # The runtime serves inference after inference: the semaphore reset makes the second one right.
+    result = ncc("run", neff, "--inputs", io, "--output", tmp_path / "out2.npz", "--inferences", "3")
+    assert result.returncode == 0, result.stderr
+    with np.load(tmp_path / "out2.npz") as outputs, np.load(io) as expected:
+        np.testing.assert_allclose(outputs["out0"], expected["out0"], rtol=1e-5, atol=1e-5)
 
     result = ncc("inspect", neff)
     assert result.returncode == 0, result.stderr
@@ -251,6 +258,19 @@ def test_run_reports_races_and_deadlocks_after_writing_its_results(
     line = assert_one_line_error(result, code)
     assert result.returncode == 5 and words in line and line.endswith(f"see {report}")
     assert (tmp_path / "out.npz").is_file() and json.loads(report.read_text())["simulated_ns"] > 0
+
+
+def test_run_reports_semaphores_left_unreset_and_the_second_inference_races(tmp_path: Path) -> None:
+    neff = write_tiny_neff(tmp_path / "unreset.neff", "unreset")
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, arg0=np.arange(4, dtype=np.float32))
+    once = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz")
+    line = assert_one_line_error(once, "R003")
+    assert once.returncode == 5 and "s0=1" in line
+    twice = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz", "--inferences", "2")
+    assert_one_line_error(twice, "R001")
+    bad = ncc("run", neff, "--inputs", inputs, "--output", tmp_path / "out.npz", "--inferences", "0")
+    assert bad.returncode == 2 and "--inferences" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_run_with_inputs_that_do_not_match_is_the_simulators_diagnostic(tmp_path: Path) -> None:

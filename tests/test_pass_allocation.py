@@ -108,7 +108,9 @@ def test_out_of_memory_names_the_buffer_and_sizes():
     assert "only 49152 contiguous bytes of 180224 free" in err.value.message
 
 
-BACKEND = "anti_dependency_analyzer,assign_hwdge_engine,alloc_semaphores,birverifier,codegen,bir_sim"
+BACKEND = (
+    "anti_dependency_analyzer,assign_hwdge_engine,alloc_semaphores,semaphore_reset,birverifier,codegen,bir_sim"
+)
 
 
 def spilling_program(tiles: int = 6) -> bir_pb2.Program:

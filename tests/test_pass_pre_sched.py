@@ -40,7 +40,7 @@ def test_interleaves_independent_tiles():
     assert at["load_x1"] < at["add0"] and at["load_y1"] < at["add0"]
     stats = ctx.stats["pre_sched"]
     assert stats["est_makespan_ns"] < stats["est_makespan_before_ns"]
-    ctx = run_passes(program, "allocation,anti_dependency_analyzer,alloc_semaphores,codegen")
+    ctx = run_passes(program, "allocation,anti_dependency_analyzer,alloc_semaphores,semaphore_reset,codegen")
     assert float(program.attributes["walrus.lower_bound_ns"]) <= stats["est_makespan_ns"]
     assert program.attributes["walrus.est_makespan_ns"]
 

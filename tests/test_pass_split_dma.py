@@ -12,7 +12,7 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.sim import simulate_program
 
 BACKEND = "anti_dependency_analyzer,pre_sched,allocation,assign_hwdge_engine,anti_dependency_analyzer,"
-BACKEND += "alloc_semaphores,birverifier,codegen"
+BACKEND += "alloc_semaphores,semaphore_reset,birverifier,codegen"
 
 
 def test_a_tile_load_is_cut_into_partition_ranges_reading_the_matching_rows() -> None:

@@ -31,7 +31,7 @@ RNG = np.random.default_rng(7)
 
 
 def elementwise_program() -> bir_pb2.Program:
-    """x, y [128, 64] → out0 = exp(0.5·(x + y) + 0.1), out1 = row sums of out0."""
+    """x, y [128, 64] → out0 = exp(0.5·(x + y) + 0.1), out1 = row sums of out0 (8 instructions)."""
     b = ProgramBuilder("elementwise")
     b.hbm("x", [128, 64], index=0)
     b.hbm("y", [128, 64], index=1)
@@ -107,6 +107,9 @@ def elementwise_program() -> bir_pb2.Program:
         queue=3,
         waits=[wait(4, 1)],
     )
+    # Every count is final and every wait seen once store_r passed its wait: the inference ends
+    # by zeroing the semaphores (walrus pass semaphore_reset), so the program can run again.
+    b.add("sem_reset", SP, [], [], name="reset")
     return b.build()
 
 
@@ -126,7 +129,7 @@ def test_elementwise_matches_numpy() -> None:
     np.testing.assert_allclose(result.outputs["out0"], expected, rtol=1e-6)
     np.testing.assert_allclose(result.outputs["out1"][:, 0], expected.sum(axis=1), rtol=1e-5)
     assert result.races == [] and result.deadlock is None
-    assert result.instruction_count == 7
+    assert result.instruction_count == 8
     assert result.outputs["out0"].dtype == np.float32
 
 
@@ -348,7 +351,7 @@ def test_streams_are_used_when_present() -> None:
     del program.instructions[:]
     inputs = elementwise_inputs()
     result = simulate_program(program, inputs)
-    assert result.instruction_count == 7
+    assert result.instruction_count == 8
     np.testing.assert_allclose(
         result.outputs["out1"][:, 0],
         np.exp((inputs["arg0"] + inputs["arg1"]) * 0.5 + 0.1).sum(axis=1),

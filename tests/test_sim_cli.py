@@ -67,7 +67,7 @@ def test_matching_outputs_pass_and_write_report_and_outputs(tmp_path: Path) -> N
     assert not diag.exists()
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["simulated_ns"] > 0 and report["races"] == [] and report["deadlock"] is None
-    assert report["instruction_count"] == 7
+    assert report["instruction_count"] == 8
     assert [c["name"] for c in report["comparison"]] == ["out0", "out1"] and all(
         c["ok"] for c in report["comparison"]
     )

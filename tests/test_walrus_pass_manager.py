@@ -29,6 +29,7 @@ EXPECTED = {
     "allocation",
     "assign_hwdge_engine",
     "alloc_semaphores",
+    "semaphore_reset",
     "birverifier",
     "codegen",
     "bir_sim",

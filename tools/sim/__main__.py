@@ -7,7 +7,9 @@
 outputs; one file may hold both). The report (JSON) and the outputs (TensorSet) are written
 atomically before any verdict, so a failing run still leaves them to inspect. Verdicts, in
 order: a deadlock is E612, a race E611 (naming the first and the count), an output that differs
-from `--expect` beyond |got - expected| <= atol + rtol·max|expected| is E610 (with the max error).
+from `--expect` beyond |got - expected| <= atol + rtol·max|expected| is E610 (with the max error),
+semaphores left above 0 at the end of an inference (a NEFF that cannot run twice) E613.
+`--inferences N` runs the NEFF N times back to back with memory and semaphores carried over.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="relative tolerance (default: 2^-7 when the program holds bf16 data, 2^-10 for f16, else 2e-4)",
     )
+    parser.add_argument(
+        "--inferences", type=int, default=1, help="run the NEFF this many times back to back (default 1)"
+    )
     parser.add_argument("--no-race-check", action="store_true", help="skip happens-before race detection")
     return parser
 
@@ -64,7 +69,7 @@ def body(args: argparse.Namespace) -> None:
     if args.rtol is None:
         args.rtol = default_rtol(neff)
     inputs = read_tensors(args.inputs, "inputs", "arg")
-    result = simulate_neff(neff, inputs, check_races=not args.no_race_check)
+    result = simulate_neff(neff, inputs, check_races=not args.no_race_check, inferences=args.inferences)
     comparisons: list[Comparison] = []
     if args.expect:
         expected = read_tensors(args.expect, "expected outputs", "out")
@@ -99,6 +104,13 @@ def body(args: argparse.Namespace) -> None:
     for comparison in comparisons:
         if not comparison.ok:
             raise CompileError("E610", comparison.message(args.atol, args.rtol), comparison.name)
+    if result.unreset_semaphores:
+        left = ", ".join(f"s{s}={c}" for s, c in sorted(result.unreset_semaphores.items()))
+        raise CompileError(
+            "E613",
+            f"the inference ends with semaphores not reset ({left}): the next one's waits would pass early",
+            neff.name,
+        )
 
 
 def main() -> None:

@@ -8,6 +8,12 @@ E601 (out of bounds) / E603 (malformed), raised before anything runs. Races and 
 not errors here: they are findings in the SimResult (the CLI turns them into E611/E612).
 With `record_schedule=True` the result also holds the `Schedule` (when each instruction waited,
 ran and moved data), which `chrome_trace` turns into a Perfetto / chrome://tracing trace.
+`inferences=N` runs the program N times back to back on the same device, as a runtime serving
+requests does: memory and semaphore counts carry over from one inference to the next (inputs are
+bound once), so a program that does not reset its semaphores (walrus pass semaphore_reset) lets
+the second inference's waits pass early, which the race detector then reports. The result's
+`unreset_semaphores` names the semaphores the first inference left above 0; its outputs are the
+last inference's, `simulated_ns` the sum, and a schedule or an observer sees the first only.
 `observe(instruction, outputs)`, when given, is called as each instruction's effect lands, with
 the BIR instruction and a copy of its outputs' storage right then, in simulated order.
 """
@@ -49,6 +55,9 @@ class SimResult:
     race_count: int = 0  # distinct racing pairs found (`races` holds at most the first 10000)
     races_capped: bool = False  # the race detector stopped looking after 10000: race_count is a lower bound
     schedule: Schedule | None = None  # only when asked for (record_schedule=True)
+    unreset_semaphores: dict[int, int] | None = None  # semaphore -> count the first inference left (not 0)
+    inferences: int = 1
+    inference_ns: list[float] | None = None  # each inference's simulated time (simulated_ns: the first)
 
     def report(self) -> dict:
         """A JSON-able summary."""
@@ -64,6 +73,9 @@ class SimResult:
             ],
             "engine_busy_ns": dict(self.engine_busy_ns),
             "instruction_count": self.instruction_count,
+            "inferences": self.inferences,
+            "inference_ns": list(self.inference_ns or [self.simulated_ns]),
+            "unreset_semaphores": {str(s): c for s, c in (self.unreset_semaphores or {}).items()},
         }
 
 
@@ -73,8 +85,9 @@ def simulate_neff(
     check_races: bool = True,
     target: Target | None = None,
     record_schedule: bool = False,
+    inferences: int = 1,
 ) -> SimResult:
-    """Execute a NEFF's streams on `inputs` ("arg0".."argN")."""
+    """Execute a NEFF's streams on `inputs` ("arg0".."argN"), `inferences` times back to back."""
     return _simulate(
         neff.target,
         neff.hbm,
@@ -85,6 +98,7 @@ def simulate_neff(
         check_races,
         target,
         record_schedule,
+        inferences=inferences,
     )
 
 
@@ -95,6 +109,7 @@ def simulate_program(
     target: Target | None = None,
     record_schedule: bool = False,
     observe: Observer | None = None,
+    inferences: int = 1,
 ) -> SimResult:
     """Execute a BIR program: its streams if codegen filled them, else its instructions grouped
     by engine in order. Buffers not yet allocated (address -1) get private storage each."""
@@ -109,6 +124,7 @@ def simulate_program(
         target,
         record_schedule,
         observe,
+        inferences,
     )
 
 
@@ -130,6 +146,7 @@ def _simulate(
     target: Target | None,
     record_schedule: bool = False,
     observe: Observer | None = None,
+    inferences: int = 1,
 ) -> SimResult:
     target = target or _load_target(target_name)
     hbm, streams = list(hbm), list(streams)
@@ -148,8 +165,8 @@ def _simulate(
     outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer).run()
     if recorder is not None:  # load_streams numbers ops (uid) in stream order
         recorder.schedule.ids = [int(i.id) for stream in streams for i in stream.instructions]
-    return SimResult(
-        outputs=_collect_outputs(memory),
+    result = SimResult(
+        outputs={},
         simulated_ns=outcome.simulated_ns,
         races=outcome.races,
         deadlock=outcome.deadlock,
@@ -158,7 +175,26 @@ def _simulate(
         race_count=outcome.race_count,
         races_capped=outcome.races_capped,
         schedule=recorder.schedule if recorder is not None else None,
+        unreset_semaphores={s: c for s, c in enumerate(outcome.final_counts) if c},
+        inferences=inferences,
+        inference_ns=[outcome.simulated_ns],
     )
+    for _ in range(1, inferences):
+        if result.deadlock:
+            break
+        outcome = Simulator(
+            ops, target, num_semaphores, check_races, initial_counts=outcome.final_counts
+        ).run()
+        result.inference_ns.append(outcome.simulated_ns)
+        result.races += outcome.races
+        result.race_count += outcome.race_count
+        result.races_capped |= outcome.races_capped
+        result.deadlock = outcome.deadlock
+        result.instruction_count += outcome.instruction_count
+        for name, busy in outcome.engine_busy_ns.items():
+            result.engine_busy_ns[name] = result.engine_busy_ns.get(name, 0.0) + busy
+    result.outputs = _collect_outputs(memory)
+    return result
 
 
 def _bind_inputs(memory: DeviceMemory, inputs: Mapping[str, np.ndarray]) -> None:

@@ -79,6 +79,13 @@ class SemaphoreLog:
         counts.append(count_after)
         joins.append(np.maximum(joins[-1], clock) if joins else clock.copy())
 
+    def reset(self) -> None:
+        """Every semaphore back to 0 (a `sem_reset`): later waits are caused by later updates only."""
+        for semaphore in range(len(self.counts)):
+            self.counts[semaphore] = []
+            self.joins[semaphore] = []
+            self.monotonic[semaphore] = True
+
     def cause(self, semaphore: int, value: int) -> np.ndarray | None:
         """Join of the clocks of the updates that first brought `semaphore` to >= `value`."""
         if value <= 0:

@@ -8,6 +8,9 @@ transfer joins its queue (FIFO), moves for `transfer_ns`, and its copy and updat
 completes. Transfers that touch HBM also share the core's aggregate HBM bandwidth: each reserves
 `hbm_ns` of a single HBM channel in the order transfers start (after the fixed latency), and ends
 no earlier than its reservation, so 16 busy queues move at most hbm_bandwidth_gbps together.
+A `sem_reset` (SP) sets every semaphore to 0 when it completes; `initial_counts` lets a run start
+from where the previous inference left the semaphores (the runtime does not touch them between
+inferences), and `Outcome.final_counts` says where this one left them.
 Events at one timestamp are all processed (in the order they were created) before anything new
 starts. When no event is pending and streams are unfinished the run is deadlocked
 and deadlock.py explains why. The loop always ends: each instruction starts once and each event
@@ -66,6 +69,7 @@ class Outcome:
     races_capped: bool  # the detector stopped at its limit: race_count is a lower bound
     engine_busy_ns: dict[str, float]
     instruction_count: int
+    final_counts: list[int]  # each semaphore's count when the run ended
 
 
 class Simulator:
@@ -79,6 +83,7 @@ class Simulator:
         check_races: bool,
         recorder: ScheduleRecorder | None = None,
         observer: Callable[[Op], None] | None = None,
+        initial_counts: list[int] | None = None,
     ) -> None:
         self.target = target
         self.recorder = recorder
@@ -90,7 +95,7 @@ class Simulator:
         self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
         self.queue_busy_ns = [0.0] * target.dma_queues
         self.queue_used = [False] * target.dma_queues
-        self.counts = [0] * num_semaphores
+        self.counts = list(initial_counts) if initial_counts is not None else [0] * num_semaphores
         self.port_free_ns: dict[str, float] = {}
         self.events: list[tuple[float, int, str, object]] = []
         self.sequence = itertools.count()
@@ -129,6 +134,7 @@ class Simulator:
             races_capped=self.races.capped if self.races else False,
             engine_busy_ns=busy,
             instruction_count=self.started,
+            final_counts=list(self.counts),
         )
 
     def _push(self, time: float, kind: str, payload: object) -> None:
@@ -202,6 +208,10 @@ class Simulator:
             self.observer(op)
 
     def _update(self, op: Op, clock: np.ndarray | None) -> None:
+        if op.op == "sem_reset":
+            self.counts = [0] * len(self.counts)
+            if self.sem_log is not None:
+                self.sem_log.reset()
         for semaphore, increment in op.updates:
             self.counts[semaphore] += increment
             if self.sem_log is not None:

@@ -8,7 +8,7 @@ free elements per partition, access = onchip_access_cycles:
   matmul      max(N_moving, matmul_min_cycles) x fp32_matmul_factor (if an input is fp32) + access
   ACT         N x act_cycles_per_element + access
   DVE / POOL  max(1, #inputs) x N x {dve,pool}_cycles_per_element + access (+ pool_start_cycles on POOL)
-  nop         nop_cycles
+  nop         nop_cycles (sem_reset too)
   dma         dma_issue_cycles on the trigger engine; the transfer then occupies its queue for
               Target.dma_ns(bytes) = dma_fixed_latency_ns + bytes / dma_queue_bandwidth_gbps
 
@@ -49,7 +49,7 @@ def engine_cycles(
         return float(target.dma_issue_cycles) + float(costs.get("pool_start_cycles", 150)) + free
     if is_dma(op):
         return float(target.dma_issue_cycles)
-    if op == "nop":
+    if op in ("nop", "sem_reset"):
         return float(costs.get("nop_cycles", 4))
     access = float(costs.get("onchip_access_cycles", 60))
     if op == "matmul":

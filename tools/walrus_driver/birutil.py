@@ -34,6 +34,7 @@ OP_ENGINES: dict[str, frozenset[int] | None] = {
     "iota": frozenset({POOL}),
     "select": frozenset({POOL, DVE}),
     "nop": None,
+    "sem_reset": frozenset({SP}),  # sets every semaphore to 0 (semaphore_reset)
 }
 
 # op -> (number of inputs, number of outputs).
@@ -50,6 +51,7 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "iota": (0, 1),
     "select": (3, 1),
     "nop": (0, 0),
+    "sem_reset": (0, 0),
 }
 
 

@@ -35,6 +35,7 @@ DEFAULT_PASSES = [
     "allocation",
     "anti_dependency_analyzer",
     "alloc_semaphores",
+    "semaphore_reset",
     "birverifier",
     "codegen",
 ]

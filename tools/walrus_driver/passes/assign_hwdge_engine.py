@@ -16,9 +16,9 @@ ACT and DVE, so at least two engines issue dmas.
 Queues. Each trigger engine gets a pool of the target's queues, in proportion to the bytes its
 dmas move (ctx.queue_pools); within its pool a dma takes the queue that has moved the fewest
 bytes so far. A (queue, trigger engine) pair is a transfer thread with a semaphore of its own, so
-the pools hold at most `max_transfer_threads` pairs together (27: with the 5 engines' own, the
-target's 32 semaphores); within that budget pools overlap, and a queue fed by two engines
-interleaves their transfers in issue order.
+the pools hold at most `max_transfer_threads` pairs together (26: with the 5 engines' own and
+semaphore_reset's end-of-inference barrier, the target's 32 semaphores); within that budget
+pools overlap, and a queue fed by two engines interleaves their transfers in issue order.
 Run before pre_sched (the default pipeline), the scheduler then plans each dma on the queue of
 its pool that frees first and writes its choice back; dmas added later (spills) take the least
 loaded queue of their engine's pool (`queue_new_dma`). Needs the dependence graph (any, for the
@@ -46,7 +46,7 @@ class Options:
     trigger_engines: str = "SP,ACT,DVE"  # hardware-DGE engines, the first is the default trigger
     follow_producer: bool = True  # trigger on the latest compute predecessor's engine
     min_trigger_engines: int = 2
-    max_transfer_threads: int = 27  # (queue, trigger engine) pairs; with the 5 engines, <= 32 semaphores
+    max_transfer_threads: int = 26  # (queue, trigger engine) pairs; + 5 engines + 1 barrier <= 32 semaphores
 
 
 @register(NAME, Options)
@@ -84,7 +84,7 @@ def run(ctx: PassContext) -> None:
 
     spread = _spread(program, hardware, engines, default, options.min_trigger_engines, ctx.costs())
     # Semaphores: one per engine that others wait for, one per (queue, trigger engine) pair.
-    budget = max(1, min(options.max_transfer_threads, target.num_semaphores - len(ENGINES)))
+    budget = max(1, min(options.max_transfer_threads, target.num_semaphores - len(ENGINES) - 1))
     ctx.queue_pools = _assign_queues(dmas, target.dma_queues, budget, ctx.costs())
     queues_used = len({d.dma_queue for d in dmas})
 

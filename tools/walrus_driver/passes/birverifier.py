@@ -7,7 +7,8 @@ name existing buffers/tensors of the right memory; partitions within the buffer 
 exist. Addresses: allocated (once `allocation` has run), within SBUF/PSUM, PSUM bank rule, and no
 two buffers sharing bytes while both are live. Synchronization: at most 2 waits and 1 update per
 instruction, semaphore ids below num_semaphores (itself within the target), per-engine streams
-equal to the global order.
+equal to the global order; a program that updates semaphores ends SP's stream with one sem_reset
+ordered after every update (`semaphore_reset`; a missing one is reported once codegen ran).
 
 Dynamic checks, by abstract execution of the streams (every engine runs while its waits hold,
 transfers complete as issued): a deadlock is reported with the blocked instructions; and, when
@@ -445,6 +446,54 @@ def _check_streams(program: bir_pb2.Program, report: _Report) -> None:
         )
 
 
+def _check_reset(
+    streams: dict[int, list[bir_pb2.Instruction]], walk: syncmodel.ClockWalk, final: bool, report: _Report
+) -> None:
+    """Rule `semaphore_reset`: a program that updates semaphores ends its SP stream with one
+    sem_reset that every update and every wait is ordered before, so each inference starts from
+    zero counts and no engine is left waiting for a count the reset took away.
+    A missing reset is an error once the program is `final` (codegen made its streams)."""
+    resets = [instr for stream in streams.values() for instr in stream if instr.op == "sem_reset"]
+    updaters = [instr for stream in streams.values() for instr in stream if instr.updates]
+    if not resets and not (updaters and final):
+        return  # between alloc_semaphores and semaphore_reset the program is not finished yet
+    report.checks += 1
+    if len(resets) != 1:
+        where = resets[1].name if resets else "program"
+        report.fail(
+            "semaphore_reset",
+            where,
+            f"{len(resets)} sem_reset instructions (a program that updates semaphores ends with 1: "
+            "run semaphore_reset after alloc_semaphores)",
+        )
+        return
+    reset = resets[0]
+    if streams.get(birutil.SP, [None])[-1] is not reset:
+        report.fail("semaphore_reset", reset.name, "is not the last instruction of the SP stream")
+        return
+    clock = walk.access_clock[reset.id]
+    for engine, stream in streams.items():  # an engine blocked on a wait when the counts drop hangs
+        last = max((position for position, instr in enumerate(stream) if instr.waits), default=-1)
+        if engine != reset.engine and last >= 0:
+            if clock[walk.space.index[syncmodel.engine_thread(engine)]] < last:
+                report.fail(
+                    "semaphore_reset",
+                    reset.name,
+                    f"the waits of {stream[last].name} ({birutil.engine_name(engine)}) are not ordered "
+                    "before the reset: it can zero the count they wait for",
+                )
+                return
+    for instr in updaters:
+        if not walk.covered(clock, instr):
+            report.fail(
+                "semaphore_reset",
+                reset.name,
+                f"the update of {instr.name} (semaphore {instr.updates[0].semaphore}) is not ordered "
+                "before the reset: it can land after it and leave the next inference a nonzero count",
+            )
+            return
+
+
 def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> None:
     """Abstract execution of the streams: deadlock freedom, then dependence coverage by clocks."""
     program = ctx.program
@@ -506,6 +555,7 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
             report.fail("deadlock", first, "every engine is blocked: " + "; ".join(blocked))
             return
     report.checks += 1
+    _check_reset(streams, walk, bool(program.streams), report)
     if not check_sync or ctx.deps is None:
         return
     by_id = {instr.id: instr for instr in every}

@@ -1,0 +1,153 @@
+"""End the program with a semaphore group reset, so that the NEFF can run inference after inference.
+
+Semaphores are counters that only grow during an inference: a consumer waits until its producer's
+thread reached that producer's running count (alloc_semaphores). The runtime starts the next
+inference on the same core without touching them, so a program that leaves its counts where they
+ended lets every wait of the next inference pass at once, before its producer ran. This pass
+appends, on the SP (sync) engine, one `sem_reset` instruction that sets every semaphore of the
+program to 0, behind an all-engine barrier:
+
+  * every update has landed: the reset waits for each semaphore's final count (an update lands
+    only after its instruction completed, so once every count reached its total none is to come);
+  * every wait has been seen: an engine still blocked on a wait when the counts drop to 0 would
+    wait forever. Each engine other than SP whose last wait is not otherwise ordered before the
+    reset ends with an arrival `nop` that adds 1 to a barrier semaphore of its own (a new one: a
+    semaphore shared by several threads would break alloc_semaphores' "count k = the first k
+    producers of one thread"), and the reset waits for all the arrivals. SP's own waits precede
+    the reset in program order.
+
+The reset carries at most `max_waits_per_instruction` waits; the others ride on `nop`s just before
+it on SP, as alloc_semaphores does for wide joins. Waits are elided by the same vector clocks
+(syncmodel): an update already ordered before SP's end, or implied by another awaited completion
+(an arrival covers its whole engine), needs no wait, and an engine whose last wait the awaited
+updates already order needs no arrival. The barrier semaphore is one more than alloc_semaphores
+used; a program already at the target's limit is E404.
+
+Needs: semaphores inserted (alloc_semaphores) and nothing reordered afterwards. birverifier's rule
+`semaphore_reset` checks the result: every update and every wait is ordered before the reset,
+which is the last instruction of SP's stream. A program without semaphores needs no reset and gets none.
+"""
+
+from __future__ import annotations
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.registry import register
+
+NAME = "semaphore_reset"
+RESET_OP = "sem_reset"
+
+
+@register(NAME)
+def run(ctx: PassContext) -> None:
+    ctx.require_synchronized()
+    program, target = ctx.program, ctx.target
+    if any(instr.op == RESET_OP for instr in program.instructions):
+        raise CompileError("E402", f"pass {NAME}: the program already ends with a semaphore reset", NAME)
+    if program.num_semaphores == 0:
+        ctx.set_stat("reset_waits", 0)
+        return
+    walk, value_of = _walk(program)
+    sp_clock = walk.base_clock(bir_pb2.Instruction(engine=birutil.SP))
+    last_updater = {semaphore: producer for (semaphore, _), producer in sorted(value_of.items())}
+
+    def covered(clock: syncmodel.Clock, producer: int) -> bool:
+        return clock[walk.thread_index[producer]] >= walk.position[producer]
+
+    def needed(clocks: list[syncmodel.Clock]) -> list[int]:
+        """Last updaters that SP's order and the given completions do not already cover, minus
+        those implied by another one's completion (as alloc_semaphores elides waits)."""
+        left = [p for p in last_updater.values() if not any(covered(c, p) for c in (sp_clock, *clocks))]
+        return [p for p in left if not any(q != p and covered(walk.completion_clock[q], p) for q in left)]
+
+    # Engines whose last wait the data waits would not order before the reset arrive at a barrier.
+    reached = sp_clock.copy()
+    for producer in needed([]):
+        syncmodel.join_into(reached, walk.completion_clock[producer])
+    arriving = []
+    for engine, last_wait in sorted(_last_waiting_position(program).items()):
+        if engine != birutil.SP and reached[walk.space.index[syncmodel.engine_thread(engine)]] < last_wait:
+            arriving.append(engine)
+    next_id = birutil.next_instruction_id(program)
+    waits: list[tuple[int, int]] = []
+    if arriving:
+        barrier = program.num_semaphores
+        if barrier >= target.num_semaphores:
+            raise CompileError(
+                "E404",
+                f"{NAME}: the end-of-inference barrier needs a semaphore, but alloc_semaphores used all "
+                f"{target.num_semaphores} of target {target.name}",
+                NAME,
+            )
+        program.num_semaphores += 1
+        arrivals = []
+        for engine in arriving:
+            arrival = _add(ctx, next_id, f"{NAME}.arrive.{birutil.engine_name(engine)}", "nop", engine)
+            arrival.updates.add(semaphore=barrier, increment=1)
+            walk.step(arrival, [])
+            arrivals.append(walk.completion_clock[arrival.id])
+            next_id += 1
+        waits.append((barrier, len(arriving)))
+    else:
+        arrivals = []
+    by_id = {instr.id: instr for instr in program.instructions}
+    for producer in needed(arrivals):
+        update = by_id[producer].updates[0]
+        waits.append((update.semaphore, _count_after(value_of, update.semaphore, producer)))
+    waits.sort()
+
+    per_instruction = max(1, target.max_waits_per_instruction)
+    groups = [waits[i : i + per_instruction] for i in range(0, len(waits), per_instruction)] or [[]]
+    for number, group in enumerate(groups):
+        last = number == len(groups) - 1
+        name, op = (NAME, RESET_OP) if last else (f"{NAME}.wait{number}", "nop")
+        instr = _add(ctx, next_id, name, op, birutil.SP)
+        next_id += 1
+        for semaphore, value in group:
+            instr.waits.add(semaphore=semaphore, value=value)
+    ctx.order_changed()
+    ctx.set_stat("barrier_arrivals", len(arriving))
+    ctx.set_stat("reset_waits", len(waits))
+    ctx.set_stat("reset_nops", len(groups) - 1)
+
+
+def _walk(program: bir_pb2.Program) -> tuple[syncmodel.ClockWalk, dict[tuple[int, int], int]]:
+    """The program's clocks (syncmodel) and, per (semaphore, count), the instruction whose update
+    brings the semaphore to that count. alloc_semaphores gives each semaphore one thread and +1
+    updates, so counts follow program order."""
+    walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(program.instructions))
+    value_of: dict[tuple[int, int], int] = {}
+    count: dict[int, int] = {}
+    for instr in program.instructions:
+        walk.step(instr, [walk.completion_clock[value_of[(w.semaphore, w.value)]] for w in instr.waits])
+        for update in instr.updates:
+            count[update.semaphore] = count.get(update.semaphore, 0) + update.increment
+            value_of[(update.semaphore, count[update.semaphore])] = instr.id
+    return walk, value_of
+
+
+def _count_after(value_of: dict[tuple[int, int], int], semaphore: int, producer: int) -> int:
+    return max(value for (sem, value), instr in value_of.items() if sem == semaphore and instr == producer)
+
+
+def _last_waiting_position(program: bir_pb2.Program) -> dict[int, int]:
+    """Per engine, the position in its stream of its last instruction that waits."""
+    position: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for instr in program.instructions:
+        position[instr.engine] = position.get(instr.engine, -1) + 1
+        if instr.waits:
+            last[instr.engine] = position[instr.engine]
+    return last
+
+
+def _add(ctx: PassContext, instr_id: int, name: str, op: str, engine: int) -> bir_pb2.Instruction:
+    """Append an instruction without memory accesses (no dependence edge: the graph stays valid)."""
+    instr = ctx.program.instructions.add(
+        id=instr_id, name=name, op=op, engine=engine, source=NAME, attributes={"inserted_by": NAME}
+    )
+    if ctx.deps is not None:
+        ctx.deps.add_node(instr_id)
+    return instr
