@@ -47,7 +47,9 @@ class PassContext:
     synchronized: bool = False
     codegen_done: bool = False
     stats: dict[str, dict[str, float]] = field(default_factory=dict)
-    input_program: bir_pb2.Program | None = None  # the program as received (bir_sim's reference)
+    # The program as received, serialized (bir_sim's reference, the crash reproducer): bytes are
+    # a tenth of the parsed copy's memory at a million instructions; `input_program` parses them.
+    input_bytes: bytes | None = None
     current_pass: str = ""
     current_label: str = ""
     options: Any = None
@@ -59,6 +61,9 @@ class PassContext:
     # How to rebuild a graph made stale by a pass that changed instructions, run only when a later
     # pass asks for it (require_deps) before the analyzer runs again (allocation's spills)
     deps_rebuild: Callable[[], None] | None = None
+    # alloc_semaphores' vector clocks over the final order (syncmodel.ClockWalk), for the passes
+    # right after it (semaphore_reset); dropped as soon as the order or the instructions change
+    sync_walk: Any = None
 
     def costs(self) -> CostTable:
         """The shared memo of instruction costs, reset when instructions change."""
@@ -71,16 +76,21 @@ class PassContext:
         """A context whose flags describe what the incoming program already has."""
         onchip = [b for b in program.buffers if b.memory in birutil.ONCHIP]
         synced = program.num_semaphores > 0 or any(i.waits or i.updates for i in program.instructions)
-        received = bir_pb2.Program()
-        received.CopyFrom(program)
         return cls(
             program=program,
             target=target,
-            input_program=received,
+            input_bytes=program.SerializeToString(),
             allocated=all(b.address >= 0 for b in onchip),
             synchronized=synced,
             codegen_done=len(program.streams) > 0,
         )
+
+    @property
+    def input_program(self) -> bir_pb2.Program | None:
+        """A fresh copy of the program as received (None if it was not kept)."""
+        if self.input_bytes is None:
+            return None
+        return bir_pb2.Program.FromString(self.input_bytes)
 
     # ---- statistics -------------------------------------------------------------------------
     def _counters(self) -> dict[str, float]:
@@ -152,6 +162,8 @@ class PassContext:
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False
         self.codegen_done = False
+        self.sync_walk = None
 
     def order_changed(self) -> None:
         self.codegen_done = False
+        self.sync_walk = None

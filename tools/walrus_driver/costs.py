@@ -18,42 +18,6 @@ from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.depgraph import DepGraph
 
 
-def engine_cycles(instr: bir_pb2.Instruction, target: Target) -> float:
-    """Cycles the instruction occupies its engine (for a dma: the trigger engine's issue time)."""
-    operands = [*instr.inputs, *instr.outputs]
-    moving = instr.inputs[1] if instr.op == "matmul" and len(instr.inputs) > 1 else None
-    return target_costs.engine_cycles(
-        target,
-        op=instr.op,
-        engine=instr.engine,
-        inputs=len(instr.inputs),
-        free=max((birutil.free_elements(ap) for ap in operands), default=0),
-        moving_free=birutil.free_elements(moving) if moving is not None else 1,
-        fp32=any(ap.dtype == common_pb2.F32 for ap in instr.inputs),
-    )
-
-
-def ports(instr: bir_pb2.Instruction) -> tuple[str, ...]:
-    """Shared memory ports the instruction holds while it runs (tools/target/costs.py)."""
-    return target_costs.ports(
-        op=instr.op, engine=instr.engine, memories={ap.memory for ap in [*instr.inputs, *instr.outputs]}
-    )
-
-
-def engine_ns(instr: bir_pb2.Instruction, target: Target) -> float:
-    return target.cycles_to_ns(instr.engine, engine_cycles(instr, target))
-
-
-def transfer_ns(instr: bir_pb2.Instruction, target: Target) -> float:
-    """Time a dma occupies its queue; 0 for other instructions."""
-    return target.dma_ns(birutil.transfer_bytes(instr)) if is_dma(instr.op) else 0.0
-
-
-def latency_ns(instr: bir_pb2.Instruction, target: Target) -> float:
-    """Time from start to completion (issue + transfer for a dma)."""
-    return engine_ns(instr, target) + transfer_ns(instr, target)
-
-
 @dataclass(frozen=True, slots=True)
 class Cost:
     """One instruction's costs, computed once: engine time, queue time, ports, bytes moved."""
@@ -88,9 +52,44 @@ class CostTable:
                 issue = target.cycles_to_ns(engine, float(target.dma_issue_cycles))
                 cost = Cost(engine, issue, target.dma_ns(moved), (), moved)
             else:
-                cost = Cost(engine, engine_ns(instr, target), 0.0, ports(instr), 0)
+                cost = _compute_cost(instr, target)
             self._costs[instr.id] = cost
         return cost
+
+
+def _compute_cost(instr: bir_pb2.Instruction, target: Target) -> Cost:
+    """engine_ns and ports of a compute instruction, its operands read once (the first lookup of
+    every instruction lands here: a 100k-instruction program spent seconds re-walking them)."""
+    free = 0
+    memories = set()
+    fp32 = False
+    inputs = instr.inputs
+    for ap in inputs:
+        elements = 1
+        for dim in ap.dims:
+            elements *= dim.count
+        free = max(free, elements)
+        memories.add(ap.memory)
+        fp32 = fp32 or ap.dtype == common_pb2.F32
+    for ap in instr.outputs:
+        elements = 1
+        for dim in ap.dims:
+            elements *= dim.count
+        free = max(free, elements)
+        memories.add(ap.memory)
+    op, engine = instr.op, instr.engine
+    moving = inputs[1] if op == "matmul" and len(inputs) > 1 else None
+    cycles = target_costs.engine_cycles(
+        target,
+        op=op,
+        engine=engine,
+        inputs=len(inputs),
+        free=free,
+        moving_free=birutil.free_elements(moving) if moving is not None else 1,
+        fp32=fp32,
+    )
+    ports = target_costs.ports(op=op, engine=engine, memories=memories)
+    return Cost(engine, target.cycles_to_ns(engine, cycles), 0.0, ports, 0)
 
 
 def dma_bandwidth_bytes_per_ns(target: Target) -> float:

@@ -20,6 +20,7 @@ access_clock(C)[thread(P)] >= position(P).
 
 from __future__ import annotations
 
+import array
 from collections.abc import Iterable
 
 import numpy as np
@@ -72,11 +73,32 @@ def join_into(a: Clock, b: Clock) -> None:
     np.maximum(a, b, out=a)
 
 
+class _ByInstruction:
+    """Read-only per-instruction view of a ClockWalk's columns, indexed by instruction id."""
+
+    def __init__(self, walk: ClockWalk, read) -> None:
+        self._walk, self._read = walk, read
+
+    def __getitem__(self, instr_id: int):
+        return self._read(self._walk.rows[instr_id])
+
+    def get(self, instr_id: int, default=None):
+        step = self._walk.rows.get(instr_id)
+        return default if step is None else self._read(step)
+
+    def __contains__(self, instr_id: int) -> bool:
+        return instr_id in self._walk.rows
+
+
 class ClockWalk:
     """Advances the clocks of every thread over instructions taken in a legal execution order.
 
     `step(instr, wait_clocks)` takes the clocks of the producers the instruction's waits make it
-    wait for, and records its position, access clock and completion clock.
+    wait for, and records its position and completion clock. Read them by instruction id:
+    `position`, `thread_index`, `completion_clock` and `access_clock`. The access clock differs
+    from the completion clock only in the instruction's own thread (position - 1: nothing knows
+    an instruction's future), so only completion clocks are stored, as rows of one growing int32
+    array: at a million instructions, per-instruction arrays and dicts cost gigabytes.
     """
 
     def __init__(self, space: ClockSpace):
@@ -84,10 +106,35 @@ class ClockWalk:
         self.engine_clock: dict[int, Clock] = {}
         self.queue_clock: dict[Thread, Clock] = {}
         self.next_position: dict[Thread, int] = {}
-        self.position: dict[int, int] = {}  # instruction id -> position in its access thread
-        self.thread_index: dict[int, int] = {}  # instruction id -> its access thread's index
-        self.access_clock: dict[int, Clock] = {}
-        self.completion_clock: dict[int, Clock] = {}
+        # Read-only for passes' hot loops: the row of each instruction id, and per row the
+        # position in its access thread and that thread's index.
+        self.rows: dict[int, int] = {}
+        self._clocks = np.empty((1024, len(space.threads)), dtype=np.int32)
+        self.positions = array.array("q")
+        self.threads = array.array("i")
+        self.position = _ByInstruction(self, self.positions.__getitem__)
+        self.thread_index = _ByInstruction(self, self.threads.__getitem__)
+        self.completion_clock = _ByInstruction(self, self._clocks_row)
+        self.access_clock = _ByInstruction(self, self._access_row)
+
+    def _clocks_row(self, row: int) -> Clock:
+        return self._clocks[row]
+
+    def _access_row(self, row: int) -> Clock:
+        clock = self._clocks[row].copy()
+        clock[self.threads[row]] = self.positions[row] - 1
+        return clock
+
+    def _record(self, instr_id: int, thread: int, position: int, completion: Clock) -> None:
+        row = len(self.positions)
+        if row == len(self._clocks):
+            grown = np.empty((2 * row, self._clocks.shape[1]), dtype=np.int32)
+            grown[:row] = self._clocks
+            self._clocks = grown
+        self._clocks[row] = completion
+        self.positions.append(position)
+        self.threads.append(thread)
+        self.rows[instr_id] = row
 
     def _engine_clock(self, engine: int) -> Clock:
         clock = self.engine_clock.get(engine)
@@ -103,7 +150,21 @@ class ClockWalk:
         return clock
 
     def covered(self, clock: Clock, producer: bir_pb2.Instruction) -> bool:
-        return clock[self.thread_index[producer.id]] >= self.position[producer.id]
+        row = self.rows[producer.id]
+        return clock[self.threads[row]] >= self.positions[row]
+
+    def completion_covers(self, first: int, producer: int) -> bool:
+        """Whether instruction `first`'s completion is ordered after `producer`'s (by ids)."""
+        row = self.rows[producer]
+        return self._clocks[self.rows[first], self.threads[row]] >= self.positions[row]
+
+    def access_covers(self, consumer: int, producer: int) -> bool:
+        """Whether instruction `consumer`'s access is ordered after `producer`'s completion."""
+        row, mine = self.rows[producer], self.rows[consumer]
+        thread = self.threads[row]
+        if thread == self.threads[mine]:
+            return self.positions[mine] > self.positions[row]
+        return self._clocks[mine, thread] >= self.positions[row]
 
     def step(self, instr: bir_pb2.Instruction, wait_clocks: Iterable[Clock]) -> None:
         start = self._engine_clock(instr.engine)
@@ -112,28 +173,20 @@ class ClockWalk:
         engine = engine_thread(instr.engine)
         engine_position = self.next_position.get(engine, 0)
         self.next_position[engine] = engine_position + 1
-        after_issue = start.copy()
         engine_index = self.space.index[engine]
-        after_issue[engine_index] = engine_position
-        self.engine_clock[instr.engine] = after_issue
+        start[engine_index] = engine_position  # now: after its issue
+        self.engine_clock[instr.engine] = start
         if not is_dma(instr.op):
-            self.position[instr.id] = engine_position
-            self.thread_index[instr.id] = engine_index
-            self.access_clock[instr.id] = start
-            self.completion_clock[instr.id] = after_issue
+            self._record(instr.id, engine_index, engine_position, start)
             return
         queue = access_thread(instr)
         queue_position = self.next_position.get(queue, 0)
         self.next_position[queue] = queue_position + 1
-        transfer = after_issue.copy()
+        done = start.copy()
         previous = self.queue_clock.get(queue)
         if previous is not None:
-            join_into(transfer, previous)
-        done = transfer.copy()
+            join_into(done, previous)
         queue_index = self.space.index[queue]
         done[queue_index] = queue_position
         self.queue_clock[queue] = done
-        self.position[instr.id] = queue_position
-        self.thread_index[instr.id] = queue_index
-        self.access_clock[instr.id] = transfer
-        self.completion_clock[instr.id] = done
+        self._record(instr.id, queue_index, queue_position, done)

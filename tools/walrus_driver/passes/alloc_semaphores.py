@@ -47,7 +47,8 @@ def run(ctx: PassContext) -> None:
     new_order: list[bir_pb2.Instruction] = []
     wait_for: dict[int, list[int]] = {}  # instruction id -> producer ids it waits for
     nops = needed_total = implied = cross_covered = same_thread = 0
-    thread_index, position, completion = walk.thread_index, walk.position, walk.completion_clock
+    thread_index, position = walk.thread_index, walk.position
+    rows, threads, positions = walk.rows, walk.threads, walk.positions
     for instr in program.instructions:
         node = instr.id
         base = walk.base_clock(instr)
@@ -56,12 +57,13 @@ def run(ctx: PassContext) -> None:
         for pred in deps.predecessors(node) if node in deps else ():
             if pred not in by_id:
                 continue
-            thread = thread_index.get(pred)
-            if thread is None:
+            row = rows.get(pred)
+            if row is None:
                 ctx.fail_needs("anti_dependency_analyzer (the order is not a topological order of the graph)")
+            thread = threads[row]
             if thread == mine:
                 same_thread += 1
-            if base[thread] >= position[pred]:  # already ordered (program order, queue FIFO, waits)
+            if base[thread] >= positions[row]:  # already ordered (program order, queue FIFO, waits)
                 cross_covered += thread != mine
                 continue
             needed.append(pred)
@@ -69,7 +71,7 @@ def run(ctx: PassContext) -> None:
         kept_ids = [
             p
             for p in needed
-            if not any(q != p and completion[q][thread_index[p]] >= position[p] for q in needed)
+            if not any(q != p and walk.completion_covers(q, p) for q in needed)
         ]
         implied += len(needed) - len(kept_ids)
         kept_ids.sort(key=lambda p: (thread_index[p], position[p]))
@@ -127,6 +129,7 @@ def run(ctx: PassContext) -> None:
     program.num_semaphores = len(semaphore)
     ctx.synchronized = True
     ctx.order_changed()
+    ctx.sync_walk = walk  # the clocks of exactly this order (semaphore_reset reads them)
     ctx.set_stat("dependence_edges", deps.number_of_edges())
     ctx.set_stat("edges_same_thread", same_thread)
     ctx.set_stat("edges_cross_thread_already_ordered", cross_covered)

@@ -560,12 +560,11 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
         return
     by_id = {instr.id: instr for instr in every}
     index = {instr.id: position for position, instr in enumerate(program.instructions)}
-    thread_index, position, access = walk.thread_index, walk.position, walk.access_clock
     for src, dst in ctx.deps.edges:
         if src not in by_id or dst not in by_id:
             continue
         report.checks += 1
-        if index.get(src, -1) < index.get(dst, -1) and access[dst][thread_index[src]] >= position[src]:
+        if index.get(src, -1) < index.get(dst, -1) and walk.access_covers(dst, src):
             continue  # ordered: the consumer's access clock covers the producer
         producer, consumer = by_id[src], by_id[dst]
         data = ctx.deps.edge_attributes(src, dst)

@@ -49,7 +49,7 @@ def run(ctx: PassContext) -> None:
     if program.num_semaphores == 0:
         ctx.set_stat("reset_waits", 0)
         return
-    walk, value_of = _walk(program)
+    walk, value_of = _walk(program, ctx.sync_walk)
     sp_clock = walk.base_clock(bir_pb2.Instruction(engine=birutil.SP))
     last_updater = {semaphore: producer for (semaphore, _), producer in sorted(value_of.items())}
 
@@ -92,10 +92,9 @@ def run(ctx: PassContext) -> None:
         waits.append((barrier, len(arriving)))
     else:
         arrivals = []
-    by_id = {instr.id: instr for instr in program.instructions}
-    for producer in needed(arrivals):
-        update = by_id[producer].updates[0]
-        waits.append((update.semaphore, _count_after(value_of, update.semaphore, producer)))
+    final = {semaphore: count for semaphore, count in sorted(value_of)}  # the highest count last
+    semaphore_of = {producer: semaphore for semaphore, producer in last_updater.items()}
+    waits += [(semaphore_of[p], final[semaphore_of[p]]) for p in needed(arrivals)]
     waits.sort()
 
     per_instruction = max(1, target.max_waits_per_instruction)
@@ -113,23 +112,24 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("reset_nops", len(groups) - 1)
 
 
-def _walk(program: bir_pb2.Program) -> tuple[syncmodel.ClockWalk, dict[tuple[int, int], int]]:
-    """The program's clocks (syncmodel) and, per (semaphore, count), the instruction whose update
-    brings the semaphore to that count. alloc_semaphores gives each semaphore one thread and +1
-    updates, so counts follow program order."""
-    walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(program.instructions))
+def _walk(
+    program: bir_pb2.Program, walked: syncmodel.ClockWalk | None
+) -> tuple[syncmodel.ClockWalk, dict[tuple[int, int], int]]:
+    """The program's clocks (syncmodel; alloc_semaphores' own when it ran just before) and, per
+    (semaphore, count), the instruction whose update brings the semaphore to that count.
+    alloc_semaphores gives each semaphore one thread and +1 updates, so counts follow program
+    order."""
+    walk = walked or syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(program.instructions))
     value_of: dict[tuple[int, int], int] = {}
     count: dict[int, int] = {}
     for instr in program.instructions:
-        walk.step(instr, [walk.completion_clock[value_of[(w.semaphore, w.value)]] for w in instr.waits])
+        if walked is None:
+            waits = instr.waits
+            walk.step(instr, [walk.completion_clock[value_of[(w.semaphore, w.value)]] for w in waits])
         for update in instr.updates:
             count[update.semaphore] = count.get(update.semaphore, 0) + update.increment
             value_of[(update.semaphore, count[update.semaphore])] = instr.id
     return walk, value_of
-
-
-def _count_after(value_of: dict[tuple[int, int], int], semaphore: int, producer: int) -> int:
-    return max(value for (sem, value), instr in value_of.items() if sem == semaphore and instr == producer)
 
 
 def _last_waiting_position(program: bir_pb2.Program) -> dict[int, int]:
