@@ -34,7 +34,7 @@ def test_build_groups_instructions_by_engine_in_order() -> None:
     assert neff.name == "elementwise" and neff.target == "trn1" and neff.num_semaphores == 8
     assert dict(neff.metadata) == {"compiler": "ncc 0.1", "flags": "-O2"}
     by_engine = {stream.engine: [i.name for i in stream.instructions] for stream in neff.streams}
-    assert by_engine[SP] == ["load_x", "store_z", "store_r"]  # in program order
+    assert by_engine[SP] == ["load_x", "store_z", "store_r", "reset"]  # in program order
     assert by_engine[DVE] == ["add", "rowsum"]
     assert [s.engine for s in neff.streams] == sorted(by_engine)
     assert len(neff.hbm) == 4 and len(neff.buffers) == 5

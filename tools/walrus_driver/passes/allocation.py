@@ -225,7 +225,7 @@ class _Scan:
         for buffer in buffers:
             self._push(buffer)
         live: list[_Live] = []
-        used_ever: list[tuple[int, int]] = []
+        used_ever = bytearray(self.capacity // self.align + 1)  # per aligned slot: ever handed out
         peak = reused = cursor = count = 0
         while self.pending:
             start, _, _, buffer = heapq.heappop(self.pending)
@@ -242,9 +242,10 @@ class _Scan:
                 address = _fit(live, size, self.capacity, self.align, self.bank, cursor if next_fit else 0)
             buffer.address = address
             cursor = address + size
-            if any(a < address + size and address < b for a, b in used_ever):
+            slots = slice(address // self.align, -(-(address + size) // self.align))
+            if any(used_ever[slots]):
                 reused += 1
-            used_ever.append((address, address + size))
+            used_ever[slots] = b"\x01" * (slots.stop - slots.start)
             end = self._range(buffer.name)[1]
             live.append(_Live(buffer.name, start, end, address, size))
             peak = max(peak, max(e.address + e.size for e in live))
