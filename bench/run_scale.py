@@ -12,7 +12,8 @@ with `ncc compile` in a fresh work directory, and read the work directory's file
                 median of REPS `jax.jit(f).lower(*ShapeDtypeStructs).compile()`, each on a new
                 function object with JAX's caches cleared so each really compiles; n/a without JAX
 
-then the wall of every walrus pass (the driver's --stats file, stats.json in its job folder), and
+then the wall of every walrus pass and the driver's peak RSS when it ended (the driver's --stats
+file, stats.json in its job folder), and
 per family the growth of walrus CPU time with BIR size: the log-log slope between consecutive
 sizes and the least-squares slope over all of them (1 = linear, 2 = quadratic; the tool's start-up,
 about half a second of CPU, flattens it at small sizes), and the same slope for each pass's wall.
@@ -84,6 +85,7 @@ class ScaleResult:
     walrus_sys_s: float | None = None
     walrus_peak_rss_bytes: int | None = None
     pass_wall_s: dict[str, float] = field(default_factory=dict)  # stats.json, in pipeline order
+    pass_peak_rss_bytes: dict[str, int] = field(default_factory=dict)  # the driver's peak when each ended
     xla_cpu_compile_s: float | None = None  # median of `xla_reps` (None without JAX)
     xla_reps: int = 0
     error: str = ""
@@ -219,6 +221,9 @@ def read_walrus_job(workdir: Path, result: ScaleResult) -> None:
     if stats_path.is_file():
         stats = json.loads(stats_path.read_text())
         result.pass_wall_s = {entry["label"]: float(entry["wall_s"]) for entry in stats.get("passes", [])}
+        result.pass_peak_rss_bytes = {
+            entry["label"]: int(entry.get("peak_rss_bytes", 0)) for entry in stats.get("passes", [])
+        }
 
 
 _xla_started: list[bool] = []  # non-empty once this process has compiled with XLA
@@ -398,6 +403,12 @@ def render(results: list[ScaleResult], reps: int) -> str:
             f"{family}: walrus wall per pass (s; the driver's stats.json) and its exponent in BIR size",
         ]
         lines += run_bench._table(["pass", *(r.label for r in done), "exponent"], rows)
+        rows = [
+            [label, *(fmt(r.pass_peak_rss_bytes.get(label, 0) / 2**20 or None, ".0f") for r in done)]
+            for label in passes
+        ]
+        lines += ["", f"{family}: walrus peak RSS when each pass ended (MB; it only grows)"]
+        lines += run_bench._table(["pass", *(r.label for r in done)], rows)
 
     lines += ["", "growth: exponent of walrus CPU time in BIR instructions (log-log; 1 linear, 2 quadratic)"]
     for family, info in exponents.items():

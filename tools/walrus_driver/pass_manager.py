@@ -12,6 +12,7 @@ planted miscompiles included (`walrus_driver:max_to_add@pass=NAME`: miscompile.p
 
 from __future__ import annotations
 
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -108,6 +109,13 @@ class PassRecord:
     name: str
     wall_s: float
     options: dict[str, str]
+    peak_rss_bytes: int = 0  # the process's peak resident memory when the pass ended
+
+
+def _peak_rss_bytes() -> int:
+    """The process's peak resident set so far (Linux reports KiB; macOS bytes)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 class PassManager:
@@ -155,7 +163,7 @@ class PassManager:
                     err.location = label
                 raise
             wall = time.perf_counter() - begin
-            self.records.append(PassRecord(label, info.name, wall, dict(spec.options)))
+            self.records.append(PassRecord(label, info.name, wall, dict(spec.options), _peak_rss_bytes()))
             ctx.current_pass = ctx.current_label = ""
             ctx.options = None
             if tool:
@@ -217,6 +225,7 @@ class PassManager:
                     "name": r.name,
                     "options": r.options,
                     "wall_s": r.wall_s,
+                    "peak_rss_bytes": r.peak_rss_bytes,
                     "stats": ctx.stats.get(r.label, {}),
                 }
                 for r in self.records

@@ -129,6 +129,9 @@ def run(ctx: PassContext) -> None:
     program.num_semaphores = len(semaphore)
     ctx.synchronized = True
     ctx.order_changed()
+    # Nothing may change addresses or order from here on, so no analysis runs again: the
+    # analyzer's footprint memo (hundreds of MB at a million instructions) can go.
+    ctx.footprint_cache = {}
     ctx.sync_walk = walk  # the clocks of exactly this order (semaphore_reset reads them)
     ctx.set_stat("dependence_edges", deps.number_of_edges())
     ctx.set_stat("edges_same_thread", same_thread)
