@@ -235,6 +235,20 @@ def buffer_map(program: bir_pb2.Program) -> dict[str, bir_pb2.Buffer]:
     return {b.name: b for b in program.buffers}
 
 
+def set_order(program: bir_pb2.Program, order: list[bir_pb2.Instruction]) -> None:
+    """Make `order` the program's instruction list. Instructions already in it are sorted in place
+    and new ones (by id) appended first: rebuilding the list (del + extend) copies every message
+    while the old ones are still alive, a gigabyte at a million instructions."""
+    present = {instr.id for instr in program.instructions}
+    if len(present) + sum(1 for instr in order if instr.id not in present) != len(order):
+        raise ValueError("set_order: the new order must hold every instruction once")
+    for instr in order:
+        if instr.id not in present:
+            program.instructions.append(instr)
+    rank = {instr.id: position for position, instr in enumerate(order)}
+    program.instructions.sort(key=lambda instr: rank[instr.id])
+
+
 def next_instruction_id(program: bir_pb2.Program) -> int:
     ids = [i.id for i in program.instructions]
     ids += [i.id for s in program.streams for i in s.instructions]

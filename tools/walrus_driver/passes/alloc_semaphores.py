@@ -124,8 +124,7 @@ def run(ctx: PassContext) -> None:
         for sem, val in waits:
             updated[consumer].waits.add(semaphore=sem, value=val)
 
-    del program.instructions[:]
-    program.instructions.extend(new_order)
+    birutil.set_order(program, new_order)
     program.num_semaphores = len(semaphore)
     ctx.synchronized = True
     ctx.order_changed()

@@ -146,8 +146,7 @@ def run(ctx: PassContext) -> None:
     )
     if layout.spills:
         order = sorted(layout.instructions)
-        del program.instructions[:]
-        program.instructions.extend(layout.instructions[key] for key in order)
+        birutil.set_order(program, [layout.instructions[key] for key in order])
         if layout.spills > options.too_many_spills:
             program.attributes["too_many_spills"] = "1"
         ctx.instructions_changed()
@@ -185,9 +184,7 @@ def _restore_order_before_schedule(ctx: PassContext) -> bool:
     by_id = {instr.id: instr for instr in program.instructions}
     if [instr.id for instr in program.instructions] == saved or set(by_id) != set(saved):
         return False
-    order = [by_id[node] for node in saved]
-    del program.instructions[:]
-    program.instructions.extend(order)
+    birutil.set_order(program, [by_id[node] for node in saved])
     ctx.order_before_schedule = None
     ctx.order_changed()
     return True

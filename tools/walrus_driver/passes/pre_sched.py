@@ -159,8 +159,7 @@ def run(ctx: PassContext) -> None:
         for instr in new_order:
             if is_dma(instr.op):
                 instr.dma_queue = best.queue_of[instr.id]
-    del program.instructions[:]
-    program.instructions.extend(new_order)
+    birutil.set_order(program, new_order)
     ctx.scheduled = True
     ctx.order_changed()
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.target import DMA_SPLIT_MAX_PARTS, DMA_SPLIT_MIN_BYTES, dma_pieces
+from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
@@ -48,19 +49,21 @@ def run(ctx: PassContext) -> None:
             result.append(instr)
             continue
         split += 1
-        for part, (first, last) in enumerate(ranges):
+        pieces = [instr]  # the first piece is the original, narrowed in place (it keeps its id)
+        for _ in ranges[1:]:
             piece = bir_pb2.Instruction()
             piece.CopyFrom(instr)
-            if part:
-                piece.id = next_id
-                next_id += 1
-            piece.name = f"{instr.name}/part{part}"
+            piece.id = next_id
+            next_id += 1
+            pieces.append(piece)
+        name = instr.name
+        for part, (piece, (first, last)) in enumerate(zip(pieces, ranges, strict=True)):
+            piece.name = f"{name}/part{part}"
             for ap in [*piece.inputs, *piece.outputs]:
                 _narrow(ap, first, last)
-            result.append(piece)
+        result += pieces
     if split:
-        del program.instructions[:]
-        program.instructions.extend(result)
+        birutil.set_order(program, result)
         ctx.instructions_changed()
     ctx.set_stat("dmas_split", split)
     ctx.set_stat("instructions", len(program.instructions))
