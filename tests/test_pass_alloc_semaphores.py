@@ -166,6 +166,30 @@ def test_too_many_threads_is_E404():
     assert err.value.code == "E404" and "but target trn1 has 1" in err.value.message
 
 
+def test_more_transfer_threads_than_semaphores_are_merged():
+    """48 (queue, trigger engine) threads, 32 of them loads that compute waits for, as hand-made
+    BIR or a pass list without assign_hwdge_engine can hold: queues are merged per engine until
+    the semaphores fit (one left for semaphore_reset), and the program still runs race-free and
+    right (without the merge this is E404)."""
+    program = chain_program(tiles=16)
+    dmas = [instr for instr in program.instructions if instr.op == "dma"]
+    for number, instr in enumerate(dmas):
+        instr.engine = (SP, ACT, DVE)[number % 3]
+        instr.dma_queue = number // 3 % 16
+    threads = {(instr.engine, instr.dma_queue) for instr in dmas}
+    assert len(threads) + 5 > 32
+    ctx = run_passes(program, "anti_dependency_analyzer,allocation,anti_dependency_analyzer,alloc_semaphores")
+    assert ctx.stats["alloc_semaphores"]["transfer_threads_merged"] > 0
+    assert program.num_semaphores <= 31
+    run_passes(program, "semaphore_reset,birverifier,codegen")
+    inputs = random_inputs(program, 0)
+    result = simulate_program(program, inputs, inferences=2)
+    assert not result.races and result.deadlock is None
+    import numpy as np
+
+    np.testing.assert_allclose(result.outputs["out0"], np.exp(inputs["arg0"] + inputs["arg1"]), rtol=1e-6)
+
+
 def test_queue_pools_fit_the_semaphores():
     """With few semaphores assign_hwdge_engine narrows the queue pools instead of failing."""
     program = chain_program(tiles=3)

@@ -16,14 +16,19 @@ Among the remaining producers, those implied by another one's completion are dro
 the same engine just before it.
 
 Needs: allocated addresses, a dependence graph computed for them, and the final order (nothing
-may reorder, reallocate or change dma queues afterwards). Sets program.num_semaphores; more
-threads than the target's semaphores is E404.
+may reorder, reallocate or change dma queues afterwards). Sets program.num_semaphores. When the
+program has more threads than the target has semaphores (less the one semaphore_reset needs),
+transfer threads are merged first: a trigger engine's least-loaded queue gives its dmas to its
+next least-loaded one. More engine threads than semaphores is E404.
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
+from ncc.tools.target import is_dma
 from ncc.tools.walrus_driver import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -38,6 +43,7 @@ def run(ctx: PassContext) -> None:
     ctx.require_allocated()
     deps = ctx.require_deps(for_addresses=True)
     program, target = ctx.program, ctx.target
+    merged = _merge_transfer_threads(program, target.num_semaphores - 1)  # 1 for semaphore_reset
     by_id = {instr.id: instr for instr in program.instructions}
     space = syncmodel.ClockSpace.for_instructions(program.instructions)
     walk = syncmodel.ClockWalk(space)
@@ -141,3 +147,36 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("updates", len(waited))
     ctx.set_stat("nops_inserted", nops)
     ctx.set_stat("semaphores", len(semaphore))
+    ctx.set_stat("transfer_threads_merged", merged)
+
+
+def _merge_transfer_threads(program: bir_pb2.Program, limit: int) -> int:
+    """The fallback when the program has more threads than semaphores: a trigger engine's dmas
+    on its least-loaded queue move to its next least-loaded one (a transfer thread is a (queue,
+    trigger engine) pair), until the threads fit `limit` or every engine is down to one queue.
+    Any queue moves a dma's bytes; what changes is only how many transfers run at once. Returns
+    the number of threads merged away (E404 remains for what engines alone cannot fit)."""
+    queues: dict[int, Counter[int]] = defaultdict(Counter)  # trigger engine -> queue -> bytes
+    engines = {instr.engine for instr in program.instructions}
+    for instr in program.instructions:
+        if is_dma(instr.op):
+            queues[instr.engine][instr.dma_queue] += birutil.transfer_bytes(instr) or 1
+    merged = 0
+    moves: dict[tuple[int, int], int] = {}  # (engine, queue) -> the queue its dmas go to
+    while len(engines) + sum(len(used) for used in queues.values()) > limit:
+        engine = max((e for e in queues if len(queues[e]) > 1), key=lambda e: len(queues[e]), default=None)
+        if engine is None:
+            break
+        (lightest, moved), (into, _) = sorted(queues[engine].items(), key=lambda item: (item[1], item[0]))[:2]
+        queues[engine][into] += moved
+        del queues[engine][lightest]
+        for key, target_queue in moves.items():
+            if key[0] == engine and target_queue == lightest:
+                moves[key] = into
+        moves[(engine, lightest)] = into
+        merged += 1
+    if moves:
+        for instr in program.instructions:
+            if is_dma(instr.op):
+                instr.dma_queue = moves.get((instr.engine, instr.dma_queue), instr.dma_queue)
+    return merged
