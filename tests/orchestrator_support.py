@@ -147,36 +147,17 @@ def write_tiny_neff(path: Path, second: str) -> Path:
         id=1, name="a", op="dma", engine=common_pb2.SP, inputs=[_tiny_hbm("x")], outputs=[_tiny_hbm("y")]
     )
     act = neff.streams.add(engine=common_pb2.ACT)
-    if second == "unreset":
-        neff.hbm.add(name="z", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=1)
-        first.updates.add(semaphore=0, increment=1)
-        act.instructions.add(
-            id=2,
-            name="b",
-            op="dma",
-            engine=common_pb2.ACT,
-            dma_queue=1,
-            inputs=[_tiny_hbm("y")],
-            outputs=[_tiny_hbm("z")],
-            waits=[bir_pb2.SemaphoreWait(semaphore=0, value=1)],
-        )
-    elif second == "race":
-        act.instructions.add(
-            id=2,
-            name="b",
-            op="dma",
-            engine=common_pb2.ACT,
-            dma_queue=1,
-            inputs=[_tiny_hbm("x")],
-            outputs=[_tiny_hbm("y")],
-        )
-    else:
-        act.instructions.add(
-            id=2,
-            name="b",
-            op="nop",
-            engine=common_pb2.ACT,
-            waits=[bir_pb2.SemaphoreWait(semaphore=0, value=1)],
-        )
+    if second == "deadlock":
+        stuck = act.instructions.add(id=2, name="b", op="nop", engine=common_pb2.ACT)
+        stuck.waits.add(semaphore=0, value=1)
+    else:  # a second dma on ACT: x -> y again (racing the first), or y -> z behind its semaphore
+        copy = act.instructions.add(id=2, name="b", op="dma", engine=common_pb2.ACT, dma_queue=1)
+        source, destination = ("y", "z") if second == "unreset" else ("x", "y")
+        copy.inputs.append(_tiny_hbm(source))
+        copy.outputs.append(_tiny_hbm(destination))
+        if second == "unreset":
+            neff.hbm.add(name="z", dtype=common_pb2.F32, shape=[4], role=bir_pb2.OUTPUT, index=1)
+            first.updates.add(semaphore=0, increment=1)
+            copy.waits.add(semaphore=0, value=1)
     write_neff(path, neff)
     return path
