@@ -132,14 +132,9 @@ def run(ctx: PassContext) -> None:
 
     # The input order, as the model runs it: the list schedule must beat it (below).
     makespan_before, unchanged = _place_in_order(instructions, deps, table, ctx.queue_pools)
-    input_peak: list[_Pressure] = []  # the input order's live bytes, measured when first needed
-
-    def input_pressure() -> _Pressure:
-        if not input_peak:
-            input_peak.append(_Pressure.build(program, instructions, ctx.target, options.pressure_fraction))
-            for instr in instructions:
-                input_peak[0].scheduled(instr)
-        return input_peak[0]
+    input_pressure = _Pressure.build(program, instructions, ctx.target, options.pressure_fraction)
+    for instr in instructions:
+        input_pressure.scheduled(instr)
 
     def input_order_wins(makespan: float, pressure: _Pressure) -> bool:
         """The list scheduler is a heuristic: keep the input order when the model says it is
@@ -147,7 +142,7 @@ def run(ctx: PassContext) -> None:
         the spills that would cost). Both sides only grow as a schedule grows, so a partial
         schedule that already loses can be dropped before it is finished."""
         return makespan_before < makespan and all(
-            peak <= max(pressure.peak[m], pressure.limit[m]) for m, peak in input_pressure().peak.items()
+            input_pressure.peak[m] <= max(pressure.peak[m], pressure.limit[m]) for m in input_pressure.peak
         )
 
     # More effort (tries > 1): schedule again under other pressure limits, keep the fastest (each
@@ -165,7 +160,7 @@ def run(ctx: PassContext) -> None:
     if best is None or input_order_wins(best.makespan, best.pressure):
         fraction = best.fraction if best else tries[0]
         best = _Schedule(
-            [i.id for i in instructions], makespan_before, 0, input_pressure(), fraction, unchanged.queue_of
+            [i.id for i in instructions], makespan_before, 0, input_pressure, fraction, unchanged.queue_of
         )
         ctx.set_stat("kept_input_order", 1)
     new_order = [by_id[node] for node in best.order]
