@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import heapq
 from collections import defaultdict
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ncc.schemas import bir_pb2
@@ -130,39 +129,29 @@ def run(ctx: PassContext) -> None:
         own = table(by_id[node]).latency_ns
         priority[node] = own + max((priority[s] for s in deps.successors(node)), default=0.0)
 
-    # The input order, as the model runs it: the list schedule must beat it (below).
-    makespan_before, unchanged = _place_in_order(instructions, deps, table, ctx.queue_pools)
-    input_pressure = _Pressure.build(program, instructions, ctx.target, options.pressure_fraction)
-    for instr in instructions:
-        input_pressure.scheduled(instr)
-
-    def input_order_wins(makespan: float, pressure: _Pressure) -> bool:
-        """The list scheduler is a heuristic: keep the input order when the model says it is
-        faster, unless it holds more on chip than the schedule does (the model does not count
-        the spills that would cost). Both sides only grow as a schedule grows, so a partial
-        schedule that already loses can be dropped before it is finished."""
-        return makespan_before < makespan and all(
-            input_pressure.peak[m] <= max(pressure.peak[m], pressure.limit[m]) for m in input_pressure.peak
-        )
-
-    # More effort (tries > 1): schedule again under other pressure limits, keep the fastest (each
-    # is finished then: which one is fastest decides the comparison with the input order).
+    # More effort (tries > 1): schedule again under other pressure limits, keep the fastest.
     fractions = [options.pressure_fraction] + [f for f in EXTRA_FRACTIONS if f != options.pressure_fraction]
-    tries = fractions[: max(1, options.tries)]
     best: _Schedule | None = None
-    for fraction in tries:
-        give_up = input_order_wins if len(tries) == 1 else None
-        schedule = _list_schedule(ctx, instructions, priority, fraction, options.pressure_window, give_up)
-        if schedule is not None and (best is None or schedule.makespan < best.makespan):
+    for fraction in fractions[: max(1, options.tries)]:
+        schedule = _list_schedule(ctx, instructions, priority, fraction, options.pressure_window)
+        if best is None or schedule.makespan < best.makespan:
             best = schedule
+    assert best is not None
 
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
-    if best is None or input_order_wins(best.makespan, best.pressure):
-        fraction = best.fraction if best else tries[0]
-        best = _Schedule(
-            [i.id for i in instructions], makespan_before, 0, input_pressure, fraction, unchanged.queue_of
-        )
-        ctx.set_stat("kept_input_order", 1)
+    makespan_before, unchanged = _place_in_order(instructions, deps, table, ctx.queue_pools)
+    if makespan_before < best.makespan:
+        # The list scheduler is a heuristic: keep the input order when the model says it is
+        # faster, unless it holds more on chip than the schedule does (the model does not count
+        # the spills that would cost).
+        pressure = _Pressure.build(program, instructions, ctx.target, best.fraction)
+        for instr in instructions:
+            pressure.scheduled(instr)
+        if all(pressure.peak[m] <= max(best.pressure.peak[m], pressure.limit[m]) for m in pressure.peak):
+            best = _Schedule(
+                [i.id for i in instructions], makespan_before, 0, pressure, best.fraction, unchanged.queue_of
+            )
+            ctx.set_stat("kept_input_order", 1)
     new_order = [by_id[node] for node in best.order]
     moved = sum(1 for position, node in enumerate(best.order) if original_index[node] != position)
     ctx.order_before_schedule = [instr.id for instr in instructions]
@@ -202,10 +191,8 @@ def _list_schedule(
     priority: dict[int, float],
     fraction: float,
     window: int,
-    give_up: Callable[[float, _Pressure], bool] | None = None,
-) -> _Schedule | None:
-    """One run of the list scheduler under a live-bytes limit of `fraction` of each memory; None
-    when `give_up(makespan so far, pressure so far)` says it has lost already (asked now and then)."""
+) -> _Schedule:
+    """One run of the list scheduler under a live-bytes limit of `fraction` of each memory."""
     deps, table = ctx.require_deps(), ctx.costs()
     by_id = {instr.id: instr for instr in instructions}
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
@@ -260,8 +247,6 @@ def _list_schedule(
         taken.add(node)
         order.append(node)
         pressure.scheduled(instr)
-        if give_up is not None and len(order) % 4096 == 0 and give_up(makespan, pressure):
-            return None
         for succ in deps.successors(node):
             earliest[succ] = max(earliest[succ], finish)
             indegree[succ] -= 1
