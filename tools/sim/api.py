@@ -13,7 +13,8 @@ requests does: memory and semaphore counts carry over from one inference to the 
 bound once), so a program that does not reset its semaphores (walrus pass semaphore_reset) lets
 the second inference's waits pass early, which the race detector then reports. The result's
 `unreset_semaphores` names the semaphores the first inference left above 0; its outputs are the
-last inference's, `simulated_ns` the sum, and a schedule or an observer sees the first only.
+last inference's, `simulated_ns` the first one's time (`inference_ns` has each), races, busy
+times and instruction counts add up over all, and a schedule or an observer sees the first only.
 `observe(instruction, outputs)`, when given, is called as each instruction's effect lands, with
 the BIR instruction and a copy of its outputs' storage right then, in simulated order.
 """
