@@ -64,19 +64,13 @@ def _compute_cost(instr: bir_pb2.Instruction, target: Target) -> Cost:
     memories = set()
     fp32 = False
     inputs = instr.inputs
-    for ap in inputs:
+    for position, ap in enumerate((*inputs, *instr.outputs)):
         elements = 1
         for dim in ap.dims:
             elements *= dim.count
         free = max(free, elements)
         memories.add(ap.memory)
-        fp32 = fp32 or ap.dtype == common_pb2.F32
-    for ap in instr.outputs:
-        elements = 1
-        for dim in ap.dims:
-            elements *= dim.count
-        free = max(free, elements)
-        memories.add(ap.memory)
+        fp32 = fp32 or (position < len(inputs) and ap.dtype == common_pb2.F32)  # inputs decide
     op, engine = instr.op, instr.engine
     moving = inputs[1] if op == "matmul" and len(inputs) > 1 else None
     cycles = target_costs.engine_cycles(

@@ -82,10 +82,6 @@ class _ByInstruction:
     def __getitem__(self, instr_id: int):
         return self._read(self._walk.rows[instr_id])
 
-    def get(self, instr_id: int, default=None):
-        step = self._walk.rows.get(instr_id)
-        return default if step is None else self._read(step)
-
     def __contains__(self, instr_id: int) -> bool:
         return instr_id in self._walk.rows
 
@@ -149,8 +145,9 @@ class ClockWalk:
                 join_into(clock, queue)
         return clock
 
-    def covered(self, clock: Clock, producer: bir_pb2.Instruction) -> bool:
-        row = self.rows[producer.id]
+    def covered(self, clock: Clock, producer: int) -> bool:
+        """Whether `clock` knows instruction `producer` (by id) completed."""
+        row = self.rows[producer]
         return clock[self.threads[row]] >= self.positions[row]
 
     def completion_covers(self, first: int, producer: int) -> bool:

@@ -484,7 +484,7 @@ def _check_reset(
                 )
                 return
     for instr in updaters:
-        if not walk.covered(clock, instr):
+        if not walk.covered(clock, instr.id):
             report.fail(
                 "semaphore_reset",
                 reset.name,
@@ -573,7 +573,7 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
                 "dependence_order", consumer.name, f"comes before {producer.name}, on which it depends"
             )
             continue
-        if not walk.covered(walk.access_clock[dst], producer):
+        if not walk.access_covers(dst, src):
             report.fail(
                 "unsynchronized_dependence",
                 consumer.name,

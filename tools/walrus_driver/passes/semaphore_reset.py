@@ -53,14 +53,11 @@ def run(ctx: PassContext) -> None:
     sp_clock = walk.base_clock(bir_pb2.Instruction(engine=birutil.SP))
     last_updater = {semaphore: producer for (semaphore, _), producer in sorted(value_of.items())}
 
-    def covered(clock: syncmodel.Clock, producer: int) -> bool:
-        return clock[walk.thread_index[producer]] >= walk.position[producer]
-
     def needed(clocks: list[syncmodel.Clock]) -> list[int]:
         """Last updaters that SP's order and the given completions do not already cover, minus
         those implied by another one's completion (as alloc_semaphores elides waits)."""
-        left = [p for p in last_updater.values() if not any(covered(c, p) for c in (sp_clock, *clocks))]
-        return [p for p in left if not any(q != p and covered(walk.completion_clock[q], p) for q in left)]
+        left = [p for p in last_updater.values() if not any(walk.covered(c, p) for c in (sp_clock, *clocks))]
+        return [p for p in left if not any(q != p and walk.completion_covers(q, p) for q in left)]
 
     # Engines whose last wait the data waits would not order before the reset arrive at a barrier.
     reached = sp_clock.copy()
