@@ -11,14 +11,15 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.cmd_compile import add_compile_flags, add_result_flags, positive_int
+from ncc.orchestrator.config import budget_tool_threads
 from ncc.orchestrator.diagnostics import ExitCode, NccError
 from ncc.orchestrator.options import CompileOptions
+from ncc.orchestrator.stage_cache import CacheError, StageCache
 from ncc.orchestrator.workdir import WorkDir, write_json_atomic
 
 if TYPE_CHECKING:
@@ -98,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
         raise NccError.of("U004", f"the directory of the report does not exist: {args.report}")
     cache_dir = Path(os.path.abspath(args.cache_dir)) if args.cache_dir else None
     if cache_dir is not None:
-        from ncc.orchestrator.stage_cache import CacheError, StageCache
-
         try:
             StageCache(cache_dir).ensure_usable()
         except CacheError as err:
@@ -132,21 +131,22 @@ def run(args: argparse.Namespace) -> int:
             f"--mem-per-job {args.mem_per_job} MB is more than this machine has "
             f"({farm.host_memory_mb()} MB): no job could ever start",
         )
+    budget_tool_threads(args.workers)
     inputs = farm.collect_inputs(args.inputs)
     models = farm.plan(inputs, settings, _parse_manifest_flags)
 
     run_id = f"farm-{os.urandom(6).hex()}"
-    started = time.time()
+    cache_mark = StageCache(cache_dir).events_mark() if cache_dir else 0
     luigi_setup.configure_logging(args.verbose, farm_dir / f"farm-{os.getpid()}.log", console=sys.stderr)
     if settings.scheduler_url:  # workers coordinate through luigid
         _run_with_luigi(models, settings, run_id, args.verbose)
-        outcomes = farm.outcomes(models, settings, run_id, started)
+        outcomes = farm.outcomes(models, settings, run_id, cache_mark)
     else:  # one farm process per farm dir; what the cache fully holds needs no Luigi at all
         with WorkDir(farm_dir).locked():
             remaining = farm.restore_without_tools(models, run_id)
             if remaining:
                 _run_with_luigi(remaining, settings, run_id, args.verbose)
-            outcomes = farm.outcomes(models, settings, run_id, started)
+            outcomes = farm.outcomes(models, settings, run_id, cache_mark)
     entries = [entry for outcome in outcomes for entry in outcome.report_entries()]
     if args.report is not None:
         write_json_atomic(Path(os.path.abspath(args.report)), {"models": entries, "farm_dir": str(farm_dir)})

@@ -234,18 +234,20 @@ class CompileCommand:
 
     def _record_restored(self, jobs: list[str], restored: list[diagnostic_pb2.JobRecord]) -> None:
         """History of what restoreWithoutTools did, as one compile (also when it stopped early)."""
-        self.workdir.append_history("compile_start", run_id=self.run_id, jobs=jobs, without_tools=True)
+        events: list[tuple[str, dict[str, object]]] = [
+            ("compile_start", {"run_id": self.run_id, "jobs": jobs, "without_tools": True})
+        ]
         for record in restored:
-            for event in ("job_start", "job_end"):
-                self.workdir.append_history(
-                    event,
-                    job=record.job,
-                    run_id=self.run_id,
-                    status=record.status,
-                    wall_s=record.wall_s,
-                    cached=True,
-                )
-        self.workdir.append_history("compile_end", run_id=self.run_id)
+            fields = {
+                "job": record.job,
+                "run_id": self.run_id,
+                "status": record.status,
+                "wall_s": record.wall_s,
+                "cached": True,
+            }
+            events += [("job_start", fields), ("job_end", fields)]
+        events.append(("compile_end", {"run_id": self.run_id}))
+        self.workdir.append_history_events(events)
 
     def execute(self) -> CompileSummary:
         """Prepare the work directory, run the pipeline, install the NEFF."""

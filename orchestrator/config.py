@@ -33,6 +33,11 @@ REPLAY_ENV = (
     "MKL_NUM_THREADS",
 )
 
+# The math libraries' thread pools. A tool is one Python thread; numpy's BLAS would start a pool of
+# one thread per core in every tool process, and those threads spin at start-up (0.12 CPU-s per
+# `import numpy` on this machine), so N tools running at once on N cores fight for the cores.
+THREAD_POOL_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
 
 @dataclass(frozen=True)
 class DriverSettings:
@@ -49,6 +54,17 @@ class DriverSettings:
     def replay_env(self) -> dict[str, str]:
         """The tools' environment restricted to REPLAY_ENV: what a replay of a job must set."""
         return {key: value for key, value in self.tool_env if key in REPLAY_ENV}
+
+
+def budget_tool_threads(concurrent_jobs: int) -> int:
+    """Give each of `concurrent_jobs` tools running at once its share of this machine's cores as
+    its math-library thread pool (a farm of N workers: cores // N, at least 1). A pool size the
+    user set in the environment is kept. Call before the first `settings()`; returns the share."""
+    share = max(1, (os.cpu_count() or 1) // max(1, concurrent_jobs))
+    for name in THREAD_POOL_ENV:
+        os.environ.setdefault(name, str(share))
+    settings.cache_clear()
+    return share
 
 
 def _driver_fault(spec: str) -> str:

@@ -117,6 +117,7 @@ class FarmModel:
     command: CompileCommand
     jobs: list[str]
     neff_name: str = ""  # under the farm's neff/: the model's name, made unique by its work dir if needed
+    restored: bool = False  # finished by restore_without_tools: verified and installed already
 
     @property
     def workdir(self) -> Path:
@@ -171,9 +172,7 @@ def plan(
             models[key].inputs.append(item)
             continue
         workdir = settings.farm_dir / "work" / f"{key[0]}-{key[1]}"
-        options = replace(
-            options, workdir=workdir, output=workdir / "model.neff", cache_dir=settings.cache_dir
-        )
+        options = replace(options, workdir=workdir, cache_dir=settings.cache_dir)
         command = CompileCommand(options)
         models[key] = FarmModel([item], options, command, command.buildPipeline())
     planned = list(models.values())
@@ -181,6 +180,9 @@ def plan(
     for model, stem in zip(planned, stems, strict=True):
         unique = stems.count(stem) == 1
         model.neff_name = f"{stem}.neff" if unique else f"{stem}-{model.workdir.name}.neff"
+        # The NEFF goes straight to the farm's neff/ (the work dir keeps the Packager's copy).
+        model.options = replace(model.options, output=settings.farm_dir / "neff" / model.neff_name)
+        model.command.options = model.options
     return planned
 
 
@@ -251,29 +253,30 @@ def pipeline_complete(model: FarmModel) -> bool:
 
 
 def outcomes(
-    models: Sequence[FarmModel], settings: FarmSettings, run_id: str, since: float
+    models: Sequence[FarmModel], settings: FarmSettings, run_id: str, cache_mark: int
 ) -> list[ModelOutcome]:
     """Every model's outcome; NEFFs of the models that compiled installed under the farm's neff/."""
-    corrupt = StageCache(settings.cache_dir).corrupt_keys(since) if settings.cache_dir else set()
-    return [model_outcome(model, run_id, settings.farm_dir / "neff", corrupt) for model in models]
+    corrupt = StageCache(settings.cache_dir).corrupt_keys(cache_mark) if settings.cache_dir else set()
+    return [model_outcome(model, run_id, corrupt) for model in models]
 
 
-def restore_without_tools(models: Sequence[FarmModel], run_id: str, threads: int = 4) -> list[FarmModel]:
+def restore_without_tools(models: Sequence[FarmModel], run_id: str, threads: int = 2) -> list[FarmModel]:
     """Finish every model whose jobs are all complete or cached without Luigi or a tool (as
     `ncc compile` does); the models left for Luigi. Models are independent (each its own work
-    dir), and restoring is mostly waiting for the disk, so a few threads overlap it."""
+    dir), and restoring is mostly waiting for the disk, so two threads overlap it (measured:
+    more threads only queue on the GIL and the file system's locks, 4 were 30 % slower than 2)."""
 
-    def restore(model: FarmModel) -> bool:
+    def restore(model: FarmModel) -> None:
         model.workdir.mkdir(parents=True, exist_ok=True)
         model.command.run_id = run_id
         try:
-            return model.command.restoreWithoutTools() is not None
+            model.restored = model.command.restoreWithoutTools() is not None
         except (OSError, NccError):
-            return False
+            model.restored = False
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        done = list(pool.map(restore, models))
-    return [model for model, finished in zip(models, done, strict=True) if not finished]
+        list(pool.map(restore, models))
+    return [model for model in models if not model.restored]
 
 
 def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
@@ -284,7 +287,7 @@ def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
     }
 
 
-def model_outcome(model: FarmModel, run_id: str, neff_dir: Path, corrupt_keys: set[str]) -> ModelOutcome:
+def model_outcome(model: FarmModel, run_id: str, corrupt_keys: set[str]) -> ModelOutcome:
     """Read what happened to one model from its job records (`corrupt_keys`: cache entries found
     corrupt during the farm, whichever process found them)."""
     workdir = WorkDir(model.workdir)
@@ -309,7 +312,7 @@ def model_outcome(model: FarmModel, run_id: str, neff_dir: Path, corrupt_keys: s
             outcome.status = STATUS_FAILED
             outcome.diagnostic = diagnostic_from_record(record, model.workdir)
             break
-    if outcome.status == STATUS_OK and not pipeline_complete(model):
+    if outcome.status == STATUS_OK and not model.restored and not pipeline_complete(model):
         outcome.status = STATUS_FAILED
     if outcome.status == STATUS_FAILED and outcome.diagnostic is None:
         outcome.diagnostic = NccDiagnostic(
@@ -320,10 +323,10 @@ def model_outcome(model: FarmModel, run_id: str, neff_dir: Path, corrupt_keys: s
             log=workdir.driver_log,
         )
     if outcome.status == STATUS_OK:
-        outcome.neff = neff_dir / model.neff_name
+        outcome.neff = model.options.output
         try:
-            model.command.options = replace(model.options, output=outcome.neff)
-            model.command.installOutput(model.jobs)
+            if not model.restored:
+                model.command.installOutput(model.jobs)
         except NccError as err:
             outcome.status, outcome.diagnostic, outcome.neff = STATUS_FAILED, err.diagnostic, None
     return outcome

@@ -22,6 +22,7 @@ import socket
 import stat
 import time
 from collections.abc import Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
 
@@ -125,15 +126,17 @@ class JobSpec(abc.ABC):
     def name(self) -> str:
         return type(self).__name__
 
-    @property
+    # Cached: a job's parameters never change once it exists, and these are asked for on
+    # every file the job touches (a fully cached farm spends its time here and in the kernel).
+    @cached_property
     def root(self) -> Path:
         return Path(self.workdir)
 
-    @property
+    @cached_property
     def index(self) -> int:
         return list(self.pipeline).index(self.name)
 
-    @property
+    @cached_property
     def directory(self) -> Path:
         return self.root / job_dir_name(self.index, self.name)
 
@@ -243,8 +246,8 @@ class JobSpec(abc.ABC):
         lookup = cache.restore(key, self.name, self.output_names, self.directory)
         if lookup != HIT:
             return lookup, None
+        # No stderr.log: the tool did not run (creating files is most of a restore's cost).
         self.out(STDOUT).write_text(f"ncc: outputs restored from the stage cache {cache.root} (key {key})\n")
-        self.out(STDERR).write_text("")
         record = diagnostic_pb2.JobRecord(
             job=self.name,
             index=self.index,
@@ -259,7 +262,9 @@ class JobSpec(abc.ABC):
             cached=True,
             cache_lookup=HIT,
         )
-        write_message_json(self.record_path, record)
+        # Not fsynced, like the restored outputs: a record lost in a crash only means restoring
+        # again, and one whose outputs were lost no longer matches their digests.
+        write_message_json(self.record_path, record, durable=False)
         return lookup, record
 
     def _store_in_cache(self, cache: StageCache, key: str) -> None:

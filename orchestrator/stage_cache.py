@@ -254,10 +254,18 @@ class StageCache:
                 found.append((used, _entry_size(directory), directory))
         return found
 
-    def _events(self) -> list[dict]:
+    def events_mark(self) -> int:
+        """Where the event log ends now: `corrupt_keys(mark)` later reads only what came after."""
+        try:
+            return (self.root / EVENTS).stat().st_size
+        except OSError:
+            return 0
+
+    def _events(self, offset: int = 0) -> list[dict]:
         events = []
         try:
-            with open(self.root / EVENTS, encoding="utf-8") as handle:
+            with open(self.root / EVENTS, "rb") as handle:
+                handle.seek(offset)
                 for line in handle:
                     try:
                         event = json.loads(line)
@@ -269,13 +277,11 @@ class StageCache:
             pass
         return events
 
-    def corrupt_keys(self, since: float) -> set[str]:
-        """Keys whose entry was found corrupt (and removed) at or after time `since`."""
-        return {
-            str(event.get("key"))
-            for event in self._events()
-            if event.get("event") == CORRUPT and float(event.get("time", 0)) >= since
-        }
+    def corrupt_keys(self, mark: int) -> set[str]:
+        """Keys whose entry was found corrupt (and removed) since `events_mark()` gave `mark`
+        (by any process: the log is appended to, so it reads only the events of this farm, not
+        the whole history of a cache that many farms share)."""
+        return {str(event.get("key")) for event in self._events(mark) if event.get("event") == CORRUPT}
 
     def stats(self) -> CacheStats:
         counts: Counter[str] = Counter(str(event.get("event", "")) for event in self._events())

@@ -4,7 +4,7 @@ Layout (docs/diagnostics.md shows an example):
     pipeline.json          PipelineRecord: jobs, canonical flags, input digest, versions
     NN_JobName/            one folder per job in pipeline order (01_HLOToTensorizer, ...)
         cmd.sh             replays the job by hand
-        stdout.log, stderr.log
+        stdout.log, stderr.log (a job restored from the stage cache has no stderr.log)
         record.json        JobRecord, written last and atomically: its presence with status
                            "ok" is what makes a job complete
         <outputs>          the files the tool wrote
@@ -27,7 +27,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +56,7 @@ def write_json_atomic(path: Path, data: object) -> None:
     write_bytes_atomic(path, (json.dumps(data, indent=1, sort_keys=True) + "\n").encode())
 
 
-def write_message_json(path: Path, message: Message) -> None:
+def write_message_json(path: Path, message: Message, durable: bool = True) -> None:
     """A record as JSON, every field spelled out (an exit code of 0 is shown, not omitted)."""
     text = json_format.MessageToJson(
         message,
@@ -65,7 +65,7 @@ def write_message_json(path: Path, message: Message) -> None:
         sort_keys=True,
         always_print_fields_with_no_presence=True,
     )
-    write_bytes_atomic(path, (text + "\n").encode())
+    write_bytes_atomic(path, (text + "\n").encode(), durable)
 
 
 def read_message_json(path: Path, message: Message) -> bool:
@@ -214,10 +214,15 @@ class WorkDir:
 
     def append_history(self, event: str, **fields: object) -> None:
         """Append one JSON line (a single write, so concurrent appends never interleave)."""
-        line = json.dumps({"event": event, "time": time.time(), **fields}, sort_keys=True) + "\n"
+        self.append_history_events([(event, fields)])
+
+    def append_history_events(self, events: Sequence[tuple[str, Mapping[str, object]]]) -> None:
+        """Append one JSON line per (event, fields), all in a single write."""
+        now = time.time()
+        text = "".join(json.dumps({"event": e, "time": now, **f}, sort_keys=True) + "\n" for e, f in events)
         fd = os.open(self.history_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line.encode())
+            os.write(fd, text.encode())
         finally:
             os.close(fd)
 

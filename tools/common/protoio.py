@@ -17,19 +17,22 @@ from ncc.tools.common.errors import CompileError
 M = TypeVar("M", bound=Message)
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, fsync it, and rename it into place."""
-    _write_atomic(path, lambda handle: handle.write(data))
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, durable: bool = True) -> None:
+    """Write `data` to a temporary file beside `path`, fsync it (unless not `durable`: for a file
+    whose loss in a crash costs less than the fsync, because it is checked and rebuilt), and
+    rename it into place."""
+    _write_atomic(path, lambda handle: handle.write(data), durable)
 
 
-def _write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+def _write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], durable: bool = True) -> None:
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb", buffering=1 << 20) as handle:
             write(handle)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, target)
     except BaseException:
         try:
