@@ -90,21 +90,16 @@ def _fit_first_wave(program: bir_pb2.Program, parts: dict[int, int], queues: int
     if queues <= 0:
         return 0
     hbm = common_pb2.HBM
-    written = {ap.tensor for instr in program.instructions for ap in instr.outputs if ap.memory == hbm}
+    unwritten = {t.name for t in program.hbm if t.role in (bir_pb2.INPUT, bir_pb2.CONSTANT)}
     wave = [
         instr
         for instr in program.instructions
-        if parts[instr.id] > 1 and instr.inputs[0].memory == hbm and instr.inputs[0].tensor not in written
+        if parts[instr.id] > 1 and instr.inputs[0].memory == hbm and instr.inputs[0].tensor in unwritten
     ]
     pieces = sum(parts[instr.id] for instr in wave)
     if not wave or len(wave) > queues or pieces <= queues or pieces % queues > queues // 2:
         return 0  # it fits, or cannot be made to, or its last round keeps most queues busy anyway
-    results: dict[str, set[str]] = {}  # on-chip buffer -> what the instructions reading it write
-    for instr in program.instructions:
-        for ap in instr.inputs:
-            if ap.memory != hbm:
-                results.setdefault(ap.tensor, set()).update(out.tensor for out in instr.outputs)
-    if len(set().union(*(results.get(instr.outputs[0].tensor, set()) for instr in wave))) != 1:
+    if len(_results_of(program, {instr.outputs[0].tensor for instr in wave})) != 1:
         return 0  # the loads feed different results: the first ones needed should come first
     sizes = [birutil.operand_bytes(instr.outputs[0]) for instr in wave]
     total = sum(sizes)
@@ -122,6 +117,17 @@ def _fit_first_wave(program: bir_pb2.Program, parts: dict[int, int], queues: int
     for instr, share in zip(wave, shares, strict=True):
         parts[instr.id] = share
     return len(wave)
+
+
+def _results_of(program: bir_pb2.Program, buffers: set[str]) -> set[str]:
+    """What the instructions reading `buffers` write (stops once there are two)."""
+    results: set[str] = set()
+    for instr in program.instructions:
+        if any(ap.tensor in buffers and ap.memory != common_pb2.HBM for ap in instr.inputs):
+            results.update(out.tensor for out in instr.outputs)
+            if len(results) > 1:
+                break
+    return results
 
 
 def _ranges(instr: bir_pb2.Instruction, parts: int) -> list[tuple[int, int]]:
