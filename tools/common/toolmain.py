@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import sys
 import traceback
 from collections.abc import Callable
@@ -33,10 +34,19 @@ from ncc.tools.common.protoio import write_proto
 
 EXIT_OK, EXIT_COMPILE_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_NO_SPACE = 0, 1, 2, 3, 4
 
+# The cyclic garbage collector's thresholds for a stage tool. A tool builds millions of long-lived
+# objects (protobuf wrappers, tuples, dict entries) and frees few cycles, so Python's default
+# (700, 10, 10) collects the young generation after every 700 allocations and rescans the whole
+# heap ever more often. Measured on the 100k-instruction chain's walrus job: 3.8 s of ~32 s in
+# 5,912 collections (22 full); with these, 0.8 s in 77 (none full), peak RSS +3 % (mypy raises
+# its thresholds for the same reason).
+GC_THRESHOLDS = (50_000, 20, 100)
+
 
 def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], None]) -> int:
     """Parse arguments, run `body`, and turn its CompileError into a diagnostic file and exit 1."""
     die_with_parent_from_env()
+    gc.set_threshold(*GC_THRESHOLDS)
     parser.add_argument("--diagnostics", help="where to write a Diagnostic proto on a compile error")
     args = parser.parse_args()
     try:
