@@ -103,6 +103,11 @@ def test_farm_isolates_bad_inputs_and_compiles_duplicates_once(tmp_path: Path) -
             job["wall_s"] > 0 and job["peak_rss_mb"] > 0 and not job["cached"] for job in entry["jobs"]
         )
     assert max(_runs_per_job(tmp_path / "farm").values()) == 1
+    # Two workers: each tool gets half the cores for numpy's thread pools (unless already set).
+    tool_env = json.loads((Path(models["gelu.hlo"]["workdir"]) / "run_settings.json").read_text())["env"]
+    share = str(max(1, (os.cpu_count() or 1) // 2))
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        assert tool_env[name] == os.environ.get(name, share)
     run = ncc(
         "run",
         models["gelu.hlo"]["neff"],
