@@ -100,3 +100,49 @@ def test_compiled_program_still_races_free():
     ctx = run_passes(program, ",".join(DEFAULT_PASSES) + ",bir_sim")
     assert ctx.stats["bir_sim"]["races"] == 0
     assert isinstance(program, bir_pb2.Program)
+
+
+def _bursts_program(accumulate: bool) -> bir_pb2.Program:
+    """Eight 1 MiB loads on SP; DVE sums them (accumulate) or scales each (less work than the
+    loads' transfer time: DMA-bound); ACT and DVE each store a 1 MiB result."""
+    cols = 2048  # 128 partitions x 8 KiB: 1 MiB per tile, 8 pieces of 128 KiB
+    b = Bir("bursts")
+    b.hbm("x", [128 * 8, cols], index=0)
+    b.hbm("out", [256, cols], role=bir_pb2.OUTPUT, index=0)
+    for t in range(8):
+        b.buffer(f"x{t}", cols * 4)
+        b.load(f"x{t}", "x", 128, cols, row0=128 * t, name=f"load{t}")
+        b.buffer(f"s{t}", cols * 4)
+        if accumulate:
+            b.tt(f"s{t}", f"x{t}", f"s{t - 1}" if t else f"x{t}", 128, cols, name=f"add{t}")
+        else:
+            b.ts(f"s{t}", f"x{t}", 128, cols, name=f"scale{t}")
+    b.buffer("e", cols * 4)
+    b.act("e", "s7", 128, cols, name="exp")
+    b.store("out", "e", 128, cols, row0=0, name="store_act")
+    b.store("out", "s7", 128, cols, row0=128, name="store_dve")
+    return b.build()
+
+
+def test_a_store_cut_in_pieces_gets_a_queue_per_piece():
+    """Both stores are cut in 8 by split_dma, but by bytes ACT and DVE would share 10 of the 26
+    transfer threads, so some pieces of each would wait for a second round. In a program not bound
+    by DMA throughput, every engine's pool is as wide as its widest burst of adjacent dmas when
+    others can spare queues (SP's widest burst is 8 pieces: it keeps 10 of 16)."""
+    program = _bursts_program(accumulate=True)
+    ctx = run_passes(program, "split_dma," + PIPE)
+    assert ctx.stats["assign_hwdge_engine"]["dma_bound"] == 0
+    for name, engine in (("store_act/", ACT), ("store_dve/", DVE)):
+        pieces = [i for i in program.instructions if i.name.startswith(name)]
+        assert len(pieces) == 8 and {p.engine for p in pieces} == {engine}
+        assert len({p.dma_queue for p in pieces}) == 8, name
+    assert sum(len(queues) for queues in ctx.queue_pools.values()) <= 26
+
+
+def test_a_dma_bound_program_keeps_the_queues_by_bytes():
+    """When the transfers take longer than any engine's work, the loads need every queue they
+    have: SP keeps all 16 (in a 1024-wide MLP giving 6 away cost 25 %)."""
+    program = _bursts_program(accumulate=False)
+    ctx = run_passes(program, "split_dma," + PIPE)
+    assert ctx.stats["assign_hwdge_engine"]["dma_bound"] == 1
+    assert len(ctx.queue_pools[SP]) == 16
