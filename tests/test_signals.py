@@ -100,6 +100,10 @@ def test_sigkill_of_ncc_takes_the_compile_child_and_its_tool_along(tmp_path: Pat
     _resumes(tmp_path, workdir)
 
 
+def _default_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_while_ncc_is_still_importing_is_one_line(tmp_path: Path) -> None:
     """Ctrl-C from 50 ms on: ncc's own start-up (its imports) ends with U007, never a traceback
     through ncc's code. Earlier than that the interpreter itself is still starting (site, the
@@ -121,6 +125,10 @@ def test_ctrl_c_while_ncc_is_still_importing_is_one_line(tmp_path: Path) -> None
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            # As a terminal starts it: a runner that was itself started in the background (nohup,
+            # `cmd &` without job control) passes SIGINT on ignored, and a Ctrl-C that lands before
+            # ncc installs its handler would then be lost, not reported.
+            preexec_fn=_default_ctrl_c,
         )
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
