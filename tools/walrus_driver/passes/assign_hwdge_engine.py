@@ -121,9 +121,7 @@ def _spread(
     alternatives = [e for e in engines if e != default]
     if len(dmas) < 2 or wanted < 2 or not alternatives or len({d.engine for d in dmas}) >= wanted:
         return 0
-    work: dict[int, float] = defaultdict(float)
-    for instr in program.instructions:
-        work[instr.engine] += table(instr).engine_ns
+    work = _engine_work(program, table)
     used = next(iter({d.engine for d in dmas}))
     other = min((e for e in alternatives if e != used), key=lambda e: work[e], default=default)
     if other == used:
@@ -135,16 +133,20 @@ def _spread(
     return len(movers)
 
 
+def _engine_work(program: bir_pb2.Program, table: costs.CostTable) -> Counter[int]:
+    """ns of work each engine runs (a dma counts its trigger's issue)."""
+    work: Counter[int] = Counter()
+    for instr in program.instructions:
+        work[instr.engine] += table(instr).engine_ns
+    return work
+
+
 def _dma_bound(program: bir_pb2.Program, table: costs.CostTable, target: Target) -> bool:
     """Do the program's transfers at the core's full DMA bandwidth take at least as long as the
     busiest engine's work?"""
-    work: Counter[int] = Counter()
-    moved = 0
-    for instr in program.instructions:
-        cost = table(instr)
-        work[instr.engine] += cost.engine_ns
-        moved += cost.moved_bytes
-    return moved / costs.dma_bandwidth_bytes_per_ns(target) >= max(work.values(), default=0.0)
+    moved = sum(table(instr).moved_bytes for instr in program.instructions)
+    busiest = max(_engine_work(program, table).values(), default=0.0)
+    return moved / costs.dma_bandwidth_bytes_per_ns(target) >= busiest
 
 
 def _bursts(program: bir_pb2.Program) -> dict[int, int]:
@@ -186,7 +188,7 @@ def _assign_queues(
     load: Counter[int] = Counter()
     taken: dict[int, set[int]] = defaultdict(set)  # burst -> its queues so far
     for dma, size in zip(dmas, moved, strict=True):
-        burst = taken[burst_of.get(dma.id, -1)] if dma.id in burst_of else set()
+        burst = taken[burst_of[dma.id]] if dma.id in burst_of else set()
         free = [q for q in pools[dma.engine] if q not in burst] or pools[dma.engine]
         queue = min(free, key=lambda q: (load[q], q))
         dma.dma_queue = queue
