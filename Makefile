@@ -11,7 +11,11 @@ $(BIN)/ncc: pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(BIN)/ncc
 
+# Byte-compile the sources the way pip does for an installed package: every stage tool is a new
+# process, and without .pyc files (PYTHONDONTWRITEBYTECODE, a fresh checkout) each one compiles
+# the modules it imports again (a sixth of a farm's CPU, measured). Only changed files are redone.
 setup: $(BIN)/ncc
+	$(BIN)/python -m compileall -q orchestrator schemas tools
 
 # Compile every bundled JAX model to a NEFF, run it in the simulator, compare with JAX's output.
 demo: setup
