@@ -95,12 +95,19 @@ class ToolJob(JobSpec, luigi.Task):
     resources_mb = luigi.IntParameter(
         default=0, significant=False, description="memory the job reserves on its host, MB (0 = none)"
     )
+    model_priority = luigi.IntParameter(
+        default=0, significant=False, description="larger runs first among ready jobs (farms: model size)"
+    )
 
     # -- Luigi contract -----------------------------------------------------------------------
 
     @property
     def retry_count(self) -> int:  # type: ignore[override]  # Luigi: failures before it gives up
         return self.retries + 1
+
+    @property
+    def priority(self) -> int:  # type: ignore[override]  # Luigi: ready jobs with more run first
+        return self.model_priority
 
     @property
     def resources(self) -> dict[str, int]:  # type: ignore[override]  # Luigi: capped per scheduler
@@ -164,6 +171,7 @@ class ToolJob(JobSpec, luigi.Task):
                 log.info("job %s: restored from the stage cache", self.name)
                 return restored
         log.info("job %s: running %s", self.name, shlex.join(argv))
+        self._write_replay_script(argv)
         end = run_supervised(
             argv,
             cwd=self.root,

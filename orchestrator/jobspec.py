@@ -204,19 +204,20 @@ class JobSpec(abc.ABC):
 
     # -- starting a run ---------------------------------------------------------------------------
 
-    def _begin(self) -> tuple[list[diagnostic_pb2.FileDigest], list[str], str]:
-        """Clear what an earlier attempt left, write the replay script: the input digests, the
+    def _begin(
+        self, inputs: list[diagnostic_pb2.FileDigest] | None = None
+    ) -> tuple[list[diagnostic_pb2.FileDigest], list[str], str]:
+        """Clear what an earlier attempt left: the input digests (`inputs` if already taken), the
         command and the cache key of this attempt (a tool run and a cache restore start alike)."""
         self._prepare()
-        inputs = [digests.file_digest(path, self.root) for path in self.input_paths()]
-        argv = self.command()
-        self._write_replay_script(argv)
-        return inputs, argv, self.cache_key(inputs)
+        if inputs is None:
+            inputs = [digests.file_digest(path, self.root) for path in self.input_paths()]
+        return inputs, self.command(), self.cache_key(inputs)
 
     def _prepare(self) -> None:
         """Make the folder and remove what an earlier attempt left (the record first)."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        for name in (RECORD, DIAGNOSTIC, DRIVER_ERROR, *self.output_names):
+        for name in (RECORD, DIAGNOSTIC, DRIVER_ERROR, STDOUT, STDERR, *self.output_names):
             self.out(name).unlink(missing_ok=True)
 
     def _write_replay_script(self, argv: Sequence[str]) -> None:
@@ -246,8 +247,9 @@ class JobSpec(abc.ABC):
         lookup = cache.restore(key, self.name, self.output_names, self.directory)
         if lookup != HIT:
             return lookup, None
-        # No stderr.log: the tool did not run (creating files is most of a restore's cost).
-        self.out(STDOUT).write_text(f"ncc: outputs restored from the stage cache {cache.root} (key {key})\n")
+        # No stdout.log or stderr.log: the tool did not run, and the record says where the outputs
+        # came from (creating files is most of a restore's cost).
+        self._write_replay_script(argv)
         record = diagnostic_pb2.JobRecord(
             job=self.name,
             index=self.index,
@@ -284,7 +286,7 @@ class JobSpec(abc.ABC):
         key = self.cache_key(inputs)
         if not cache.entry_dir(key).is_dir():
             return None
-        inputs, argv, key = self._begin()
+        inputs, argv, key = self._begin(inputs)
         return self._restore_from_cache(cache, argv, inputs, key)[1]
 
     def _deterministic_failure(self) -> diagnostic_pb2.JobRecord | None:

@@ -4,7 +4,7 @@ Layout (docs/diagnostics.md shows an example):
     pipeline.json          PipelineRecord: jobs, canonical flags, input digest, versions
     NN_JobName/            one folder per job in pipeline order (01_HLOToTensorizer, ...)
         cmd.sh             replays the job by hand
-        stdout.log, stderr.log (a job restored from the stage cache has no stderr.log)
+        stdout.log, stderr.log (none for a job restored from the stage cache: no tool ran)
         record.json        JobRecord, written last and atomically: its presence with status
                            "ok" is what makes a job complete
         <outputs>          the files the tool wrote
