@@ -123,6 +123,12 @@ class FarmModel:
     def workdir(self) -> Path:
         return self.options.workdir
 
+    @property
+    def input_bytes(self) -> int:
+        """The model's size: its jobs' Luigi priority, so the largest models start first and a
+        small one, not a large one, is what still runs when the other workers have run out."""
+        return self.options.model.stat().st_size
+
 
 def _flags_digest(flags: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(list(flags)).encode()).hexdigest()[:8]
@@ -385,6 +391,7 @@ def run_farm(
         parameters = model.command.jobParameters(model.jobs)
         parameters["retries"] = settings.retries
         parameters["resources_mb"] = settings.mem_per_job_mb or 0
+        parameters["model_priority"] = model.input_bytes
         tasks.append(JobRegistry.get(model.jobs[-1])(**parameters))
     if settings.scheduler_url and settings.mem_per_job_mb:
         from luigi.rpc import RemoteScheduler

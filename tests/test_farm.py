@@ -150,6 +150,21 @@ def test_a_second_farm_with_the_same_cache_runs_no_tool(tmp_path: Path) -> None:
     assert sum(runs for runs in _runs_per_job(tmp_path / "farm3").values()) == 1
 
 
+def test_the_largest_model_starts_first(tmp_path: Path) -> None:
+    """Largest first (Luigi priority = input size): the last job left running is a small one."""
+    inputs = tmp_path / "in"
+    small, large = _models(inputs, "add_mul.hlo.pb", "softmax.hlo.pb")
+    assert small.stat().st_size < large.stat().st_size
+    result = ncc("farm", inputs, "--farm-dir", tmp_path / "farm", "--workers", "1")
+    assert result.returncode == 0, result.stderr
+    starts = {}
+    for workdir in (tmp_path / "farm" / "work").iterdir():
+        first = next(event for event in history(workdir) if event["event"] == "job_start")
+        model = next((workdir.parent.parent / "inputs" / workdir.name.split("-")[0]).iterdir())
+        starts[model.name] = first["time"]
+    assert starts["softmax.hlo.pb"] < starts["add_mul.hlo.pb"]
+
+
 def test_bad_farm_command_lines_are_one_line_errors(tmp_path: Path) -> None:
     missing = ncc("farm", tmp_path / "nope.hlo.pb", "--farm-dir", tmp_path / "f")
     assert missing.returncode == 2 and "[U001]" in missing.stderr
