@@ -69,8 +69,9 @@ def program_measures(bir: bir_pb2.Program) -> tuple[int, int, int, bool]:
     flops, fp32 = 0, False
     for instr in bir.instructions:
         if instr.op in ("dma", "dma_gather", "dma_scatter"):
-            side = instr.inputs[0] if instr.inputs[0].memory == common_pb2.HBM else instr.outputs[0]
-            moved += _elements(side) * dtypes.itemsize(side.dtype)
+            hbm = [ap for ap in (instr.inputs[0], instr.outputs[0]) if ap.memory == common_pb2.HBM]
+            if hbm:  # one side counted (an HBM -> HBM copy too); on chip -> on chip moves no HBM bytes
+                moved += _elements(hbm[0]) * dtypes.itemsize(hbm[0].dtype)
         elif instr.op == "matmul":
             stationary, moving = instr.inputs[0], instr.inputs[1]
             k = max(1, stationary.partition_count)

@@ -137,3 +137,30 @@ def test_loads_that_feed_different_results_keep_the_size_rule() -> None:
     ctx = run_passes(program, "split_dma")
     assert ctx.stats["split_dma"]["first_wave_rebalanced"] == 0
     assert sum(1 for i in program.instructions if i.name.startswith("load_")) == 32
+
+
+def test_a_row_broadcast_to_the_partitions_is_read_once_and_spread_on_chip_in_pieces() -> None:
+    """layernorm's gamma and beta ([768], broadcast to [128, 768] tiles): HBM gives one row, an
+    on-chip dma copies it to the 128 partitions, and split_dma cuts that copy like a load."""
+    from ncc.tools.hlo.hlo_reader import load_module
+    from ncc.tools.hlo2penguin.lower import lower_module
+    from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+
+    program = lower_to_bir(lower_module(load_module(str(MODELS / "layernorm.hlo.pb"))))
+    loads = [i for i in program.instructions if i.op == "dma" and i.inputs[0].memory == HBM]
+    assert all(i.inputs[0].dims[0].stride != 0 for i in loads)  # no HBM row is read 128 times
+    spreads = [i for i in program.instructions if i.name.endswith(".broadcast")]
+    assert spreads and all(
+        (i.inputs[0].partition_count, i.inputs[0].dims[0].stride, i.outputs[0].partition_count)
+        == (1, 0, i.inputs[0].dims[0].count)
+        for i in spreads
+    )
+    ctx = run_passes(program, "split_dma," + BACKEND)
+    pieces = [i for i in program.instructions if ".broadcast/part" in i.name]
+    assert len(pieces) > len(spreads) and ctx.stats["split_dma"]["dmas_split"] > 0
+    with np.load(MODELS / "layernorm.io.npz") as data:
+        inputs = {k: data[k] for k in data.files if k.startswith("arg")}
+        expected = data["out0"]
+    result = simulate_program(program, inputs)
+    assert not result.races and not result.deadlock
+    np.testing.assert_allclose(result.outputs["out0"], expected, rtol=1e-5, atol=1e-5)

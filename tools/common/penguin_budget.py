@@ -113,7 +113,8 @@ def _survives(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: di
 
 
 def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
-    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box."""
+    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box (one
+    more for a row broadcast to the partitions: bir_codegen loads the row, then spreads it)."""
     if st.op != "dma":
         return 1
     for access in [*st.inputs, *st.outputs]:
@@ -122,8 +123,16 @@ def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
             continue
         partitions = int(access.extents[-2])
         elements = math.prod(int(e) for e in access.extents)
-        return dma_pieces(partitions, elements * itemsize(tensor.dtype))
+        return dma_pieces(partitions, elements * itemsize(tensor.dtype)) + _row_broadcast(st, tensors)
     return 1
+
+
+def _row_broadcast(st: penguin_pb2.Statement, tensors: dict) -> int:
+    """1 for a load whose HBM view repeats its rows across the partitions (stride 0), else 0."""
+    source = tensors.get(st.inputs[0].tensor) if st.inputs else None
+    if source is None or source.memory != common_pb2.HBM or len(source.view_strides) < 2:
+        return 0
+    return int(source.view_strides[-2] == 0 and int(st.inputs[0].extents[-2]) > 1)
 
 
 def _internal_hbm(name: str, tensors: dict) -> bool:

@@ -106,6 +106,28 @@ class BirCodeGenLoop:
             instr.accumulate = bool(axis) and env[axis] - self._shift(nest, st, axis) != 0
         if st.op == "iota":
             self._iota_scalars(instr, st, outputs[0][1])
+        if st.op == "dma" and _partition_broadcast(instr):
+            self._broadcast_on_chip(instr)
+
+    def _broadcast_on_chip(self, load: bir_pb2.Instruction) -> None:
+        """A load whose HBM rows repeat across the partitions (a [N] vector broadcast to a [P, N]
+        tile) reads the row from HBM once, into one partition, and a second dma copies that
+        partition to all P on chip: HBM moves N elements instead of P x N."""
+        out, src = load.outputs[0], load.inputs[0]
+        row = f"{out.tensor}.row{load.id}"
+        free = math.prod(d.count for d in out.dims)
+        self.bir.buffers.add(name=row, memory=out.memory, partitions=1,
+                             bytes_per_partition=free * itemsize(out.dtype), address=-1)
+        spread = self.bir.instructions.add()
+        spread.CopyFrom(load)
+        spread.id = len(self.bir.instructions) - 1
+        spread.name = load.name + ".broadcast"
+        del spread.inputs[:]
+        spread.inputs.add(memory=out.memory, tensor=row, dtype=out.dtype, partition_count=1,
+                          dims=[bir_pb2.Dim(stride=0, count=out.partition_count), *out.dims])
+        del src.dims[0]
+        del load.outputs[:]
+        load.outputs.add(memory=out.memory, tensor=row, dtype=out.dtype, partition_count=1, dims=out.dims)
 
     @staticmethod
     def _shift(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, axis: str) -> int:
@@ -207,6 +229,13 @@ class BirCodeGenLoop:
             partition_count=extents[-2],
             dims=[bir_pb2.Dim(stride=1, count=extents[-1])],
         )
+
+
+def _partition_broadcast(load: bir_pb2.Instruction) -> bool:
+    """An HBM -> on-chip dma whose HBM side repeats one row for every partition (stride 0)."""
+    src, out = load.inputs[0], load.outputs[0]
+    return (src.memory == common_pb2.HBM and out.memory != common_pb2.HBM and len(src.dims) > 1
+            and src.dims[0].stride == 0 and src.dims[0].count == out.partition_count > 1)
 
 
 @dataclass(frozen=True)

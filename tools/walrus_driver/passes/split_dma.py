@@ -8,7 +8,9 @@ over consecutive partition ranges, each moving at least `min_bytes`, so that ass
 
 A dma is split only when its HBM side's outermost dimension walks the on-chip partitions (the
 form the frontend writes: partition p of the tile is HBM row p); then a piece over partitions
-[a, b) reads HBM rows [a, b): the same dims with offset + a * stride and count b - a. The pieces
+[a, b) reads HBM rows [a, b): the same dims with offset + a * stride and count b - a. An on-chip
+partition broadcast (one partition read P times, stride 0, into P partitions: how the frontend
+spreads a row it loaded once) is split the same way, each piece filling partitions [a, b). The pieces
 keep the original's trigger engine and place in the order. It adds instructions, so it runs before
 anti_dependency_analyzer and assign_hwdge_engine.
 """
@@ -144,26 +146,38 @@ def _parts(instr: bir_pb2.Instruction, options: Options) -> int:
     """How many pieces the size rule cuts `instr` into (1: it stays whole)."""
     if instr.op != "dma" or len(instr.inputs) != 1 or len(instr.outputs) != 1:
         return 1
-    sides = {ap.memory == common_pb2.HBM: ap for ap in (instr.inputs[0], instr.outputs[0])}
-    if set(sides) != {True, False}:
-        return 1  # HBM to HBM or on chip to on chip: no partition walk to split along
-    hbm, onchip = sides[True], sides[False]
-    partitions = onchip.partition_count
-    free = 1
-    for dim in onchip.dims:
-        free *= dim.count
-    rest = 1
-    for dim in hbm.dims[1:]:
-        rest *= dim.count
-    if not hbm.dims or hbm.dims[0].count != partitions or rest != free:
+    if _on_chip_broadcast(instr):  # its one-partition source's dims[0] walks the partitions
+        source, onchip = instr.inputs[0], instr.outputs[0]
+    else:
+        sides = {ap.memory == common_pb2.HBM: ap for ap in (instr.inputs[0], instr.outputs[0])}
+        if set(sides) != {True, False}:
+            return 1  # HBM to HBM or on chip to on chip: no partition walk to split along
+        source, onchip = sides[True], sides[False]
+    partitions, free = onchip.partition_count, _free(onchip)
+    if not source.dims or source.dims[0].count != partitions or _free(source) != partitions * free:
         return 1
     total = partitions * free * itemsize(onchip.dtype)
     return dma_pieces(partitions, total, options.max_parts, options.min_bytes)
 
 
+def _on_chip_broadcast(instr: bir_pb2.Instruction) -> bool:
+    """An on-chip dma that copies one partition (read with stride 0) to every partition of its output."""
+    src, out = instr.inputs[0], instr.outputs[0]
+    return (src.memory != common_pb2.HBM and out.memory != common_pb2.HBM and src.partition_count == 1
+            and len(src.dims) > 1 and src.dims[0].stride == 0 and src.dims[0].count == out.partition_count)
+
+
+def _free(ap: bir_pb2.AccessPattern) -> int:
+    free = 1
+    for dim in ap.dims:
+        free *= dim.count
+    return free
+
+
 def _narrow(ap: bir_pb2.AccessPattern, first: int, last: int) -> None:
-    """Restrict an operand to partitions (rows, on the HBM side) [first, last)."""
-    if ap.memory == common_pb2.HBM:
+    """Restrict an operand to partitions (rows, on the HBM side; repeats, on a broadcast's
+    one-partition source) [first, last)."""
+    if ap.memory == common_pb2.HBM or (ap.partition_count == 1 and ap.dims and ap.dims[0].stride == 0):
         ap.offset += first * ap.dims[0].stride
         ap.dims[0].count = last - first
     else:
