@@ -117,6 +117,28 @@ def test_hbm_element_ranges():
     assert ("spill_rows_0_128", "load_other_rows") not in found
 
 
+def test_column_blocks_of_a_3d_tensor_do_not_wait_for_each_other():
+    """[128, 4, 64] written as four [128, 64] blocks (head h: offset 64 h, row stride 256), as
+    attention writes its heads side by side: disjoint, so no OUTPUT edges between the stores; the
+    tensor is seen in rows of 256, where each block is exact. A read of one block depends on its
+    store only, a read of everything on all four."""
+    b = Bir()
+    b.hbm("heads", [128, 4, 64], role=bir_pb2.INTERNAL)
+    b.buffer("t", 256)
+    b.buffer("back", 1024)
+    for h in range(4):
+        block = hbm_ap("heads", 128, 64, row_stride=256)
+        block.offset = 64 * h
+        b.add("dma", DVE, [block], [tile("t", 128, 64)], name=f"store{h}")
+    b.add("dma", DVE, [tile("back", 128, 64)], [hbm_ap("heads", 128, 64, row_stride=256)], name="read0")
+    b.add("dma", DVE, [tile("back", 128, 256)], [hbm_ap("heads", 128, 256)], name="read_all")
+    found = edges(b.build())
+    stores = [f"store{h}" for h in range(4)]
+    assert not any((a, c) in found for a in stores for c in stores)
+    assert [s for s in stores if (s, "read0") in found] == ["store0"]
+    assert all(found[(s, "read_all")] == "FLOW" for s in stores)
+
+
 def test_address_mode_sees_conflicts_between_buffers_sharing_bytes():
     b = Bir()
     b.hbm("x", [128, 64])

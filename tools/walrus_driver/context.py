@@ -58,6 +58,7 @@ class PassContext:
     _cost_table: CostTable | None = None
     # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
     footprint_cache: dict[int, Any] = field(default_factory=dict)
+    hbm_widths: dict[str, int] | None = None  # the row view of each HBM tensor the cached footprints use
     # How to rebuild a graph made stale by a pass that changed instructions, run only when a later
     # pass asks for it (require_deps) before the analyzer runs again (allocation's spills)
     deps_rebuild: Callable[[], None] | None = None
@@ -158,6 +159,7 @@ class PassContext:
         self.deps_rebuild = None
         self._cost_table = None
         self.footprint_cache = {}
+        self.hbm_widths = None
         self.order_before_schedule = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False

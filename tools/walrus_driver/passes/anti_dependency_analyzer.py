@@ -5,7 +5,8 @@ accesses that are still "active" for each region: SBUF/PSUM boxes are partition 
 range, per virtual buffer before allocation and in the one address space of the memory once every
 buffer of that class has an address (then two buffers that share bytes conflict too). An HBM
 access is a box of columns x rows of its tensor (birutil.hbm_box: exact for tiles, column blocks
-and transposed tiles, so a column tile does not wait for every store of its producer). A read
+and transposed tiles, so a column tile does not wait for every store of its producer), in the
+row width that makes most of the tensor's accesses exact (birutil.hbm_widths). A read
 gets a FLOW edge from every active overlapping write;
 a write gets OUTPUT edges from active overlapping writes and ANTI edges from active overlapping
 reads, and then retires what it covers of every access (an access it overlaps keeps only its parts
@@ -62,7 +63,9 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     options = options or Options()
     program = ctx.program
     buffers = birutil.buffer_map(program)
-    widths = birutil.hbm_widths(program)
+    if ctx.hbm_widths is None:  # one view per tensor for as long as footprints stay cached
+        ctx.hbm_widths = birutil.hbm_widths(program)
+    widths = ctx.hbm_widths
     address = {b.name: b.address for b in program.buffers}
     cache = ctx.footprint_cache
     page_size = {memory: _page_size(options, memory) for memory in (birutil.SBUF, birutil.PSUM, birutil.HBM)}
