@@ -105,12 +105,16 @@ def _stat_signature(packages: list[tuple[str, str]]) -> tuple[str, int]:
     return digest.hexdigest(), newest
 
 
-def _read_memo(path: Path) -> dict:
+def _read_memo(path: Path) -> dict[str, dict]:
+    """tool -> its memo entry, from a memo of this ncc release; {} if there is none usable."""
     try:
         memo = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
-    return memo if isinstance(memo, dict) and memo.get("ncc") == ncc_version() else {}
+    tools = memo.get("tools") if isinstance(memo, dict) and memo.get("ncc") == ncc_version() else None
+    if not isinstance(tools, dict):
+        return {}
+    return {tool: entry for tool, entry in tools.items() if isinstance(entry, dict)}
 
 
 def _hash_sources(tool: str) -> tuple[str, list[tuple[str, str]]]:
@@ -145,22 +149,22 @@ def tool_version(tool: str) -> str:
     """`<ncc version>+<12 hex digits of the tool's source closure>` for tool package `tool`."""
     path = memo_path()
     memo = _read_memo(path)
-    entry = memo.get("tools", {}).get(tool)
-    if isinstance(entry, dict):
+    entry = memo.get(tool)
+    if entry is not None:
         try:
             packages = [(str(dotted), str(directory)) for dotted, directory in entry["packages"]]
-            if _stat_signature(packages)[0] == entry["stat"]:
-                return f"{ncc_version()}+{entry['digest']}"
+            digest = str(entry["digest"])
+            if re.fullmatch(r"[0-9a-f]{12}", digest) and _stat_signature(packages)[0] == entry["stat"]:
+                return f"{ncc_version()}+{digest}"
         except (KeyError, TypeError, ValueError, OSError):
             pass
     source_digest, packages = _hash_sources(tool)
     signature, newest = _stat_signature(packages)
     if newest < time.time_ns() - MEMO_SETTLED_S * 1e9:
-        tools = memo.get("tools", {}) if isinstance(memo.get("tools"), dict) else {}
-        tools[tool] = {"packages": packages, "stat": signature, "digest": source_digest}
+        memo[tool] = {"packages": packages, "stat": signature, "digest": source_digest}
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            data = json.dumps({"ncc": ncc_version(), "tools": tools}, indent=1, sort_keys=True)
+            data = json.dumps({"ncc": ncc_version(), "tools": memo}, indent=1, sort_keys=True)
             write_bytes_atomic(path, data.encode(), durable=False)
         except OSError:
             pass

@@ -94,6 +94,12 @@ def test_an_unusable_memo_only_costs_the_hashing(fake_tool: Path) -> None:
     assert versions.tool_version("fake") == hashed("fake")
     cache.unlink()
     versions.memo_path().parent.mkdir(parents=True)
-    versions.memo_path().write_text("{not json")
+    for damaged in ("{not json", json.dumps({"ncc": versions.ncc_version(), "tools": []})):
+        versions.memo_path().write_text(damaged)
+        forget()
+        assert versions.tool_version("fake") == hashed("fake")
+    memo = json.loads(versions.memo_path().read_text())
+    memo["tools"]["fake"]["digest"] = "not a digest"
+    versions.memo_path().write_text(json.dumps(memo))
     forget()
     assert versions.tool_version("fake") == hashed("fake")
