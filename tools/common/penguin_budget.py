@@ -42,19 +42,22 @@ def instruction_count(program: penguin_pb2.Program) -> tuple[int, int, penguin_p
     """
     total = points = largest_count = 0
     largest = None
+    tensors = {t.name: t for t in program.tensors}
     for nest in program.nests:
         points += math.prod(max(0, int(axis.extent)) for axis in nest.axes)
-        count = nest_instructions(nest)
+        count = nest_instructions(nest, tensors)
         total += count
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
     return total, points, largest, largest_count
 
 
-def nest_instructions(nest: penguin_pb2.LoopNest) -> int:
-    """The BIR instructions one nest unrolls to (instruction_count's term for it)."""
+def nest_instructions(nest: penguin_pb2.LoopNest, tensors: dict) -> int:
+    """The BIR instructions one nest unrolls to (instruction_count's term for it): one per point of
+    each statement, two for a row broadcast (the row's load and its spread over the partitions)."""
     extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-    return sum(_statement_points(nest, st, extents) for st in nest.statements)
+    return sum(_statement_points(nest, st, extents) * (1 + _row_broadcast(st, tensors))
+               for st in nest.statements)
 
 
 def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = False,
@@ -128,11 +131,12 @@ def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
 
 
 def _row_broadcast(st: penguin_pb2.Statement, tensors: dict) -> int:
-    """1 for a load whose HBM view repeats its rows across the partitions (stride 0), else 0."""
+    """1 for a load whose HBM view repeats its rows across the partitions (stride 0), else 0:
+    bir_codegen reads such a row once and spreads it on chip (two instructions)."""
     source = tensors.get(st.inputs[0].tensor) if st.inputs else None
-    if source is None or source.memory != common_pb2.HBM or len(source.view_strides) < 2:
+    if st.op != "dma" or source is None or source.memory != common_pb2.HBM or len(source.view_strides) < 2:
         return 0
-    return int(source.view_strides[-2] == 0 and int(st.inputs[0].extents[-2]) > 1)
+    return int(source.view_strides[-2] == 0)
 
 
 def _internal_hbm(name: str, tensors: dict) -> bool:

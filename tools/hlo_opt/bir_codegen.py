@@ -232,10 +232,11 @@ class BirCodeGenLoop:
 
 
 def _partition_broadcast(load: bir_pb2.Instruction) -> bool:
-    """An HBM -> on-chip dma whose HBM side repeats one row for every partition (stride 0)."""
+    """An HBM -> on-chip dma whose HBM side repeats one row for every partition (stride 0; also
+    for a one-row partial tile, so that the instruction budget counts every such load alike)."""
     src, out = load.inputs[0], load.outputs[0]
     return (src.memory == common_pb2.HBM and out.memory != common_pb2.HBM and len(src.dims) > 1
-            and src.dims[0].stride == 0 and src.dims[0].count == out.partition_count > 1)
+            and src.dims[0].stride == 0 and src.dims[0].count == out.partition_count)
 
 
 @dataclass(frozen=True)
