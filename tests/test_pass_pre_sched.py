@@ -7,8 +7,11 @@ import pytest
 from walrus_builders import HBM, SP, Bir, chain_program, random_program, run_passes, tile
 
 from ncc.schemas import bir_pb2
-from ncc.schemas.common_pb2 import F32
+from ncc.schemas.common_pb2 import ACT as ACT_ENGINE
+from ncc.schemas.common_pb2 import DVE, F32, S32
 from ncc.tools.common.errors import CompileError
+from ncc.tools.walrus_driver.engine_choice import act_equivalent
+from ncc.tools.walrus_driver.pass_manager import default_pipeline
 
 
 def positions(program):
@@ -146,3 +149,63 @@ def test_pressure_falls_back_to_program_order_when_every_choice_grows():
     ctx = run_passes(two_nests(), "anti_dependency_analyzer,pre_sched,allocation")
     assert ctx.stats["pre_sched"]["peak_live_sbuf_bytes"] <= ctx.target.sbuf_usable_bytes
     assert_topological(run_passes(ctx.program, "anti_dependency_analyzer"))
+
+
+def elementwise_tiles(tiles: int = 4, cols: int = 256) -> bir_pb2.Program:
+    """Per tile, DVE work that has an exact ACT form (every tensor_scalar function it has, a
+    square, a copy) and a tensor_tensor add that has none."""
+    b = Bir("elementwise")
+    b.hbm("x", [128 * tiles, cols], index=0)
+    b.hbm("out", [128 * tiles, cols], role=bir_pb2.OUTPUT, index=0)
+    for t in range(tiles):
+        names = [b.buffer(f"{n}{t}", cols * 4) for n in ("x", "m", "a", "s", "r", "q", "c", "z", "o")]
+        x, m, a, s, r, q, c, z, o = names
+        b.load(x, "x", 128, cols, row0=128 * t, name=f"load{t}")
+        b.ts(m, x, 128, cols, scalar=0.37, func="multiply", name=f"mul{t}")
+        b.ts(a, m, 128, cols, scalar=-1.25, func="add", name=f"add{t}")
+        b.ts(s, a, 128, cols, scalar=0.5, func="subtract", name=f"sub{t}")
+        b.ts(r, s, 128, cols, scalar=3.0, func="subtract", name=f"rsub{t}").attributes["reverse"] = "1"
+        b.ts(q, r, 128, cols, scalar=0.0, func="maximum", name=f"relu{t}")
+        b.tt(c, q, q, 128, cols, func="multiply", name=f"square{t}")
+        b.add("tensor_copy", DVE, [tile(z, 128, cols)], [tile(c, 128, cols)], name=f"copy{t}")
+        b.tt(o, z, x, 128, cols, func="add", name=f"sum{t}")
+        b.store("out", o, 128, cols, row0=128 * t, name=f"store{t}")
+    return b.build()
+
+
+def test_dve_work_spreads_onto_act_bit_for_bit():
+    """DVE instructions with an exact ACT form run on whichever engine is free first: some move to
+    ACT as activations, the outputs equal sequential execution of the input bit for bit, and the
+    schedule is faster than with every one on DVE."""
+    passes = ",".join(default_pipeline(2)) + ",bir_sim"
+    spread = elementwise_tiles()
+    ctx = run_passes(spread, passes, verify_each=False)
+    assert ctx.stats["bir_sim"]["races"] == 0 and ctx.stats["bir_sim"]["outputs_compared"] == 1
+    assert ctx.stats["pre_sched"]["moved_to_act"] > 0
+    on_act = {i.name.rstrip("0123456789"): i for i in spread.instructions if i.engine == ACT_ENGINE}
+    assert {"mul", "square"} <= on_act.keys()
+    assert on_act["square"].func == "square" and len(on_act["square"].inputs) == 1
+    assert all(i.op != "tensor_tensor" for i in on_act.values())  # the add has no ACT form
+
+    kept = elementwise_tiles()
+    alone = run_passes(kept, passes.replace("pre_sched", "pre_sched{spread_to_act=false}"), verify_each=False)
+    assert alone.stats["pre_sched"]["moved_to_act"] == 0
+    assert all(i.engine != ACT_ENGINE for i in kept.instructions if i.op != "dma")
+    assert ctx.stats["bir_sim"]["simulated_ns"] < alone.stats["bir_sim"]["simulated_ns"]
+
+
+def test_integer_and_semaphored_instructions_stay_on_dve():
+    b = Bir()
+    b.buffer("a", 256)
+    b.buffer("b", 256)
+    scaled = b.ts("b", "a", 128, 64, scalar=2.0)
+    assert act_equivalent(scaled).op == "activation"
+    integer = b.ts("b", "a", 128, 64, scalar=2.0)
+    integer.inputs[0].dtype = integer.outputs[0].dtype = S32
+    assert act_equivalent(integer) is None
+    divide = b.ts("b", "a", 128, 64, scalar=2.0, func="divide")  # x / s is not x * (1 / s)
+    assert act_equivalent(divide) is None
+    synced = b.ts("b", "a", 128, 64, scalar=2.0)
+    synced.waits.add(semaphore=0, value=1)
+    assert act_equivalent(synced) is None
+    assert act_equivalent(b.tt("b", "a", "b", 128, 64, func="multiply")) is None  # not x * x
