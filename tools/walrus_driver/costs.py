@@ -56,6 +56,11 @@ class CostTable:
             self._costs[instr.id] = cost
         return cost
 
+    def adopt(self, other: CostTable, ids: Iterable[int]) -> None:
+        """Take `other`'s costs of `ids`: instructions rewritten into the form `other` priced."""
+        for instr_id in ids:
+            self._costs[instr_id] = other._costs[instr_id]
+
 
 def _compute_cost(instr: bir_pb2.Instruction, target: Target) -> Cost:
     """engine_ns and ports of a compute instruction, its operands read once (the first lookup of

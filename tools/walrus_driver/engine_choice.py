@@ -22,20 +22,23 @@ DVE = common_pb2.DVE
 def act_equivalent(instr: bir_pb2.Instruction) -> bir_pb2.Instruction | None:
     """A copy of the DVE instruction rewritten to run on ACT with the same result, or None when it
     has none (other ops and functions, integer operands, semaphores already attached)."""
-    if instr.engine != DVE or instr.waits or instr.updates or len(instr.outputs) != 1:
+    op = instr.op
+    if op not in ("tensor_scalar", "tensor_tensor", "tensor_copy") or instr.engine != DVE:
         return None
-    if instr.op == "tensor_copy":
+    if instr.waits or instr.updates or len(instr.outputs) != 1:
+        return None
+    if op == "tensor_copy":
         moved = bir_pb2.Instruction()
         moved.CopyFrom(instr)
         moved.engine = ACT
         return moved
     if not all(dtypes.is_float(ap.dtype) for ap in (*instr.inputs, *instr.outputs)):
         return None
-    if instr.op == "tensor_tensor" and instr.func == "multiply" and len(instr.inputs) == 2:
+    if op == "tensor_tensor" and instr.func == "multiply" and len(instr.inputs) == 2:
         if instr.inputs[0] != instr.inputs[1]:
             return None
         return _activation(instr, "square", (1.0, 0.0))
-    if instr.op != "tensor_scalar" or len(instr.scalars) != 1 or len(instr.inputs) != 1:
+    if op != "tensor_scalar" or len(instr.scalars) != 1 or len(instr.inputs) != 1:
         return None
     scalar = instr.scalars[0]
     reverse = instr.attributes.get("reverse") == "1"

@@ -136,6 +136,7 @@ def run(ctx: PassContext) -> None:
         ctx.fail_needs("anti_dependency_analyzer (the graph does not match the instructions)")
     table = ctx.costs()
     alternatives = {}
+    alternative_costs = costs.CostTable(ctx.target)  # alternatives share their original's id
     if options.spread_to_act:
         for instr in instructions:
             moved = engine_choice.act_equivalent(instr)
@@ -151,7 +152,7 @@ def run(ctx: PassContext) -> None:
     best: _Schedule | None = None
     for fraction in fractions[: max(1, options.tries)]:
         schedule = _list_schedule(
-            ctx, instructions, priority, fraction, options.pressure_window, alternatives
+            ctx, instructions, priority, fraction, options.pressure_window, alternatives, alternative_costs
         )
         if best is None or schedule.makespan < best.makespan:
             best = schedule
@@ -179,6 +180,7 @@ def run(ctx: PassContext) -> None:
             ctx.set_stat("kept_input_order", 1)
     for node in best.moved:  # rewritten for the engine that ran it in the kept schedule
         by_id[node].CopyFrom(alternatives[node])
+    table.adopt(alternative_costs, best.moved)
     new_order = [by_id[node] for node in best.order]
     moved = sum(1 for position, node in enumerate(best.order) if original_index[node] != position)
     ctx.order_before_schedule = [instr.id for instr in instructions]
@@ -221,6 +223,7 @@ def _list_schedule(
     fraction: float,
     window: int,
     alternatives: dict[int, bir_pb2.Instruction],
+    alternative_costs: costs.CostTable,
 ) -> _Schedule:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
     instruction with an entry in `alternatives` waits on its engine and on the alternative's."""
@@ -229,7 +232,6 @@ def _list_schedule(
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
     pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction)
     machine = _Machine.fresh(table, ctx.queue_pools)
-    alternative_costs = costs.CostTable(ctx.target)  # alternatives share their original's id
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
