@@ -28,9 +28,9 @@ def test_queues_spread_by_bytes():
     assert all(d.dma_queue in pools[d.engine] for d in dmas)
 
 
-def test_store_is_triggered_by_its_producer_engine():
+def test_store_can_follow_its_producer_engine():
     program = chain_program(tiles=2)
-    run_passes(program, PIPE)
+    run_passes(program, "anti_dependency_analyzer,assign_hwdge_engine{follow_producer=true}")
     named = by_name(program)
     assert named["store0"].engine == ACT  # exp0 (ACT) produced what it sends
     assert named["load_x0"].engine == SP
@@ -73,9 +73,10 @@ def test_options_restrict_engines():
     assert err.value.code == "E400"
 
 
-def test_follow_producer_can_be_disabled():
+def test_triggers_are_on_sp_and_spread_by_default():
     program = chain_program(tiles=2)
-    run_passes(program, "anti_dependency_analyzer,assign_hwdge_engine{follow_producer=false}")
+    ctx = run_passes(program, PIPE)
+    assert ctx.stats["assign_hwdge_engine"]["triggers_following_producer"] == 0
     named = by_name(program)
     assert named["store0"].engine in (ACT, DVE)  # moved only to spread the issue work
     assert named["load_x0"].engine == SP
@@ -129,8 +130,8 @@ def test_a_store_cut_in_pieces_gets_a_queue_per_piece():
     transfer threads, so some pieces of each would wait for a second round. In a program not bound
     by DMA throughput, every engine's pool is as wide as its widest burst of adjacent dmas when
     others can spare queues (SP's widest burst is 8 pieces: it keeps 10 of 16)."""
-    program = _bursts_program(accumulate=True)
-    ctx = run_passes(program, "split_dma," + PIPE)
+    program = _bursts_program(accumulate=True)  # each store triggered by its producer's engine
+    ctx = run_passes(program, "split_dma,anti_dependency_analyzer,assign_hwdge_engine{follow_producer=true}")
     assert ctx.stats["assign_hwdge_engine"]["dma_bound"] == 0
     for name, engine in (("store_act/", ACT), ("store_dve/", DVE)):
         pieces = [i for i in program.instructions if i.name.startswith(name)]

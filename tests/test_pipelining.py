@@ -403,7 +403,7 @@ def test_the_hlo_frontend_attribute_survives_fusion_and_asks_for_mode_a() -> Non
 
 
 def test_pass_list_options_and_the_command_line_default() -> None:
-    assert pass_list("", 2) == ["fusion", "cse", "dce", "pipeline", "invariant_loads"]
+    assert pass_list("", 2) == ["fusion", "cse", "dce", "retile", "pipeline", "invariant_loads"]
     assert pass_list("", 0) == []
     assert pass_list("pipeline{widen=0,check_order=false},dce", 0) == \
         ["pipeline{widen=0,check_order=false}", "dce"]
@@ -506,4 +506,7 @@ def test_the_annotated_jax_model_pipelines_matches_jax_race_free_and_runs_faster
         with np.load(io) as want, np.load(tmp_path / f"{name}.npz") as got:
             np.testing.assert_allclose(got["out0"], want["out0"], rtol=1e-5, atol=1e-6)
         timings[name] = float(json.loads(report.read_text())["simulated_ns"])
-    assert timings["annotated"] < timings["plain"], timings
+    if optlevel == 0:  # the program order is the schedule: the pipelined order overlaps the stages
+        assert timings["annotated"] < timings["plain"], timings
+    else:  # pre_sched overlaps the plain loop's iterations as well (the same schedule today)
+        assert timings["annotated"] <= timings["plain"], timings

@@ -2,9 +2,10 @@
 
 `fusion` joins producer/consumer nests so intermediates stay in SBUF; `cse` drops loads and
 fills a nest already did; `dce` then drops the stores (and tensors) nobody reads any more;
+`retile` narrows the free tiles of an elementwise nest too short to overlap its engines;
 `pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
 loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
-broadcast bias or norm weight) once. The default list is all five, in that order, at --optlevel 1
+broadcast bias or norm weight) once. The default list is all six, in that order, at --optlevel 1
 and above; -O0 runs none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
 changed, one line on stderr (the Frontend job's log).
@@ -23,19 +24,22 @@ from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
 from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.pipelining import pipeline_loops
+from ncc.tools.hlo_opt.retile import retile_nests
 
 PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,
     "cse": eliminate_common_loads,
     "dce": eliminate_dead_code,
+    "retile": retile_nests,
     "pipeline": pipeline_loops,
     "invariant_loads": hoist_invariant_loads,
 }
 # Each pass's options and their types (a bool is written 0/1 or false/true).
 OPTIONS: dict[str, dict[str, type]] = {
     "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
+    "retile": {"min_tiles": int, "min_width": int},
 }
-DEFAULT_PASSES = ("fusion", "cse", "dce", "pipeline", "invariant_loads")
+DEFAULT_PASSES = ("fusion", "cse", "dce", "retile", "pipeline", "invariant_loads")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

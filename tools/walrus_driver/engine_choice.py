@@ -1,4 +1,10 @@
-"""Which compute instructions have an exact equivalent on ACT, and that equivalent.
+"""The other engines an instruction may run on, and its form there.
+
+A dma's trigger engine only issues it: any engine that assign_hwdge_engine gave a pool of queues
+can trigger a store instead (`trigger_alternatives`), and pre_sched picks the one whose issue lets
+the transfer finish first. An indirect dma stays on POOL, whose software DGE writes its descriptors.
+
+Compute: which DVE instructions have an exact equivalent on ACT (`act_equivalent`).
 
 The frontend puts every elementwise instruction on DVE. ACT computes func(in·scale + bias) in
 fp32 (docs/ir.md), so these DVE instructions give bit for bit the same result there:
@@ -14,9 +20,27 @@ from __future__ import annotations
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
+from ncc.tools.walrus_driver import birutil
 
 ACT = common_pb2.ACT
 DVE = common_pb2.DVE
+HWDGE_ENGINES = frozenset({common_pb2.SP, ACT, DVE})  # the engines with a hardware DMA trigger
+
+
+def trigger_alternatives(dma: bir_pb2.Instruction, engines: list[int]) -> list[bir_pb2.Instruction]:
+    """Copies of a hardware store triggered by each of `engines` other than its own. Loads keep
+    their engine: most are ready at the start, where the first free engine is a compute engine
+    that their issue would then delay (offering loads too took cnn_train from 123 to 146 µs)."""
+    if dma.op != "dma" or dma.waits or dma.updates or birutil.dma_direction(dma) != "store":
+        return []
+    forms = []
+    for engine in engines:
+        if engine != dma.engine:
+            form = bir_pb2.Instruction()
+            form.CopyFrom(dma)
+            form.engine = engine
+            forms.append(form)
+    return forms
 
 
 def act_equivalent(instr: bir_pb2.Instruction) -> bir_pb2.Instruction | None:

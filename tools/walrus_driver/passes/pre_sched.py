@@ -10,11 +10,15 @@ predecessors); the engine's next instruction is the ready one of highest priorit
 that can start when the engine is free, else the one that can start soonest, and the engine whose
 choice starts first is scheduled. Priority is the critical path to the end of the program.
 
-Engine choice (`spread_to_act`): a DVE instruction with an exact ACT equivalent
-(engine_choice.py: tensor_scalar by a float scalar, tensor_copy) waits in both engines' lists;
-the engine that takes it first runs it, and it is rewritten for that engine if the schedule is
-kept. Elementwise chains put nearly all their work on DVE; this lets ACT, idle between
-activations, share it (gelu: DVE was busy 23.7 of 28.6 µs, ACT 1.5).
+Engine choice. An instruction that another engine can run as well waits in every such engine's
+ready list; when one of them takes it, it runs on the engine that finishes it first (earliest
+finish time, as HEFT assigns processors), and it is rewritten for that engine if the schedule is
+kept (engine_choice.py):
+  * `spread_to_act`: a DVE instruction with an exact ACT form (tensor_scalar by a float scalar,
+    x·x, tensor_copy). Elementwise chains put nearly all their work on DVE; this lets ACT, idle
+    between activations, share it (gelu: DVE was busy 23.7 of 28.6 µs, ACT 1.5).
+  * `choose_triggers`: a store may be triggered by any engine that has a queue pool (SP and the
+    engine assign_hwdge_engine spread stores to); finish is then the transfer's end.
 
 Live-bytes pressure: when the chosen instruction would make the live SBUF (or PSUM) bytes per
 partition exceed `pressure_fraction` of the memory (its buffers count as live while it runs), the
@@ -52,6 +56,7 @@ class Options:
     pressure_window: int = 32  # ready instructions per engine examined under pressure
     tries: int = 1  # schedules made under different pressure limits; the fastest is kept
     spread_to_act: bool = True  # DVE instructions with an exact ACT form may run on ACT
+    choose_triggers: bool = True  # a dma may be triggered by any engine with a queue pool
 
 
 EXTRA_FRACTIONS = (0.9, 0.65, 0.5)  # the other pressure limits that tries > 1 schedules under
@@ -91,6 +96,18 @@ class _Machine:
         for port in (table or self.table)(instr).ports:
             start = max(start, self.port_free[port])
         return start
+
+    def finish_time(
+        self, instr: bir_pb2.Instruction, earliest: float, table: costs.CostTable | None = None
+    ) -> float:
+        """When `instr` would complete if placed now (a dma: its transfer, on the queue of its
+        pool that frees first), without placing it."""
+        cost = (table or self.table)(instr)
+        issue_end = self.start_time(instr, earliest, table) + cost.engine_ns
+        if not is_dma(instr.op):
+            return issue_end
+        free = self.queue_free
+        return max(issue_end, min(free[q] for q in self.pools[instr.engine])) + cost.transfer_ns
 
     def place(self, instr: bir_pb2.Instruction, start: float, table: costs.CostTable | None = None) -> float:
         """Occupy the resources from `start`; returns the completion time."""
@@ -135,13 +152,18 @@ def run(ctx: PassContext) -> None:
     if set(by_id) != set(deps.nodes):
         ctx.fail_needs("anti_dependency_analyzer (the graph does not match the instructions)")
     table = ctx.costs()
-    alternatives = {}
+    alternatives: dict[int, list[bir_pb2.Instruction]] = {}
     alternative_costs = costs.CostTable(ctx.target)  # alternatives share their original's id
-    if options.spread_to_act:
-        for instr in instructions:
-            moved = engine_choice.act_equivalent(instr)
-            if moved is not None:
-                alternatives[instr.id] = moved
+    triggers = []
+    if options.choose_triggers and ctx.queues_assigned and ctx.queue_pools:
+        triggers = sorted(e for e in ctx.queue_pools if e in engine_choice.HWDGE_ENGINES)
+    for instr in instructions:
+        forms = engine_choice.trigger_alternatives(instr, triggers) if triggers and is_dma(instr.op) else []
+        if options.spread_to_act:
+            act = engine_choice.act_equivalent(instr)
+            forms += [act] if act is not None else []
+        if forms:
+            alternatives[instr.id] = forms
     priority: dict[int, float] = {}
     for node in reversed(deps.topological_order()):
         own = table(by_id[node]).latency_ns
@@ -175,12 +197,12 @@ def run(ctx: PassContext) -> None:
                 pressure,
                 best.fraction,
                 unchanged.queue_of,
-                moved=[],
+                chosen={},
             )
             ctx.set_stat("kept_input_order", 1)
-    for node in best.moved:  # rewritten for the engine that ran it in the kept schedule
-        by_id[node].CopyFrom(alternatives[node])
-    table.adopt(alternative_costs, best.moved)
+    for node, form in best.chosen.items():  # rewritten for the engine that ran it in the kept schedule
+        by_id[node].CopyFrom(form)
+    table.adopt(alternative_costs, best.chosen)
     new_order = [by_id[node] for node in best.order]
     moved = sum(1 for position, node in enumerate(best.order) if original_index[node] != position)
     ctx.order_before_schedule = [instr.id for instr in instructions]
@@ -197,7 +219,8 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("schedules_tried", min(len(fractions), max(1, options.tries)))
     ctx.set_stat("pressure_fraction_kept", best.fraction)
     ctx.set_stat("pressured_picks", best.pressured_picks)
-    ctx.set_stat("moved_to_act", len(best.moved))
+    ctx.set_stat("moved_to_act", sum(1 for form in best.chosen.values() if not is_dma(form.op)))
+    ctx.set_stat("triggers_moved", sum(1 for form in best.chosen.values() if is_dma(form.op)))
     ctx.set_stat("peak_live_sbuf_bytes", best.pressure.peak[birutil.SBUF])
     ctx.set_stat("peak_live_psum_bytes", best.pressure.peak[birutil.PSUM])
     ctx.set_stat("est_makespan_before_ns", round(makespan_before, 1))
@@ -213,7 +236,7 @@ class _Schedule:
     pressure: _Pressure
     fraction: float
     queue_of: dict[int, int]  # dma id -> the queue it was planned on
-    moved: list[int]  # ids of instructions placed on the engine of their alternative
+    chosen: dict[int, bir_pb2.Instruction]  # id -> the alternative form it was placed in
 
 
 def _list_schedule(
@@ -222,11 +245,11 @@ def _list_schedule(
     priority: dict[int, float],
     fraction: float,
     window: int,
-    alternatives: dict[int, bir_pb2.Instruction],
+    alternatives: dict[int, list[bir_pb2.Instruction]],
     alternative_costs: costs.CostTable,
 ) -> _Schedule:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
-    instruction with an entry in `alternatives` waits on its engine and on the alternative's."""
+    instruction with entries in `alternatives` waits on its engine and on theirs."""
     deps, table = ctx.require_deps(), ctx.costs()
     by_id = {instr.id: instr for instr in instructions}
     original_index = {instr.id: position for position, instr in enumerate(instructions)}
@@ -242,14 +265,14 @@ def _list_schedule(
     def push(node: int) -> None:
         entry = (earliest[node], -priority[node], original_index[node], node)
         heapq.heappush(waiting[by_id[node].engine], entry)
-        if node in alternatives:
-            heapq.heappush(waiting[alternatives[node].engine], entry)
+        for form in alternatives.get(node, ()):
+            heapq.heappush(waiting[form.engine], entry)
 
     for node in sorted((n for n, d in indegree.items() if d == 0), key=original_index.__getitem__):
         push(node)
 
     order: list[int] = []
-    moved: list[int] = []
+    chosen: dict[int, bir_pb2.Instruction] = {}
     pressured_picks = 0
     makespan = 0.0
     while len(order) < len(instructions):
@@ -278,9 +301,14 @@ def _list_schedule(
                 node, engine = better
                 pressured_picks += 1
         instr, prices = by_id[node], None
-        if engine != instr.engine:
-            instr, prices = alternatives[node], alternative_costs
-            moved.append(node)
+        if node in alternatives:  # of its engines, the one that finishes it first
+            best_finish = machine.finish_time(instr, earliest[node])
+            for form in alternatives[node]:
+                finish = machine.finish_time(form, earliest[node], alternative_costs)
+                if finish < best_finish:
+                    best_finish, instr, prices = finish, form, alternative_costs
+            if prices is not None:
+                chosen[node] = instr
         start = machine.start_time(instr, earliest[node], prices)
         finish = machine.place(instr, start, prices)
         makespan = max(makespan, finish)
@@ -292,7 +320,7 @@ def _list_schedule(
             indegree[succ] -= 1
             if indegree[succ] == 0:
                 push(succ)
-    return _Schedule(order, makespan, pressured_picks, pressure, fraction, machine.queue_of, moved)
+    return _Schedule(order, makespan, pressured_picks, pressure, fraction, machine.queue_of, chosen)
 
 
 def _first(heap: list[tuple], count: int, taken: set[int], node_at: int) -> list[tuple]:
