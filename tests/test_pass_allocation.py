@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from walrus_builders import PSUM, SBUF, Bir, chain_program, random_program, run_passes
+from walrus_builders import ACT, PSUM, SBUF, SP, Bir, chain_program, random_program, run_passes
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
@@ -177,6 +177,11 @@ def test_psum_overflow_after_scheduling_falls_back_to_program_order():
         ctx.program.instructions, key=lambda i: (i.op != "dma", i.op != "matmul", i.accumulate)
     )
     ctx.order_before_schedule = [i.id for i in ctx.program.instructions]
+    load = next(i for i in interleaved if i.op == "dma")
+    before = bir_pb2.Instruction()
+    before.CopyFrom(load)
+    ctx.triggers_before_schedule = {load.id: before}  # as if pre_sched had moved its trigger
+    load.engine = ACT
     del ctx.program.instructions[:]
     ctx.program.instructions.extend(interleaved)
     from ncc.tools.walrus_driver.pass_manager import Instruments, PassManager
@@ -184,6 +189,7 @@ def test_psum_overflow_after_scheduling_falls_back_to_program_order():
     PassManager("allocation", Instruments()).run(ctx)
     assert ctx.stats["allocation"]["psum_fallback_to_program_order"] == 1
     assert [i.id for i in ctx.program.instructions] == [i.id for i in program.instructions]
+    assert next(i for i in ctx.program.instructions if i.op == "dma").engine == SP  # its trigger too
 
 
 def test_psum_out_of_memory():

@@ -54,6 +54,9 @@ class PassContext:
     current_label: str = ""
     options: Any = None
     order_before_schedule: list[int] | None = None  # instruction ids in the order pre_sched received
+    # dmas pre_sched moved to another trigger engine, as they were: going back to the order above
+    # puts them back too (a store waiting for its data on SP would hold up the loads behind it).
+    triggers_before_schedule: dict[int, Any] | None = None
     queue_pools: dict[int, list[int]] | None = None  # trigger engine -> its DMA queues (assign_hwdge_engine)
     _cost_table: CostTable | None = None
     # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
@@ -160,7 +163,7 @@ class PassContext:
         self._cost_table = None
         self.footprint_cache = {}
         self.hbm_widths = None
-        self.order_before_schedule = None
+        self.order_before_schedule = self.triggers_before_schedule = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False
         self.codegen_done = False

@@ -176,7 +176,8 @@ def _allocate_psum(ctx: PassContext, options: Options, layout: _Layout) -> None:
 
 
 def _restore_order_before_schedule(ctx: PassContext) -> bool:
-    """Put the instructions back in the order pre_sched received; False if there is none to go back to."""
+    """Put the instructions back in the order pre_sched received, and the stores it moved to other
+    trigger engines back on theirs; False if there is no order to go back to."""
     saved = ctx.order_before_schedule
     program = ctx.program
     if not saved or len(saved) != len(program.instructions):
@@ -185,7 +186,9 @@ def _restore_order_before_schedule(ctx: PassContext) -> bool:
     if [instr.id for instr in program.instructions] == saved or set(by_id) != set(saved):
         return False
     birutil.set_order(program, [by_id[node] for node in saved])
-    ctx.order_before_schedule = None
+    for node, instr in (ctx.triggers_before_schedule or {}).items():
+        by_id[node].CopyFrom(instr)
+    ctx.order_before_schedule = ctx.triggers_before_schedule = None
     ctx.order_changed()
     return True
 
