@@ -12,8 +12,9 @@ fp32 (docs/ir.md), so these DVE instructions give bit for bit the same result th
     x·1 + s = x + s, x + (−s) = x − s and (−1)·x + s = s − x are exact in IEEE arithmetic (up to
     the sign of a zero result, which compares equal); maximum with 0 is relu;
   * tensor_tensor multiplying an operand by itself is square (x·x);
-  * tensor_copy is allowed on ACT as it is. pre_sched offers such an instruction to both engines and keeps the
-one that runs it first, so elementwise work that would queue on DVE spreads onto ACT.
+  * tensor_copy is allowed on ACT as it is.
+pre_sched offers such an instruction to both engines and keeps the one that finishes it first,
+so elementwise work that would queue on DVE spreads onto ACT.
 """
 
 from __future__ import annotations
