@@ -211,3 +211,26 @@ def test_racy_pipeline_reports_each_pair_once() -> None:
     pairs = [(r.first, r.second) for r in result.races]
     assert len(pairs) == len(set(pairs)) > 0
     assert all("exp" in first + second and "out" in first + second for first, second in pairs)
+
+
+def test_two_engines_transfers_on_one_queue_are_not_ordered_by_its_fifo() -> None:
+    """A store issued by ACT without waiting for the DVE result it sends goes onto queue 0 ahead of
+    SP's load, which DVE waits for before it computes that result: the queue's FIFO happened to
+    put the read before the write, but which engine's transfer goes first is the run's choice, not
+    a synchronization. The store read stale data; it is reported as a race."""
+    b = ProgramBuilder("fifo")
+    b.hbm("x", [128, 64], index=0)
+    b.hbm("w", [128, 64], index=1)
+    b.hbm("out", [128, 64], role=bir_pb2.OUTPUT, index=0)
+    for name in ("sw", "sx", "acc"):
+        b.buffer(name, 256)
+    b.add("dma", SP, [onchip("sw", 128, 64)], [hbm_2d("w", 128, 64)], name="load_w", queue=1)
+    b.add("dma", SP, [onchip("sx", 128, 64)], [hbm_2d("x", 128, 64)], name="load_x", queue=0,
+          updates=[update(0)])
+    b.add("tensor_scalar", DVE, [onchip("acc", 128, 64)], [onchip("sx", 128, 64)], name="scale",
+          func="multiply", scalars=[2.0], waits=[wait(0, 1)])
+    b.add("dma", ACT, [hbm_2d("out", 128, 64)], [onchip("acc", 128, 64)], name="store", queue=0)
+    data = {"arg0": np.ones((128, 64), np.float32), "arg1": np.ones((128, 64), np.float32)}
+    result = simulate_program(b.build(), data)
+    pairs = {(r.first.split()[0], r.second.split()[0]) for r in result.races}
+    assert ("'store'", "'scale'") in pairs

@@ -17,7 +17,11 @@ and deadlock.py explains why. The loop always ends: each instruction starts once
 is processed once.
 
 Happens-before is tracked alongside (hb.py) when race checking is on: one thread per engine and
-per queue, clocks ticked as instructions start and transfers are queued.
+per (queue, trigger engine) pair, clocks ticked as instructions start and transfers are queued.
+A queue moves its transfers in FIFO order, but transfers that different engines issue onto one
+queue interleave in an order only the run decides, so that order is no synchronization (as in
+the compiler's model, docs/ir.md): a store issued too early that happens to go ahead of a load
+on the same queue is a race, not an ordering.
 
 A `ScheduleRecorder` (trace.py), when given, is told when each instruction's waits held, when it
 started and ended and when each transfer moved; without one the loop records nothing. An
@@ -90,7 +94,12 @@ class Simulator:
         self.observer = observer
         engine_ids = list(ENGINES.values())
         self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
-        self.queue_thread = {q: len(engine_ids) + q for q in range(target.dma_queues)}
+        # the happens-before thread of each (queue, trigger engine)'s transfers
+        self.transfer_thread = {
+            (q, e.engine): len(engine_ids) * (1 + q) + e.thread
+            for q in range(target.dma_queues)
+            for e in self.engines
+        }
         self.queue_free_ns = [0.0] * target.dma_queues
         self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
         self.queue_busy_ns = [0.0] * target.dma_queues
@@ -101,7 +110,7 @@ class Simulator:
         self.sequence = itertools.count()
         self.now = 0.0
         self.started = 0
-        threads = len(engine_ids) + target.dma_queues
+        threads = len(engine_ids) * (1 + target.dma_queues)
         self.clocks = VectorClocks(threads) if check_races else None
         self.sem_log = SemaphoreLog(num_semaphores) if check_races else None
         self.races = RaceDetector(self._frontier) if check_races else None
@@ -181,7 +190,7 @@ class Simulator:
             engine, op, clock = payload
             transfer_clock = None
             if self.clocks is not None:
-                thread = self.queue_thread[op.queue]
+                thread = self.transfer_thread[op.queue, engine.engine]
                 transfer_clock = self.clocks.tick(thread, [clock])
                 self._record(thread, transfer_clock, op, op.transfer_label)
             engine.running = None
