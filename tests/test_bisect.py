@@ -95,8 +95,8 @@ def test_max_to_add_rewrites_the_first_maximum_after_its_pass(monkeypatch: pytes
     program = max_chain_program()
     ctx, log = _compile_as_tool(program, ",".join(WALRUS_O2))
     assert "fault injected after pass pre_sched: max_to_add: maximum -> add in %" in log
-    assert log.index("pass pre_sched (5 of 11) started") < log.index("fault injected")
-    assert log.index("fault injected") < log.index("pass allocation (6 of 11) started")
+    assert log.index("pass pre_sched (5 of 12) started") < log.index("fault injected")
+    assert log.index("fault injected") < log.index("pass allocation (6 of 12) started")
     first = next(i for i in ctx.input_program.instructions if i.func == "maximum").name
     assert {i.func for i in _everywhere(program, first)} == {"add"}  # list and stream alike
     assert {i.func for i in program.instructions if i.name != first and i.op == "tensor_tensor"} == {
@@ -248,10 +248,10 @@ def test_a_planted_max_to_add_is_located_at_exactly_its_pass(tmp_path: Path) -> 
     assert result.returncode == 5 and "Traceback" not in result.stderr, result.stderr
     text = result.stdout
     assert (
-        "ncc bisect: the result stops matching after pass pre_sched (WalrusDriver pass 5 of 11; "
-        "pass 11 of 17 in all)" in text
+        "ncc bisect: the result stops matching after pass pre_sched (WalrusDriver pass 5 of 12; "
+        "pass 11 of 18 in all)" in text
     ), text
-    assert "before it: matches, state 10: after assign_hwdge_engine (WalrusDriver pass 4 of 11)" in text
+    assert "before it: matches, state 10: after assign_hwdge_engine (WalrusDriver pass 4 of 12)" in text
     assert "after it:  differs: [E412] bir_sim: output out0 differs from the expected values" in text
     assert "first differing instruction (its result differs from the one it had before the pass):" in text
     marked = [line.strip() for line in text.splitlines() if line.strip().startswith("> ")]
@@ -315,7 +315,7 @@ def test_a_clean_compile_bisects_to_nothing(softmax_workdir: Path, tmp_path: Pat
     result = ncc("bisect", workdir)
     assert result.returncode == 0, result.stderr
     assert (
-        "ncc bisect: nothing differs: the program matches the golden outputs after each of the 17 passes"
+        "ncc bisect: nothing differs: the program matches the golden outputs after each of the 18 passes"
         in result.stdout
     )
     assert "state  0 before any pass" in result.stdout and "state 17 after codegen" in result.stdout

@@ -19,7 +19,7 @@ from ncc.tools.walrus_driver.passes.bir_sim import random_inputs
 BEFORE = (
     "anti_dependency_analyzer,dep_reduction,pre_sched,allocation,assign_hwdge_engine,anti_dependency_analyzer"
 )
-PIPE = BEFORE + ",alloc_semaphores"
+PIPE = BEFORE + ",alloc_semaphores,sync_dve_pool"
 
 
 def simulate(program: bir_pb2.Program):

@@ -231,6 +231,9 @@ def test_iota_select_tensor_scalar_and_bf16_copy() -> None:
     b.add(
         "iota", POOL, [onchip("iota", 128, 16, S32)], [], name="iota", scalars=[0, 16, 1], updates=[update(1)]
     )
+    # DVE waits for POOL's iota on a drain: waiting on "mask" itself would hold the SBUF port
+    # that the iota needs (the port is claimed at dispatch)
+    b.add("drain", DVE, [], [], name="mask.drain", waits=[wait(1, 1)])
     b.add(
         "tensor_scalar",
         DVE,
@@ -239,7 +242,6 @@ def test_iota_select_tensor_scalar_and_bf16_copy() -> None:
         name="mask",
         func="ge",
         scalars=[1000],
-        waits=[wait(1, 1)],
         updates=[update(2)],
     )
     b.add(
@@ -253,13 +255,14 @@ def test_iota_select_tensor_scalar_and_bf16_copy() -> None:
         attributes={"reverse": "1"},
         updates=[update(2)],
     )
+    b.add("drain", POOL, [], [], name="select.drain", waits=[wait(2, 2)])  # DVE's work needs the port
     b.add(
         "select",
         POOL,
         [onchip("sel_sb", 128, 16)],
         [onchip("mask", 128, 16), onchip("sx", 128, 16), onchip("iota", 128, 16, S32)],
         name="select",
-        waits=[wait(0, 1), wait(2, 2)],
+        waits=[wait(0, 1)],
         updates=[update(3)],
     )
     b.add(

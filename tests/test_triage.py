@@ -134,7 +134,7 @@ def test_a_planted_crash_in_a_farm_is_one_bucket_of_exactly_the_affected_models(
     text = ncc("triage", farm)
     assert text.returncode == 0, text.stderr
     assert "5 compiles, 3 failed, 2 buckets" in text.stdout
-    assert "bucket 1: 2 failures" in text.stdout and "pass        allocation (6 of 11)" in text.stdout
+    assert "bucket 1: 2 failures" in text.stdout and "pass        allocation (6 of 12)" in text.stdout
 
     # The representative, bundled, replays from an empty folder with the farm gone.
     bundle = tmp_path / "repro.tar.gz"

@@ -1,7 +1,8 @@
 """Deadlock diagnosis: when nothing can fire but streams are unfinished, say why.
 
 Builds the wait-for graph (a blocked engine → every engine whose not-yet-run instructions would
-update a semaphore it waits on) and reports a cycle in it, naming the engines, the instructions,
+update a semaphore it waits on, and → the engine holding a shared port it needs) and reports a
+cycle in it, naming the engines, the instructions,
 the semaphores with their awaited values and current counts. Without a cycle, it names the
 waits that can never hold because no remaining instruction updates the semaphore enough.
 """
@@ -25,6 +26,17 @@ class BlockedWait:
 
 
 @dataclass(frozen=True)
+class BlockedPort:
+    """An unfinished engine whose next instruction needs a port another engine's waiting head holds."""
+
+    engine: str
+    instruction: str
+    port: str
+    holder: str  # the engine holding the port
+    holder_instruction: str
+
+
+@dataclass(frozen=True)
 class PendingUpdate:
     """A not-yet-run instruction that would update a semaphore."""
 
@@ -34,7 +46,9 @@ class PendingUpdate:
     increment: int
 
 
-def describe_deadlock(blocked: list[BlockedWait], pending: list[PendingUpdate]) -> str:
+def describe_deadlock(
+    blocked: list[BlockedWait], pending: list[PendingUpdate], ports: list[BlockedPort] = ()
+) -> str:
     """One paragraph naming the wait cycle, or the waits that nothing remaining can satisfy."""
     graph = nx.MultiDiGraph()
     for wait in blocked:
@@ -42,6 +56,8 @@ def describe_deadlock(blocked: list[BlockedWait], pending: list[PendingUpdate]) 
         for update in pending:
             if update.semaphore == wait.semaphore and update.increment > 0:
                 graph.add_edge(wait.engine, update.engine, wait=wait, update=update)
+    for port in ports:
+        graph.add_edge(port.engine, port.holder, port=port)
     try:
         cycle = nx.find_cycle(graph)
     except nx.NetworkXNoCycle:
@@ -51,6 +67,13 @@ def describe_deadlock(blocked: list[BlockedWait], pending: list[PendingUpdate]) 
         steps = []
         for source, target, key in cycle:
             data = graph.get_edge_data(source, target, key)
+            if "port" in data:
+                port = data["port"]
+                steps.append(
+                    f"{source} {port.instruction!r} needs the {port.port}, which {target} "
+                    f"{port.holder_instruction!r} holds while it waits"
+                )
+                continue
             wait, update = data["wait"], data["update"]
             steps.append(
                 f"{source} {wait.instruction!r} waits for semaphore {wait.semaphore} >= {wait.value} "

@@ -46,6 +46,7 @@ SPECS: dict[str, OpSpec] = {
     "iota": OpSpec(frozenset({common_pb2.POOL}), 0, 1),
     "select": OpSpec(frozenset({common_pb2.POOL, common_pb2.DVE}), 3, 1),
     "nop": OpSpec(ALL_ENGINES, 0, 0),
+    "drain": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 0, 0),  # a wait that holds no port
     "sem_reset": OpSpec(frozenset({common_pb2.SP}), 0, 0),  # the simulator zeroes every semaphore
 }
 
@@ -394,6 +395,7 @@ def _select(op: Op) -> None:
 
 _EXECUTE: dict[str, Callable[[Op], None]] = {
     "nop": _nop,
+    "drain": _nop,
     "sem_reset": _nop,  # no data: its effect is on the semaphores (simulator.py)
     "dma": _dma,
     "dma_gather": _dma_gather,

@@ -11,6 +11,11 @@ no earlier than its reservation, so 16 busy queues move at most hbm_bandwidth_gb
 A `sem_reset` (SP) sets every semaphore to 0 when it completes; `initial_counts` lets a run start
 from where the previous inference left the semaphores (the runtime does not touch them between
 inferences), and `Outcome.final_counts` says where this one left them.
+The SBUF port that DVE and POOL share is claimed at dispatch (tools/target/costs.py): as soon as
+the engine is free and the head instruction needs the port and finds it unclaimed and idle, the
+instruction holds it, and only then waits for its semaphores; it lets go when it completes. A
+POOL instruction that holds the port while waiting for DVE work that needs the port deadlocks,
+and the diagnosis names the port.
 Events at one timestamp are all processed (in the order they were created) before anything new
 starts. When no event is pending and streams are unfinished the run is deadlocked
 and deadlock.py explains why. The loop always ends: each instruction starts once and each event
@@ -39,11 +44,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.tools.sim import semantics
-from ncc.tools.sim.deadlock import BlockedWait, PendingUpdate, describe_deadlock
+from ncc.tools.sim.deadlock import BlockedPort, BlockedWait, PendingUpdate, describe_deadlock
 from ncc.tools.sim.hb import Race, RaceDetector, SemaphoreLog, VectorClocks
 from ncc.tools.sim.instruction import Op, engine_name, queue_name
 from ncc.tools.sim.trace import ScheduleRecorder
 from ncc.tools.target import ENGINES, Target
+from ncc.tools.target.costs import DISPATCH_CLAIMED_PORTS
 
 _COMPLETE, _TRIGGERED, _TRANSFERRED = "complete", "triggered", "transferred"
 
@@ -106,6 +112,7 @@ class Simulator:
         self.queue_used = [False] * target.dma_queues
         self.counts = list(initial_counts) if initial_counts is not None else [0] * num_semaphores
         self.port_free_ns: dict[str, float] = {}
+        self.port_claims: dict[str, _Engine] = {}  # DISPATCH_CLAIMED_PORTS held by a waiting head
         self.events: list[tuple[float, int, str, object]] = []
         self.sequence = itertools.count()
         self.now = 0.0
@@ -154,6 +161,8 @@ class Simulator:
             if engine.running is not None or engine.pc >= len(engine.ops):
                 continue
             op = engine.ops[engine.pc]
+            if not self._claim_at_dispatch(engine, op):
+                continue
             if any(self.counts[s] < v for s, v in op.waits):
                 continue
             if self.recorder is not None:
@@ -161,6 +170,19 @@ class Simulator:
             if any(self.port_free_ns.get(p, 0.0) > self.now for p in op.ports):
                 continue
             self._start(engine, op)
+
+    def _claim_at_dispatch(self, engine: _Engine, op: Op) -> bool:
+        """Claim the dispatch-arbitrated ports `op` needs; False while another engine has one."""
+        wanted = [p for p in op.ports if p in DISPATCH_CLAIMED_PORTS]
+        for port in wanted:
+            holder = self.port_claims.get(port)
+            if holder is not None and holder is not engine:
+                return False
+            if holder is None and self.port_free_ns.get(port, 0.0) > self.now:
+                return False
+        for port in wanted:
+            self.port_claims[port] = engine
+        return True
 
     def _start(self, engine: _Engine, op: Op) -> None:
         engine.pc += 1
@@ -186,6 +208,9 @@ class Simulator:
             self._execute(op)
             self._update(op, clock)
             engine.running = None
+            for port in op.ports:
+                if self.port_claims.get(port) is engine:
+                    del self.port_claims[port]
         elif kind == _TRIGGERED:
             engine, op, clock = payload
             transfer_clock = None
@@ -244,15 +269,21 @@ class Simulator:
     def _deadlock(self) -> str:
         blocked: list[BlockedWait] = []
         pending: list[PendingUpdate] = []
+        ports: list[BlockedPort] = []
         for engine in self.engines:
             if engine.pc >= len(engine.ops):
                 continue
             head = engine.ops[engine.pc]
             name = engine_name(engine.engine)
+            for port in head.ports:
+                holder = self.port_claims.get(port)
+                if holder is not None and holder is not engine:
+                    held_by = holder.ops[holder.pc]
+                    ports.append(BlockedPort(name, head.name, port, engine_name(holder.engine), held_by.name))
             for semaphore, value in head.waits:
                 if self.counts[semaphore] < value:
                     blocked.append(BlockedWait(name, head.name, semaphore, value, self.counts[semaphore]))
             for op in engine.ops[engine.pc :]:
                 for semaphore, increment in op.updates:
                     pending.append(PendingUpdate(name, op.name, semaphore, increment))
-        return describe_deadlock(blocked, pending)
+        return describe_deadlock(blocked, pending, ports)

@@ -8,13 +8,17 @@ free elements per partition, access = onchip_access_cycles:
   matmul      max(N_moving, matmul_min_cycles) x fp32_matmul_factor (if an input is fp32) + access
   ACT         N x act_cycles_per_element + access
   DVE / POOL  max(1, #inputs) x N x {dve,pool}_cycles_per_element + access (+ pool_start_cycles on POOL)
-  nop         nop_cycles (sem_reset too)
+  nop         nop_cycles (sem_reset and drain too)
   dma         dma_issue_cycles on the trigger engine; the transfer then occupies its queue for
               Target.dma_ns(bytes) = dma_fixed_latency_ns + bytes / dma_queue_bandwidth_gbps
 
 Per-element keys default to 1 cycle when the target omits them. Structural hazards (DESIGN.md):
 DVE and POOL share the SBUF port, DVE and ACT the PSUM port; an instruction holds each port it
-needs for its whole duration.
+needs for its whole duration. The SBUF port is arbitrated when an instruction is dispatched (its
+engine is free and it is next in the stream), before its semaphore waits are checked: it holds
+the port while it waits (DISPATCH_CLAIMED_PORTS). A DVE or POOL instruction that waits, even
+through other engines, for the other one's work still to come therefore deadlocks; a `drain`
+(no operands, no port) carrying that wait just before it is the way out (sync_dve_pool).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ _PORT_USERS = {
     SBUF_PORT: (common_pb2.SBUF, frozenset({common_pb2.DVE, common_pb2.POOL})),
     PSUM_PORT: (common_pb2.PSUM, frozenset({common_pb2.DVE, common_pb2.ACT})),
 }
+# Ports claimed at dispatch rather than at start (see the module docstring).
+DISPATCH_CLAIMED_PORTS = frozenset({SBUF_PORT})
 _PER_ELEMENT_KEY = {
     common_pb2.DVE: "dve_cycles_per_element",
     common_pb2.POOL: "pool_cycles_per_element",
@@ -49,7 +55,7 @@ def engine_cycles(
         return float(target.dma_issue_cycles) + float(costs.get("pool_start_cycles", 150)) + free
     if is_dma(op):
         return float(target.dma_issue_cycles)
-    if op in ("nop", "sem_reset"):
+    if op in ("nop", "sem_reset", "drain"):
         return float(costs.get("nop_cycles", 4))
     access = float(costs.get("onchip_access_cycles", 60))
     if op == "matmul":

@@ -34,6 +34,7 @@ OP_ENGINES: dict[str, frozenset[int] | None] = {
     "iota": frozenset({POOL}),
     "select": frozenset({POOL, DVE}),
     "nop": None,
+    "drain": frozenset({DVE, POOL}),  # a wait off the shared SBUF port (sync_dve_pool)
     "sem_reset": frozenset({SP}),  # sets every semaphore to 0 (semaphore_reset)
 }
 
@@ -51,6 +52,7 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "iota": (0, 1),
     "select": (3, 1),
     "nop": (0, 0),
+    "drain": (0, 0),
     "sem_reset": (0, 0),
 }
 

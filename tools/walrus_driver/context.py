@@ -45,6 +45,9 @@ class PassContext:
     scheduled: bool = False
     queues_assigned: bool = False
     synchronized: bool = False
+    # every wait that could hold the DVE/POOL SBUF port against the other engine rides on a drain
+    # (sync_dve_pool); a program received already synchronized is taken as finished
+    ports_synchronized: bool = False
     codegen_done: bool = False
     stats: dict[str, dict[str, float]] = field(default_factory=dict)
     # The program as received, serialized (bir_sim's reference, the crash reproducer): bytes are
@@ -86,6 +89,7 @@ class PassContext:
             input_bytes=program.SerializeToString(),
             allocated=all(b.address >= 0 for b in onchip),
             synchronized=synced,
+            ports_synchronized=synced,
             codegen_done=len(program.streams) > 0,
         )
 

@@ -36,6 +36,7 @@ DEFAULT_PASSES = [
     "allocation",
     "anti_dependency_analyzer",
     "alloc_semaphores",
+    "sync_dve_pool",
     "semaphore_reset",
     "birverifier",
     "codegen",

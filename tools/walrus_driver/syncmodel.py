@@ -27,6 +27,7 @@ import numpy as np
 
 from ncc.schemas import bir_pb2
 from ncc.tools.target import is_dma
+from ncc.tools.target.costs import SBUF_PORT
 from ncc.tools.walrus_driver import birutil
 
 Thread = tuple[str, int, int]  # ("E", engine, 0) or ("Q", queue, trigger engine)
@@ -187,3 +188,42 @@ class ClockWalk:
         done[queue_index] = queue_position
         self.queue_clock[queue] = done
         self._record(instr.id, queue_index, queue_position, done)
+
+
+# DVE and POOL share the SBUF port, which is claimed when an instruction is dispatched, before its
+# waits are checked (tools/target/costs.py): each engine's partner for that port.
+PORT_PARTNER = {birutil.DVE: birutil.POOL, birutil.POOL: birutil.DVE}
+
+
+def waits_holding_port(instr: bir_pb2.Instruction, ports: tuple[str, ...]) -> bool:
+    """Whether `instr` (holding `ports` while it runs) waits while holding the DVE/POOL SBUF port."""
+    return bool(instr.waits) and instr.engine in PORT_PARTNER and SBUF_PORT in ports
+
+
+def needs_partner_at_dispatch(walk: ClockWalk, instr: bir_pb2.Instruction, producer_clock: Clock) -> bool:
+    """Whether a producer whose completion clock is `producer_clock`, awaited by `instr` (a DVE or
+    POOL instruction holding the SBUF port, not yet stepped), may still need work of the port
+    partner that is not known complete when `instr` is dispatched: its clock names a later
+    instruction of the partner than the clock of `instr`'s engine does. Held at dispatch, the
+    port would then be needed by work that `instr` waits for: a deadlock (sync_dve_pool)."""
+    partner = walk.space.index[engine_thread(PORT_PARTNER[instr.engine])]
+    return bool(producer_clock[partner] > walk.base_clock(instr)[partner])
+
+
+class SemaphoreProducers:
+    """Which instruction brings each semaphore to each count, fed instructions in program order.
+    alloc_semaphores gives each semaphore one thread and +1 updates, so counts follow the order."""
+
+    def __init__(self) -> None:
+        self.by_count: dict[tuple[int, int], int] = {}  # (semaphore, count) -> instruction id
+        self._count: dict[int, int] = {}
+
+    def record(self, instr: bir_pb2.Instruction) -> None:
+        for update in instr.updates:
+            count = self._count.get(update.semaphore, 0) + update.increment
+            self._count[update.semaphore] = count
+            self.by_count[(update.semaphore, count)] = instr.id
+
+    def producer(self, wait: bir_pb2.SemaphoreWait) -> int:
+        return self.by_count[(wait.semaphore, wait.value)]
+

@@ -133,6 +133,7 @@ def run(ctx: PassContext) -> None:
     birutil.set_order(program, new_order)
     program.num_semaphores = len(semaphore)
     ctx.synchronized = True
+    ctx.ports_synchronized = False  # until sync_dve_pool moved the port-holding waits
     ctx.order_changed()
     # Nothing may change addresses or order from here on, so no analysis runs again: the
     # analyzer's footprint memo (hundreds of MB at a million instructions) can go.

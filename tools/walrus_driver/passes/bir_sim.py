@@ -31,7 +31,7 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_bytes_atomic
-from ncc.tools.walrus_driver import costs, printer
+from ncc.tools.walrus_driver import birutil, costs, printer, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
@@ -69,19 +69,32 @@ def random_inputs(program: bir_pb2.Program, seed: int) -> dict[str, np.ndarray]:
 
 def sequential_program(program: bir_pb2.Program, keep_addresses: bool = False) -> bir_pb2.Program:
     """The program with every instruction waiting for the previous one: the reference semantics
-    (buffers private unless `keep_addresses`)."""
+    (buffers private unless `keep_addresses`). On DVE and POOL the wait rides on a `drain` just
+    before the instruction, so that no instruction holds their shared SBUF port while it waits
+    for the other engine (sync_dve_pool)."""
     reference = bir_pb2.Program()
     reference.CopyFrom(program)
     del reference.streams[:]
     reference.num_semaphores = 1
     for buffer in reference.buffers if not keep_addresses else ():
         buffer.address = -1
+    order: list[bir_pb2.Instruction] = []
+    next_id = birutil.next_instruction_id(reference)
     for position, instr in enumerate(reference.instructions):
         del instr.waits[:]
         del instr.updates[:]
         if position:
-            instr.waits.add(semaphore=0, value=position)
+            waiter = instr
+            if instr.engine in syncmodel.PORT_PARTNER:
+                waiter = bir_pb2.Instruction(
+                    id=next_id, name=f"{instr.name}.drain", op="drain", engine=instr.engine
+                )
+                next_id += 1
+                order.append(waiter)
+            waiter.waits.add(semaphore=0, value=position)
         instr.updates.add(semaphore=0, increment=1)
+        order.append(instr)
+    birutil.set_order(reference, order)
     return reference
 
 

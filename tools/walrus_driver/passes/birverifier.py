@@ -11,7 +11,9 @@ equal to the global order; a program that updates semaphores ends SP's stream wi
 ordered after every update (`semaphore_reset`; a missing one is reported once codegen ran).
 
 Dynamic checks, by abstract execution of the streams (every engine runs while its waits hold,
-transfers complete as issued): a deadlock is reported with the blocked instructions; and, when
+transfers complete as issued): a deadlock is reported with the blocked instructions; a DVE or POOL
+instruction needing the shared SBUF port may not wait for work that can still need the other
+engine (`dve_pool_port`: it claims the port at dispatch, sync_dve_pool); and, when
 the dependence graph is valid for the final addresses and semaphores were inserted, a vector-
 clock walk (syncmodel) proves that every cross-thread dependence edge is ordered by program
 order, queue order or semaphore waits — an uncovered edge is a race.
@@ -27,6 +29,7 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import INDIRECT_DMA_OPS, Target, is_dma
+from ncc.tools.target.costs import SBUF_PORT
 from ncc.tools.walrus_driver import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -494,6 +497,28 @@ def _check_reset(
             return
 
 
+def _check_port_waits(
+    walk: syncmodel.ClockWalk,
+    instr: bir_pb2.Instruction,
+    wait_clocks: list[list[syncmodel.Clock]],
+    report: _Report,
+) -> None:
+    """Rule dve_pool_port: a DVE or POOL instruction holds the shared SBUF port from its dispatch,
+    so none of its waits may be for work that can still need the other engine (sync_dve_pool)."""
+    report.checks += 1
+    partner = birutil.engine_name(syncmodel.PORT_PARTNER[instr.engine])
+    for wait, clocks in zip(instr.waits, wait_clocks, strict=True):
+        if any(syncmodel.needs_partner_at_dispatch(walk, instr, clock) for clock in clocks):
+            report.fail(
+                "dve_pool_port",
+                instr.name,
+                f"holds the {SBUF_PORT} from dispatch while it waits for s{wait.semaphore}>={wait.value}, "
+                f"whose producer may still need {partner} work behind that port: the wait must ride "
+                "on a drain just before it (sync_dve_pool)",
+            )
+            return
+
+
 def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> None:
     """Abstract execution of the streams: deadlock freedom, then dependence coverage by clocks."""
     program = ctx.program
@@ -511,6 +536,9 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
     totals = {sem: {t: e[-1][0] for t, e in threads.items()} for sem, threads in updaters.items()}
 
     walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(every))
+    costs = ctx.costs()
+    # between alloc_semaphores and sync_dve_pool the port-holding waits are not moved yet
+    check_ports = ctx.ports_synchronized or bool(program.streams)
     counts: dict[int, int] = defaultdict(int)
     heads = dict.fromkeys(streams, 0)
 
@@ -536,7 +564,10 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
                 instr = stream[heads[engine]]
                 if any(counts[w.semaphore] < w.value for w in instr.waits):
                     break
-                walk.step(instr, [clock for w in instr.waits for clock in implied(w)])
+                wait_clocks = [implied(w) for w in instr.waits]
+                if check_ports and syncmodel.waits_holding_port(instr, costs(instr).ports):
+                    _check_port_waits(walk, instr, wait_clocks, report)
+                walk.step(instr, [clock for clocks in wait_clocks for clock in clocks])
                 for update in instr.updates:
                     counts[update.semaphore] += update.increment
                 heads[engine] += 1

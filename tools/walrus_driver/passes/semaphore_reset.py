@@ -117,16 +117,12 @@ def _walk(
     alloc_semaphores gives each semaphore one thread and +1 updates, so counts follow program
     order."""
     walk = walked or syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(program.instructions))
-    value_of: dict[tuple[int, int], int] = {}
-    count: dict[int, int] = {}
+    producers = syncmodel.SemaphoreProducers()
     for instr in program.instructions:
         if walked is None:
-            waits = instr.waits
-            walk.step(instr, [walk.completion_clock[value_of[(w.semaphore, w.value)]] for w in waits])
-        for update in instr.updates:
-            count[update.semaphore] = count.get(update.semaphore, 0) + update.increment
-            value_of[(update.semaphore, count[update.semaphore])] = instr.id
-    return walk, value_of
+            walk.step(instr, [walk.completion_clock[producers.producer(w)] for w in instr.waits])
+        producers.record(instr)
+    return walk, producers.by_count
 
 
 def _last_waiting_position(program: bir_pb2.Program) -> dict[int, int]:
