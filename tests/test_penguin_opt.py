@@ -126,6 +126,11 @@ def test_pass_list_defaults_and_refusals() -> None:
     with pytest.raises(CompileError) as info:
         pass_list("fusion,bogus", 2)
     assert info.value.code == "E400" and "bogus" in info.value.message
+    with pytest.raises(CompileError) as info:
+        pass_list("retile{min_width=1}", 2)  # one-element tiles: thousands of instructions, no gain
+    assert info.value.code == "E400"
+    assert "min_width of Penguin pass 'retile' must be at least 32" in info.value.message
+    assert pass_list("retile{min_width=32,min_tiles=1}", 2) == ["retile{min_width=32,min_tiles=1}"]
 
 
 def _bir_dma_bytes(workdir: Path) -> int:

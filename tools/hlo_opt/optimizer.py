@@ -39,6 +39,9 @@ OPTIONS: dict[str, dict[str, type]] = {
     "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
     "retile": {"min_tiles": int, "min_width": int},
 }
+# The least value an int option accepts: retile's tiles below 32 elements a partition multiply
+# the instruction count for no overlap (one-element tiles took gelu's compile from 2 s to 6 min).
+MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32}
 DEFAULT_PASSES = ("fusion", "cse", "dce", "retile", "pipeline", "invariant_loads")
 
 
@@ -77,8 +80,12 @@ def parse_pass(item: str) -> tuple[str, dict[str, object]]:
         elif kind is int and value.lstrip("-").isdigit():
             options[key] = int(value)
         else:
-            raise CompileError("E400", f"option {key} of Penguin pass '{name}' takes a {kind.__name__}, got "
-                                       f"'{value}'", "--penguin-passes")
+            raise CompileError("E400", f"option {key} of Penguin pass '{name}' takes a value of type "
+                                       f"{kind.__name__}, got '{value}'", "--penguin-passes")
+        least = MINIMUM.get((name, key))
+        if least is not None and options[key] < least:
+            raise CompileError("E400", f"option {key} of Penguin pass '{name}' must be at least {least}, got "
+                                       f"{options[key]}", "--penguin-passes")
     return name, options
 
 
