@@ -298,7 +298,7 @@ def test_a_dropped_wait_is_located_at_alloc_semaphores(tmp_path: Path) -> None:
         "WalrusDriver",
         "alloc_semaphores",
         8,
-        11,
+        12,
     )
     assert culprit["verdict"] == "differs" and culprit["code"] == "E411" and "race" in culprit["message"]
     assert data["golden"] == str(workdir / "bisect" / "golden.pb")
@@ -318,7 +318,7 @@ def test_a_clean_compile_bisects_to_nothing(softmax_workdir: Path, tmp_path: Pat
         "ncc bisect: nothing differs: the program matches the golden outputs after each of the 18 passes"
         in result.stdout
     )
-    assert "state  0 before any pass" in result.stdout and "state 17 after codegen" in result.stdout
+    assert "state  0 before any pass" in result.stdout and "state 18 after codegen" in result.stdout
     # The Frontend's own flags: an explicit Penguin pass list, and the backend at -O1.
     out = tmp_path / "add_mul.neff"
     compiled = ncc(

@@ -153,7 +153,7 @@ def test_a_planted_crash_in_a_farm_is_one_bucket_of_exactly_the_affected_models(
     farm.rename(tmp_path / "farm-gone")
     proc, _ = replay_in_empty_folder(bundle, tmp_path / "empty")
     assert proc.returncode == -11, proc.stderr  # killed by SIGSEGV, as the job was
-    assert pass_start_line("walrus_driver", "allocation", 6, 11) in proc.stderr
+    assert pass_start_line("walrus_driver", "allocation", 6, 12) in proc.stderr
     assert "as the job did" in proc.stderr
 
 

@@ -235,13 +235,15 @@ def _write_report(
         verdict, message = "mismatch", "; ".join(wrong)
     else:
         verdict, message = "ok", ""
+    ids = {int(instr.id) for instr in program.instructions}
     report = {
         "verdict": verdict,
         "message": message,
         "execution": execution,
         "race_count": max(result.race_count, len(result.races)),
         "race_ids": _race_ids(program, result.races[0]) if result.races else [],
-        "trace": trace.rows if trace is not None else [],
+        # the program's own instructions (not the drains a sequential run adds)
+        "trace": [row for row in trace.rows if row[1] in ids] if trace is not None else [],
         # The program's text in program order: [id, name, printer line].
         "ir": [[int(i.id), i.name, printer.format_instruction(i)] for i in program.instructions],
     }
