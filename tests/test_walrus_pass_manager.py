@@ -28,6 +28,7 @@ EXPECTED = {
     "pre_sched",
     "allocation",
     "assign_hwdge_engine",
+    "sync_dve_pool",
     "alloc_semaphores",
     "semaphore_reset",
     "birverifier",
