@@ -7,7 +7,7 @@ range hull for HBM. Dependence analysis, allocation and the verifier all reason 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
@@ -78,9 +78,12 @@ def free_elements(ap: bir_pb2.AccessPattern) -> int:
 
 def element_count(ap: bir_pb2.AccessPattern) -> int:
     """Elements of the operand's logical shape: [partition_count, counts...] on chip, [counts...] in HBM."""
+    count = 1
+    for d in ap.dims:  # free_elements, inlined: the verifier asks for every operand
+        count *= d.count
     if ap.memory in ONCHIP:
-        return ap.partition_count * free_elements(ap)
-    return free_elements(ap)
+        return ap.partition_count * count
+    return count
 
 
 def element_span(ap: bir_pb2.AccessPattern) -> tuple[int, int] | None:
@@ -250,29 +253,132 @@ def exact_in_rows(ap: bir_pb2.AccessPattern, width: int) -> bool:
     return True
 
 
+class Operands(NamedTuple):
+    """What a compute instruction's cost depends on besides its op and engine (costs.py): its
+    number of inputs, the largest operand's free elements per partition, a matmul's moving free
+    elements (1 for other ops), whether an input is fp32, and the memories of its operands."""
+
+    inputs: int
+    free: int
+    moving_free: int
+    fp32: bool
+    memories: frozenset[int]
+
+
+_MEMORY_SETS: dict[int, frozenset[int]] = {}  # bit mask of memories -> the one frozenset of them
+
+
+def memory_set(mask: int) -> frozenset[int]:
+    """The memories whose bits (1 << memory) are set in `mask`, one shared frozenset per mask."""
+    memories = _MEMORY_SETS.get(mask)
+    if memories is None:
+        memories = _MEMORY_SETS[mask] = frozenset(m for m in range(mask.bit_length()) if mask >> m & 1)
+    return memories
+
+
+class Footprints(list):
+    """footprints()'s boxes, and the on-chip buffers the instruction names (`touched`: what
+    touched_buffers gives, in first-use order, every operand counted, even one that touches
+    nothing). The analyzer keeps these per instruction (ctx.footprint_cache) for as long as the
+    operands stay as they are, so the passes after it read `touched` without walking them again.
+
+    `operands`: the facts the cost model prices the instruction by, read in the same walk (None
+    when an operand has a dimension of count <= 0: the cost model then reads them itself). The
+    analyzer hands them to the cost table and drops them."""
+
+    __slots__ = ("touched", "operands")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.touched: tuple[str, ...] = ()
+        self.operands: Operands | None = None
+
+
 def footprints(
     instr: bir_pb2.Instruction,
     buffers: dict[str, bir_pb2.Buffer],
     use_addresses: bool,
     widths: dict[str, int] | None = None,
-) -> list[Footprint]:
-    """Every box the instruction reads or writes (a matmul that accumulates also reads its output)."""
-    result = []
-    name = instr.name
-    for ap in instr.inputs:
-        box = operand_box(ap, buffers, use_addresses, name, widths)
-        if box is not None:
-            result.append(Footprint(ap.memory, *box, False))
-    for ap in instr.outputs:
-        box = operand_box(ap, buffers, use_addresses, name, widths)
-        if box is not None:
-            result.append(Footprint(ap.memory, *box, True))
-            if instr.accumulate and instr.op == "matmul":
-                result.append(Footprint(ap.memory, *box, False))
+) -> Footprints:
+    """Every box the instruction reads or writes (a matmul that accumulates also reads its output).
+
+    The boxes operand_box gives operand by operand, with the on-chip case (nearly every operand)
+    computed inline, element_span included; the same walk reads the cost model's Operands. The
+    analyzer calls this once per instruction: at 100k instructions, every call, tuple and field
+    read here is a visible part of the compile."""
+    result = Footprints()
+    append = result.append
+    touched: dict[str, None] = {}
+    new = tuple.__new__
+    op = instr.op
+    accumulating = instr.accumulate and op == "matmul"
+    free = 0  # the largest operand's free elements; -1 once a count <= 0 leaves Operands unknown
+    mask = 0  # the memories of the operands, a bit each
+    fp32 = False
+    inputs = instr.inputs
+    for write, operands in ((False, inputs), (True, instr.outputs)):
+        for ap in operands:
+            memory = ap.memory
+            mask |= 1 << memory
+            if memory != SBUF and memory != PSUM:  # HBM, or no memory class (operand_box raises E405)
+                hbm = operand_box(ap, buffers, use_addresses, instr.name, widths)
+                if hbm is not None:
+                    append(new(Footprint, (memory, *hbm, write)))
+                    if write and accumulating:
+                        append(new(Footprint, (memory, *hbm, False)))
+                elements = free_elements(ap)
+                if elements > free >= 0:
+                    free = elements
+                if not write and ap.dtype == common_pb2.F32:
+                    fp32 = True
+                continue
+            tensor = ap.tensor
+            touched[tensor] = None
+            buffer = buffers.get(tensor)
+            if buffer is None:
+                operand_box(ap, buffers, use_addresses, instr.name, widths)  # raises E405
+            lo = hi = 0
+            elements = 1
+            for d in ap.dims:
+                count = d.count
+                if count <= 0:
+                    free = -1
+                    break  # it touches nothing
+                elements *= count
+                reach = d.stride * (count - 1)
+                if reach < 0:
+                    lo += reach
+                else:
+                    hi += reach
+            else:
+                if elements > free >= 0:
+                    free = elements
+                dtype = ap.dtype
+                if not write and dtype == common_pb2.F32:
+                    fp32 = True
+                partitions = ap.partition_count
+                if partitions <= 0:
+                    continue
+                size = _ITEMSIZE.get(dtype) or dtypes.itemsize(dtype)
+                first, region = (buffer.address + ap.offset, "") if use_addresses else (ap.offset, tensor)
+                start, b0, b1 = ap.partition_start, first + lo * size, first + (hi + 1) * size
+                append(new(Footprint, (memory, region, start, start + partitions, b0, b1, write)))
+                if write and accumulating:
+                    append(new(Footprint, (memory, region, start, start + partitions, b0, b1, False)))
+    result.touched = tuple(touched)
+    if free >= 0:
+        count = len(inputs)
+        moving = free_elements(inputs[1]) if op == "matmul" and count > 1 else 1
+        result.operands = Operands(count, free, moving, fp32, memory_set(mask))
     return result
 
 
-def touched_buffers(instr: bir_pb2.Instruction) -> set[str]:
+def touched_buffers(instr: bir_pb2.Instruction, cache: dict[int, Any] | None = None) -> set[str]:
+    """The SBUF/PSUM buffers the instruction's operands name. With `cache` (ctx.footprint_cache):
+    from its Footprints of the instruction when it holds them, without reading the operands."""
+    cached = cache.get(instr.id) if cache else None
+    if isinstance(cached, Footprints):
+        return set(cached.touched)
     return {ap.tensor for ap in [*instr.inputs, *instr.outputs] if ap.memory in ONCHIP}
 
 
@@ -302,13 +408,14 @@ def set_order(program: bir_pb2.Program, order: list[bir_pb2.Instruction]) -> Non
     """Make `order` the program's instruction list. Instructions already in it are sorted in place
     and new ones (by id) appended first: rebuilding the list (del + extend) copies every message
     while the old ones are still alive, a gigabyte at a million instructions."""
+    ids = [instr.id for instr in order]  # read once: each read of a field costs a message lookup
     present = {instr.id for instr in program.instructions}
-    if len(present) + sum(1 for instr in order if instr.id not in present) != len(order):
+    added = [instr for instr, node in zip(order, ids, strict=True) if node not in present]
+    if len(present) + len(added) != len(order):
         raise ValueError("set_order: the new order must hold every instruction once")
-    for instr in order:
-        if instr.id not in present:
-            program.instructions.append(instr)
-    rank = {instr.id: position for position, instr in enumerate(order)}
+    for instr in added:
+        program.instructions.append(instr)
+    rank = {node: position for position, node in enumerate(ids)}
     program.instructions.sort(key=lambda instr: rank[instr.id])
 
 

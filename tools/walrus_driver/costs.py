@@ -15,18 +15,22 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import Target, is_dma
 from ncc.tools.target import costs as target_costs
 from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.birutil import Operands
 from ncc.tools.walrus_driver.depgraph import DepGraph
 
 
 @dataclass(frozen=True, slots=True)
 class Cost:
-    """One instruction's costs, computed once: engine time, queue time, ports, bytes moved."""
+    """One instruction's costs, computed once: engine time, queue time, ports, bytes moved; a
+    compute instruction's also keeps the operand facts it was priced from (`operands`), so the
+    same instruction rewritten for another engine is priced without reading its operands again."""
 
     engine: int
     engine_ns: float
     transfer_ns: float
     ports: tuple[str, ...]
     moved_bytes: int
+    operands: Operands | None = None  # None for a dma
 
     @property
     def latency_ns(self) -> float:
@@ -36,59 +40,104 @@ class Cost:
 class CostTable:
     """Memoized costs by instruction id. An entry is recomputed when the instruction's engine
     changed (a dma's trigger engine sets its issue time); nothing else a pass changes after the
-    first lookup moves a cost."""
+    first lookup moves a cost.
+
+    Compute instructions with the same op, engine and operand facts share one Cost (`_priced`):
+    an elementwise program has a handful of distinct ones, so pricing is a dict lookup after
+    the operand walk, and the table holds a reference per instruction rather than a Cost."""
 
     def __init__(self, target: Target):
         self.target = target
         self._costs: dict[int, Cost] = {}
+        self._priced: dict[tuple[str, int, Operands], Cost] = {}
+        self._rewritten: dict[tuple[str, int, Operands, int], Cost] = {}  # priced_as's memo
 
     def __call__(self, instr: bir_pb2.Instruction) -> Cost:
         engine = instr.engine
         cost = self._costs.get(instr.id)
         if cost is None or cost.engine != engine:
-            target = self.target
-            if is_dma(instr.op):  # most instructions: the issue on the trigger, the bytes on a queue
+            op = instr.op
+            if is_dma(op):  # most instructions: the issue on the trigger, the bytes on a queue
+                target = self.target
                 moved = birutil.transfer_bytes(instr)
                 issue = target.cycles_to_ns(engine, float(target.dma_issue_cycles))
                 cost = Cost(engine, issue, target.dma_ns(moved), (), moved)
             else:
-                cost = _compute_cost(instr, target)
+                cost = self.price(op, engine, _operands(instr))
             self._costs[instr.id] = cost
         return cost
 
-    def adopt(self, other: CostTable, ids: Iterable[int]) -> None:
-        """Take `other`'s costs of `ids`: instructions rewritten into the form `other` priced."""
-        for instr_id in ids:
-            self._costs[instr_id] = other._costs[instr_id]
+    def price(self, op: str, engine: int, operands: Operands) -> Cost:
+        """The cost of a compute instruction `op` on `engine` with these operand facts."""
+        key = (op, engine, operands)
+        cost = self._priced.get(key)
+        if cost is None:
+            cost = self._priced[key] = _compute_cost(op, engine, operands, self.target)
+        return cost
+
+    def priced_as(self, instr: bir_pb2.Instruction, op: str, engine: int, inputs: int) -> Cost:
+        """The cost of compute instruction `instr` rewritten as `op` on `engine` reading its first
+        `inputs` inputs, from the operand facts of its own cost (not stored under its id). Exact
+        when the inputs it drops repeat one it keeps (x·x as square(x)): the largest operand,
+        the memories and whether an input is fp32 are then unchanged."""
+        operands = self(instr).operands
+        if operands is None:
+            raise ValueError(f"priced_as: {instr.name} is a dma, not a compute instruction")
+        key = (op, engine, operands, inputs)
+        cost = self._rewritten.get(key)
+        if cost is None:
+            cost = self._rewritten[key] = self.price(op, engine, operands._replace(inputs=inputs))
+        return cost
+
+    def seed(self, instr: bir_pb2.Instruction, operands: Operands) -> None:
+        """Price compute instruction `instr` from operand facts read elsewhere (the analyzer's
+        footprint walk reads the same fields), unless it is priced already: its first lookup
+        then costs no walk of its operands. A dma is left to its first lookup."""
+        if instr.id not in self._costs:
+            op = instr.op
+            if not is_dma(op):
+                self._costs[instr.id] = self.price(op, instr.engine, operands)
+
+    def put(self, instr_id: int, cost: Cost) -> None:
+        """Record `cost` for `instr_id`: the instruction was rewritten into the form it prices."""
+        self._costs[instr_id] = cost
 
 
-def _compute_cost(instr: bir_pb2.Instruction, target: Target) -> Cost:
-    """engine_ns and ports of a compute instruction, its operands read once (the first lookup of
-    every instruction lands here: a 100k-instruction program spent seconds re-walking them)."""
+def _operands(instr: bir_pb2.Instruction) -> Operands:
+    """The operand facts of a compute instruction, its operands read once (the first lookup of an
+    instruction the analyzer did not seed lands here: birutil.footprints reads the same facts)."""
     free = 0
     memories = set()
     fp32 = False
     inputs = instr.inputs
+    count = len(inputs)
     for position, ap in enumerate((*inputs, *instr.outputs)):
         elements = 1
         for dim in ap.dims:
             elements *= dim.count
-        free = max(free, elements)
+        if elements > free:
+            free = elements
         memories.add(ap.memory)
-        fp32 = fp32 or (position < len(inputs) and ap.dtype == common_pb2.F32)  # inputs decide
-    op, engine = instr.op, instr.engine
-    moving = inputs[1] if op == "matmul" and len(inputs) > 1 else None
+        if position < count and ap.dtype == common_pb2.F32:  # inputs decide fp32
+            fp32 = True
+    moving = inputs[1] if instr.op == "matmul" and len(inputs) > 1 else None
+    moving_free = birutil.free_elements(moving) if moving is not None else 1
+    return Operands(count, free, moving_free, fp32, frozenset(memories))
+
+
+def _compute_cost(op: str, engine: int, operands: Operands, target: Target) -> Cost:
+    """engine_ns and ports of compute `op` on `engine` with these operand facts."""
     cycles = target_costs.engine_cycles(
         target,
         op=op,
         engine=engine,
-        inputs=len(inputs),
-        free=free,
-        moving_free=birutil.free_elements(moving) if moving is not None else 1,
-        fp32=fp32,
+        inputs=operands.inputs,
+        free=operands.free,
+        moving_free=operands.moving_free,
+        fp32=operands.fp32,
     )
-    ports = target_costs.ports(op=op, engine=engine, memories=memories)
-    return Cost(engine, target.cycles_to_ns(engine, cycles), 0.0, ports, 0)
+    ports = target_costs.ports(op=op, engine=engine, memories=operands.memories)
+    return Cost(engine, target.cycles_to_ns(engine, cycles), 0.0, ports, 0, operands)
 
 
 def dma_bandwidth_bytes_per_ns(target: Target) -> float:
@@ -117,26 +166,31 @@ def lower_bound_ns(
     moved = 0
     for instr in instructions:
         cost = table(instr)
-        for resource in (instr.engine, *cost.ports):
-            work[resource] += cost.engine_ns
-            users[resource].append(instr.id)
-        latency[instr.id] = cost.latency_ns
+        node, engine_ns = instr.id, cost.engine_ns
+        work[instr.engine] += engine_ns
+        users[instr.engine].append(node)
+        for port in cost.ports:
+            work[port] += engine_ns
+            users[port].append(node)
+        latency[node] = cost.latency_ns
         moved += cost.moved_bytes
     critical = 0.0
     head: dict[int, float] = {}
     tail: dict[int, float] = {}
     if deps is not None:
         order = [node for node in deps.topological_order() if node in latency]
-
-        def preds(node: int) -> Iterable[int]:
-            return deps.predecessors_of_kind(node, "FLOW") if flow_only else deps.predecessors(node)
-
+        # each node's predecessors, listed once for both walks
+        if flow_only:
+            preds = {node: deps.predecessors_of_kind(node, "FLOW") for node in order}
+        else:
+            preds = {node: list(deps.predecessors(node)) for node in order}
         for node in order:
-            head[node] = max((head[p] + latency[p] for p in preds(node) if p in head), default=0.0)
+            head[node] = max((head[p] + latency[p] for p in preds[node] if p in head), default=0.0)
         for node in reversed(order):  # tail: the longest path after `node` finishes
-            for p in preds(node):
+            after = latency[node] + tail.get(node, 0.0)
+            for p in preds[node]:
                 if p in latency:
-                    tail[p] = max(tail.get(p, 0.0), latency[node] + tail.get(node, 0.0))
+                    tail[p] = max(tail.get(p, 0.0), after)
         critical = max((head[n] + latency[n] for n in order), default=0.0)
     critical = max(critical, max(latency.values(), default=0.0))
 

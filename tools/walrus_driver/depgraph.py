@@ -75,13 +75,20 @@ class DepGraph:
 
     def set_predecessors(self, node: int, preds: dict[int, int]) -> None:
         """Give a node with no incoming edges yet its predecessors at once ({pred: code})."""
-        self.add_node(node)
+        succ = self._succ
+        if node not in succ:  # the analyzer's case: a new node, one call per instruction
+            succ[node] = {}
+            self._pred[node] = dict(preds)
+            self._edges += len(preds)
+            for pred, code in preds.items():
+                succ[pred][node] = code
+            return
         incoming = self._pred[node]
         for pred, code in preds.items():
             if pred not in incoming:
                 self._edges += 1
             incoming[pred] = code
-            self._succ[pred][node] = code
+            succ[pred][node] = code
 
     def add_edge(self, src: int, dst: int, kind: str = "ORDERED", memory: int = 0) -> None:
         self.add_node(src)
@@ -150,19 +157,16 @@ class DepGraph:
 
     def topological_order(self) -> list[int]:
         """A topological order (Kahn's algorithm, first-in first-out from the insertion order)."""
+        successors = self._succ
         indegree = {node: len(preds) for node, preds in self._pred.items()}
-        ready = [node for node, degree in indegree.items() if degree == 0]
-        order: list[int] = []
-        position = 0
-        while position < len(ready):
-            node = ready[position]
-            position += 1
-            order.append(node)
-            for succ in self._succ[node]:
-                indegree[succ] -= 1
-                if indegree[succ] == 0:
-                    ready.append(succ)
-        if len(order) != len(self._succ):
+        order = [node for node, degree in indegree.items() if degree == 0]
+        for node in order:  # the list is the FIFO queue: iteration reaches what is appended
+            for succ in successors[node]:
+                degree = indegree[succ] - 1
+                indegree[succ] = degree
+                if degree == 0:
+                    order.append(succ)
+        if len(order) != len(successors):
             raise ValueError("the dependence graph has a cycle")
         return order
 

@@ -4,7 +4,7 @@ A dma's trigger engine only issues it: any engine that assign_hwdge_engine gave 
 can trigger a store instead (`trigger_alternatives`), and pre_sched picks the one whose issue lets
 the transfer finish first. An indirect dma stays on POOL, whose software DGE writes its descriptors.
 
-Compute: which DVE instructions have an exact equivalent on ACT (`act_equivalent`).
+Compute: which DVE instructions have an exact equivalent on ACT (`act_form`, `act_equivalent`).
 
 The frontend puts every elementwise instruction on DVE. ACT computes func(in·scale + bias) in
 fp32 (docs/ir.md), so these DVE instructions give bit for bit the same result there:
@@ -19,8 +19,10 @@ so elementwise work that would queue on DVE spreads onto ACT.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common import dtypes
+from ncc.tools.common.dtypes import is_float
 from ncc.tools.walrus_driver import birutil
 
 ACT = common_pb2.ACT
@@ -44,48 +46,87 @@ def trigger_alternatives(dma: bir_pb2.Instruction, engines: list[int]) -> list[b
     return forms
 
 
-def act_equivalent(instr: bir_pb2.Instruction) -> bir_pb2.Instruction | None:
-    """A copy of the DVE instruction rewritten to run on ACT with the same result, or None when it
-    has none (other ops and functions, integer operands, semaphores already attached)."""
+class ActForm(NamedTuple):
+    """How a DVE instruction is rewritten to run on ACT with the same result, without copying it:
+    pre_sched prices every candidate on ACT (CostTable.priced_as) but rewrites only those its
+    kept schedule runs there (`apply`). `func` is None when the op stays as it is (tensor_copy).
+    (A tuple: one is made per candidate, a third of an elementwise program.)"""
+
+    op: str
+    inputs: int | None = None  # the inputs it keeps, None for all (x·x as square(x) reads x once)
+    func: str | None = None
+    scale_bias: tuple[float, float] = (1.0, 0.0)
+
+    def apply(self, instr: bir_pb2.Instruction) -> None:
+        """Rewrite `instr` in place into this form: ACT's func(in0·scale + bias), or a move."""
+        instr.engine = ACT
+        if self.func is None:
+            return
+        instr.op, instr.func = self.op, self.func
+        del instr.inputs[self.inputs :]
+        del instr.scalars[:]
+        instr.scalars.extend(self.scale_bias)
+        instr.attributes.pop("reverse", None)
+
+
+_MOVE = ActForm("tensor_copy")
+_SQUARE = ActForm("activation", 1, "square")
+_RELU = ActForm("activation", 1, "relu")
+_SCALAR_FUNCS = frozenset({"maximum", "multiply", "add", "subtract"})  # tensor_scalar's with an ACT form
+
+
+def act_form(instr: bir_pb2.Instruction) -> ActForm | None:
+    """The ACT form of a DVE instruction, or None when it has none (other ops and functions,
+    integer operands, semaphores already attached). The cheap tests on op and function come
+    first, and single operands are indexed rather than iterated: pre_sched asks this of every
+    instruction, and most fail one of the first tests."""
     op = instr.op
     if op not in ("tensor_scalar", "tensor_tensor", "tensor_copy") or instr.engine != DVE:
         return None
-    if instr.waits or instr.updates or len(instr.outputs) != 1:
+    if op == "tensor_tensor":
+        if instr.func != "multiply":
+            return None
+    elif op == "tensor_scalar":
+        if instr.func not in _SCALAR_FUNCS or len(instr.scalars) != 1:
+            return None
+    if instr.waits or instr.updates:
+        return None
+    outputs = instr.outputs
+    if len(outputs) != 1:
         return None
     if op == "tensor_copy":
-        moved = bir_pb2.Instruction()
-        moved.CopyFrom(instr)
-        moved.engine = ACT
-        return moved
-    if not all(dtypes.is_float(ap.dtype) for ap in (*instr.inputs, *instr.outputs)):
-        return None
-    if op == "tensor_tensor" and instr.func == "multiply" and len(instr.inputs) == 2:
-        if instr.inputs[0] != instr.inputs[1]:
+        return _MOVE
+    inputs = instr.inputs
+    if op == "tensor_tensor":  # x·x is square(x)
+        if len(inputs) != 2 or not (
+            is_float(inputs[0].dtype) and is_float(inputs[1].dtype) and is_float(outputs[0].dtype)
+        ):
             return None
-        return _activation(instr, "square", (1.0, 0.0))
-    if op != "tensor_scalar" or len(instr.scalars) != 1 or len(instr.inputs) != 1:
+        return _SQUARE if inputs[0] == inputs[1] else None
+    if len(inputs) != 1 or not (is_float(inputs[0].dtype) and is_float(outputs[0].dtype)):
         return None
     scalar = instr.scalars[0]
-    reverse = instr.attributes.get("reverse") == "1"
-    if instr.func == "maximum" and scalar == 0.0:
-        return _activation(instr, "relu", (1.0, 0.0))
-    scale_bias = {
-        "multiply": (scalar, 0.0),
-        "add": (1.0, scalar),
-        "subtract": (-1.0, scalar) if reverse else (1.0, -scalar),
-    }.get(instr.func)
-    return None if scale_bias is None else _activation(instr, "identity", scale_bias)
+    func = instr.func
+    if func == "maximum":
+        return _RELU if scalar == 0.0 else None
+    if func == "multiply":
+        scale_bias = (scalar, 0.0)
+    elif func == "add":
+        scale_bias = (1.0, scalar)
+    elif instr.attributes.get("reverse") == "1":  # subtract, s − x
+        scale_bias = (-1.0, scalar)
+    else:
+        scale_bias = (1.0, -scalar)
+    return ActForm("activation", 1, "identity", scale_bias)
 
 
-def _activation(
-    instr: bir_pb2.Instruction, func: str, scale_bias: tuple[float, float]
-) -> bir_pb2.Instruction:
-    """`instr` as ACT's func(in0·scale + bias), its first input only."""
+def act_equivalent(instr: bir_pb2.Instruction) -> bir_pb2.Instruction | None:
+    """A copy of the DVE instruction rewritten to run on ACT with the same result, or None when it
+    has none (act_form)."""
+    form = act_form(instr)
+    if form is None:
+        return None
     moved = bir_pb2.Instruction()
     moved.CopyFrom(instr)
-    moved.op, moved.engine, moved.func = "activation", ACT, func
-    del moved.inputs[1:]
-    del moved.scalars[:]
-    moved.scalars.extend(scale_bias)
-    moved.attributes.pop("reverse", None)
+    form.apply(moved)
     return moved

@@ -14,6 +14,11 @@ outside the write; later conflicts with a retired part are implied through the c
 which keeps the active lists short. Regions are cut into pages so
 a lookup scans only the accesses near its bytes (or rows): linear in the program in practice.
 
+The first walk of an instruction's operands (its footprints, kept in ctx.footprint_cache for
+the next run) also reads what the cost model prices a compute instruction by, and seeds the
+shared cost table with it (CostTable.seed), so the first pass to ask for costs need not walk
+the operands again (assign_hwdge_engine spent seconds on that at 100k instructions).
+
 An instruction attribute `order_after` (comma-separated instruction names) adds ORDERED edges:
 an explicit ordering the frontend wants kept although no memory conflict implies it.
 Edge attributes: kind (strongest of FLOW > OUTPUT > ANTI > ORDERED) and memory (SBUF/PSUM/HBM).
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import ANTI, FLOW, ORDERED, OUTPUT, PassContext
@@ -62,13 +68,15 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     or between virtual buffers. allocation calls it too, after adding spill instructions."""
     options = options or Options()
     program = ctx.program
-    buffers = birutil.buffer_map(program)
+    buffers: dict[str, bir_pb2.Buffer] | None = None  # read only for footprints not cached yet
     if ctx.hbm_widths is None:  # one view per tensor for as long as footprints stay cached
         ctx.hbm_widths = birutil.hbm_widths(program)
     widths = ctx.hbm_widths
-    address = {b.name: b.address for b in program.buffers}
+    address = {b.name: b.address for b in program.buffers} if use_addresses else {}
     cache = ctx.footprint_cache
+    costs = ctx.costs()
     page_size = {memory: _page_size(options, memory) for memory in (birutil.SBUF, birutil.PSUM, birutil.HBM)}
+    hbm = birutil.HBM
     # (memory, region, page) -> [reads, writes], each a list of (p0, p1, b0, b1, instruction id)
     pages: dict[tuple[int, str, int], tuple[list, list]] = {}
     graph = DepGraph()
@@ -81,42 +89,45 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
         if node in graph:
             raise CompileError("E405", f"instruction id {node} is used twice ({instr.name})", instr.name)
         incoming: dict[int, int] = {}
-        ordered_after = instr.attributes.get("order_after", "") if instr.attributes else ""
-        for other in filter(None, (n.strip() for n in ordered_after.split(","))):
-            if other not in names:
-                raise CompileError(
-                    "E405", f"{instr.name}: order_after names {other!r}, which is not an earlier instruction"
-                )
-            incoming[names[other]] = edge_code(ORDERED, 0)
+        attributes = instr.attributes
+        ordered_after = attributes.get("order_after", "") if attributes else ""
+        if ordered_after:
+            for other in filter(None, (n.strip() for n in ordered_after.split(","))):
+                if other not in names:
+                    raise CompileError(
+                        "E405",
+                        f"{instr.name}: order_after names {other!r}, which is not an earlier instruction",
+                    )
+                incoming[names[other]] = edge_code(ORDERED, 0)
         names[instr.name] = node
 
         boxes = cache.get(node)
         if boxes is None:  # boxes relative to their buffers, kept for the next run
+            if buffers is None:
+                buffers = birutil.buffer_map(program)
             boxes = cache[node] = birutil.footprints(instr, buffers, False, widths)
-        if use_addresses:
-            boxes = [
-                box._replace(region="", b0=box.b0 + address[box.region], b1=box.b1 + address[box.region])
-                if box.memory != birutil.HBM
-                else box
-                for box in boxes
-            ]
+            if boxes.operands is not None:  # read in the same walk: the cost model need not
+                costs.seed(instr, boxes.operands)
+                boxes.operands = None
+        # (p0, p1, b0, b1, write, memory, the active lists of the pages it touches) per box;
+        # with addresses an on-chip box moves into its memory's one address space
         touched = []
-        for box in boxes:
-            size = page_size[box.memory]
-            region = (box.memory, box.region)
-            keys = [(*region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+        for memory, region, p0, p1, b0, b1, write in boxes:
+            if use_addresses and memory != hbm:
+                base = address[region]
+                region, b0, b1 = "", b0 + base, b1 + base
+            size = page_size[memory]
             lists = []
-            for key in keys:
+            for page in range(b0 // size, (b1 - 1) // size + 1):
+                key = (memory, region, page)
                 active = pages.get(key)
                 if active is None:
                     active = pages[key] = ([], [])
                 lists.append(active)
-            touched.append((box, lists))
+            touched.append((p0, p1, b0, b1, write, memory, lists))
         # Reads first (conflicts with earlier writes), then writes (earlier reads and writes).
-        for box, lists in touched:
-            p0, p1, b0, b1 = box.p0, box.p1, box.b0, box.b1
-            memory = box.memory
-            if box.write:
+        for p0, p1, b0, b1, write, memory, lists in touched:
+            if write:
                 checks = ((1, output + memory), (0, anti + memory))
             else:
                 checks = ((1, flow + memory),)
@@ -127,20 +138,20 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
                             old = incoming.get(src)
                             if old is None or old >> 2 < code >> 2:
                                 incoming[src] = code
-        for box, lists in touched:
-            entry = (box.p0, box.p1, box.b0, box.b1, node)
-            if not box.write:
+        for p0, p1, b0, b1, write, _, lists in touched:
+            entry = (p0, p1, b0, b1, node)
+            if not write:
                 for active in lists:
                     active[0].append(entry)
                 continue
-            p0, p1, b0, b1 = box.p0, box.p1, box.b0, box.b1
             for active in lists:  # a write retires what it covers of every access
-                for which in (0, 1):
-                    entries = active[which]
-                    if any(q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1 for q0, q1, c0, c1, _ in entries):
-                        kept = _uncovered(entries, p0, p1, b0, b1)
-                        retired += len(entries) - len(kept)
-                        active[which][:] = kept
+                for entries in active:
+                    for q0, q1, c0, c1, _ in entries:
+                        if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
+                            kept = _uncovered(entries, p0, p1, b0, b1)
+                            retired += len(entries) - len(kept)
+                            entries[:] = kept
+                            break
                 active[1].append(entry)
         graph.set_predecessors(node, incoming)
         for code in incoming.values():

@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
@@ -90,57 +91,63 @@ class _Machine:
             defaultdict(lambda: every, pools or {}),
         )
 
-    def start_time(
-        self, instr: bir_pb2.Instruction, earliest: float, table: costs.CostTable | None = None
-    ) -> float:
-        """When `instr` can start on its engine and ports; `table` prices it instead of the
-        machine's own (an instruction's alternative form, whose id is the original's)."""
-        start = max(earliest, self.engine_free[instr.engine])
-        for port in (table or self.table)(instr).ports:
+    def start_time(self, engine: int, cost: costs.Cost, earliest: float) -> float:
+        """When an instruction of this cost can start on `engine` and its ports."""
+        start = max(earliest, self.engine_free[engine])
+        for port in cost.ports:
             start = max(start, self.port_free[port])
         return start
 
-    def finish_time(
-        self, instr: bir_pb2.Instruction, earliest: float, table: costs.CostTable | None = None
-    ) -> float:
-        """When `instr` would complete if placed now (a dma: its transfer, on the queue of its
-        pool that frees first), without placing it."""
-        cost = (table or self.table)(instr)
-        issue_end = self.start_time(instr, earliest, table) + cost.engine_ns
-        if not is_dma(instr.op):
+    def finish_time(self, engine: int, cost: costs.Cost, dma: bool, start: float) -> float:
+        """When an instruction started at `start` (start_time) would complete if placed now (a
+        dma: its transfer, on the queue of its pool that frees first), without placing it."""
+        issue_end = start + cost.engine_ns
+        if not dma:
             return issue_end
         free = self.queue_free
-        return max(issue_end, min(free[q] for q in self.pools[instr.engine])) + cost.transfer_ns
+        return max(issue_end, min(free[q] for q in self.pools[engine])) + cost.transfer_ns
 
-    def place(self, instr: bir_pb2.Instruction, start: float, table: costs.CostTable | None = None) -> float:
+    def place(self, node: int, engine: int, cost: costs.Cost, dma: bool, start: float) -> float:
         """Occupy the resources from `start`; returns the completion time."""
-        cost = (table or self.table)(instr)
         issue_end = start + cost.engine_ns
-        self.engine_free[instr.engine] = issue_end
+        self.engine_free[engine] = issue_end
         for port in cost.ports:
             self.port_free[port] = issue_end
-        if not is_dma(instr.op):
+        if not dma:
             return issue_end
         free = self.queue_free
-        queue = min(self.pools[instr.engine], key=free.__getitem__)
+        queue = min(self.pools[engine], key=free.__getitem__)
         finish = max(issue_end, free[queue]) + cost.transfer_ns
         free[queue] = finish
-        self.queue_of[instr.id] = queue
+        self.queue_of[node] = queue
         return finish
 
 
+class _Form(NamedTuple):
+    """An engine an instruction may run on, with its cost there: its own (`rewrite` None), a
+    store's copy on another trigger engine, or the ACT form of a DVE instruction, applied only if
+    the kept schedule runs it there. (A tuple: one is made per instruction per run.)"""
+
+    engine: int
+    cost: costs.Cost
+    dma: bool
+    rewrite: bir_pb2.Instruction | engine_choice.ActForm | None = None
+
+
 def _place_in_order(
-    instructions: list[bir_pb2.Instruction],
+    order: list[int],
     deps: DepGraph,
+    own: dict[int, _Form],
     table: costs.CostTable,
     pools: dict[int, list[int]] | None,
 ) -> tuple[float, _Machine]:
-    """(makespan, machine) of executing `instructions` in this order (in order per engine)."""
+    """(makespan, machine) of executing the instructions in this order (in order per engine)."""
     machine = _Machine.fresh(table, pools)
     finish: dict[int, float] = {}
-    for instr in instructions:
-        ready = max((finish.get(p, 0.0) for p in deps.predecessors(instr.id)), default=0.0)
-        finish[instr.id] = machine.place(instr, machine.start_time(instr, ready))
+    for node in order:
+        ready = max((finish.get(p, 0.0) for p in deps.predecessors(node)), default=0.0)
+        engine, cost, dma, _ = own[node]
+        finish[node] = machine.place(node, engine, cost, dma, machine.start_time(engine, cost, ready))
     return max(finish.values(), default=0.0), machine
 
 
@@ -151,50 +158,62 @@ def run(ctx: PassContext) -> None:
     deps = ctx.require_deps()
     program = ctx.program
     instructions = list(program.instructions)
-    by_id = {instr.id: instr for instr in instructions}
+    input_order = [instr.id for instr in instructions]  # ids read once: each read is a lookup
+    by_id = dict(zip(input_order, instructions, strict=True))
     if set(by_id) != set(deps.nodes):
         ctx.fail_needs("anti_dependency_analyzer (the graph does not match the instructions)")
     table = ctx.costs()
-    alternatives: dict[int, list[bir_pb2.Instruction]] = {}
-    alternative_costs = costs.CostTable(ctx.target)  # alternatives share their original's id
+    own: dict[int, _Form] = {}  # each instruction's form as it stands: engine, cost, dma or not
+    alternatives: dict[int, list[_Form]] = {}
+    trigger_costs = costs.CostTable(ctx.target)  # a store's copies share its id: priced apart
     triggers = []
     if options.choose_triggers and ctx.queues_assigned and ctx.queue_pools:
         triggers = sorted(e for e in ctx.queue_pools if e in engine_choice.HWDGE_ENGINES)
-    for instr in instructions:
-        forms = engine_choice.trigger_alternatives(instr, triggers) if triggers and is_dma(instr.op) else []
+    for node, instr in zip(input_order, instructions, strict=True):
+        cost, dma = table(instr), is_dma(instr.op)
+        own[node] = _Form(instr.engine, cost, dma)
+        forms = []
+        if triggers and dma:
+            forms = [
+                _Form(copy.engine, trigger_costs(copy), True, copy)
+                for copy in engine_choice.trigger_alternatives(instr, triggers)
+            ]
         if options.spread_to_act:
-            act = engine_choice.act_equivalent(instr)
-            forms += [act] if act is not None else []
+            act = engine_choice.act_form(instr)
+            if act is not None:  # priced from the DVE cost's operand facts, rewritten only if kept
+                inputs = act.inputs if act.inputs is not None else cost.operands.inputs
+                act_cost = table.priced_as(instr, act.op, engine_choice.ACT, inputs)
+                forms.append(_Form(engine_choice.ACT, act_cost, False, act))
         if forms:
-            alternatives[instr.id] = forms
+            alternatives[node] = forms
+    original_index = {node: position for position, node in enumerate(input_order)}
     priority: dict[int, float] = {}
     for node in reversed(deps.topological_order()):
-        own = table(by_id[node]).latency_ns
-        priority[node] = own + max((priority[s] for s in deps.successors(node)), default=0.0)
+        latency = own[node].cost.latency_ns
+        priority[node] = latency + max((priority[s] for s in deps.successors(node)), default=0.0)
 
     # More effort (tries > 1): schedule again under other pressure limits, keep the fastest.
     fractions = [options.pressure_fraction] + [f for f in EXTRA_FRACTIONS if f != options.pressure_fraction]
     best: _Schedule | None = None
     for fraction in fractions[: max(1, options.tries)]:
         schedule = _list_schedule(
-            ctx, instructions, priority, fraction, options.pressure_window, alternatives, alternative_costs
+            ctx, instructions, original_index, own, priority, fraction, options.pressure_window, alternatives
         )
         if best is None or schedule.makespan < best.makespan:
             best = schedule
     assert best is not None
 
-    original_index = {instr.id: position for position, instr in enumerate(instructions)}
-    makespan_before, unchanged = _place_in_order(instructions, deps, table, ctx.queue_pools)
+    makespan_before, unchanged = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
     if makespan_before < best.makespan:
         # The list scheduler is a heuristic: keep the input order when the model says it is
         # faster, unless it holds more on chip than the schedule does (the model does not count
         # the spills that would cost).
-        pressure = _Pressure.build(program, instructions, ctx.target, best.fraction)
-        for instr in instructions:
-            pressure.scheduled(instr)
+        pressure = _Pressure.build(program, instructions, ctx.target, best.fraction, ctx.footprint_cache)
+        for node in input_order:
+            pressure.scheduled(node)
         if all(pressure.peak[m] <= max(best.pressure.peak[m], pressure.limit[m]) for m in pressure.peak):
             best = _Schedule(
-                [i.id for i in instructions],
+                input_order,
                 makespan_before,
                 0,
                 pressure,
@@ -205,18 +224,20 @@ def run(ctx: PassContext) -> None:
             ctx.set_stat("kept_input_order", 1)
     ctx.triggers_before_schedule = {}
     for node, form in best.chosen.items():  # rewritten for the engine that ran it in the kept schedule
-        if is_dma(form.op):
+        if isinstance(form.rewrite, engine_choice.ActForm):
+            form.rewrite.apply(by_id[node])
+        elif form.rewrite is not None:  # a store on another trigger engine
             ctx.triggers_before_schedule[node] = bir_pb2.Instruction()
             ctx.triggers_before_schedule[node].CopyFrom(by_id[node])
-        by_id[node].CopyFrom(form)
-    table.adopt(alternative_costs, best.chosen)
+            by_id[node].CopyFrom(form.rewrite)
+        table.put(node, form.cost)
     new_order = [by_id[node] for node in best.order]
     moved = sum(1 for position, node in enumerate(best.order) if original_index[node] != position)
-    ctx.order_before_schedule = [instr.id for instr in instructions]
+    ctx.order_before_schedule = list(input_order)
     if ctx.queues_assigned:  # plan and program agree: each dma goes where the schedule put it
-        for instr in new_order:
-            if is_dma(instr.op):
-                instr.dma_queue = best.queue_of[instr.id]
+        for node in best.order:
+            if own[node].dma:
+                by_id[node].dma_queue = best.queue_of[node]
     birutil.set_order(program, new_order)
     ctx.scheduled = True
     ctx.order_changed()
@@ -226,8 +247,8 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("schedules_tried", min(len(fractions), max(1, options.tries)))
     ctx.set_stat("pressure_fraction_kept", best.fraction)
     ctx.set_stat("pressured_picks", best.pressured_picks)
-    ctx.set_stat("moved_to_act", sum(1 for form in best.chosen.values() if not is_dma(form.op)))
-    ctx.set_stat("triggers_moved", sum(1 for form in best.chosen.values() if is_dma(form.op)))
+    ctx.set_stat("moved_to_act", sum(1 for form in best.chosen.values() if not form.dma))
+    ctx.set_stat("triggers_moved", sum(1 for form in best.chosen.values() if form.dma))
     ctx.set_stat("peak_live_sbuf_bytes", best.pressure.peak[birutil.SBUF])
     ctx.set_stat("peak_live_psum_bytes", best.pressure.peak[birutil.PSUM])
     ctx.set_stat("est_makespan_before_ns", round(makespan_before, 1))
@@ -243,49 +264,51 @@ class _Schedule:
     pressure: _Pressure
     fraction: float
     queue_of: dict[int, int]  # dma id -> the queue it was planned on
-    chosen: dict[int, bir_pb2.Instruction]  # id -> the alternative form it was placed in
+    chosen: dict[int, _Form]  # id -> the alternative form it was placed in
 
 
 def _list_schedule(
     ctx: PassContext,
     instructions: list[bir_pb2.Instruction],
+    original_index: dict[int, int],
+    own: dict[int, _Form],
     priority: dict[int, float],
     fraction: float,
     window: int,
-    alternatives: dict[int, list[bir_pb2.Instruction]],
-    alternative_costs: costs.CostTable,
+    alternatives: dict[int, list[_Form]],
 ) -> _Schedule:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
-    instruction with entries in `alternatives` waits on its engine and on theirs."""
+    instruction runs as `own` says or, with entries in `alternatives`, waits on their engines too."""
     deps, table = ctx.require_deps(), ctx.costs()
-    by_id = {instr.id: instr for instr in instructions}
-    original_index = {instr.id: position for position, instr in enumerate(instructions)}
-    pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction)
+    pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction, ctx.footprint_cache)
     machine = _Machine.fresh(table, ctx.queue_pools)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
     waiting: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
     available: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    engines: list[int] = []  # every engine with a heap, in the order they first got one
     taken: set[int] = set()
 
     def push(node: int) -> None:
         entry = (earliest[node], -priority[node], original_index[node], node)
-        heapq.heappush(waiting[by_id[node].engine], entry)
-        for form in alternatives.get(node, ()):
+        for form in (own[node], *alternatives.get(node, ())):
+            if form.engine not in waiting:
+                engines.append(form.engine)
             heapq.heappush(waiting[form.engine], entry)
 
     for node in sorted((n for n, d in indegree.items() if d == 0), key=original_index.__getitem__):
         push(node)
 
     order: list[int] = []
-    chosen: dict[int, bir_pb2.Instruction] = {}
+    chosen: dict[int, _Form] = {}
     pressured_picks = 0
     makespan = 0.0
+    engine_free = machine.engine_free
     while len(order) < len(instructions):
         candidates = []
-        for engine in list(waiting.keys() | available.keys()):
-            free = machine.engine_free[engine]
+        for engine in engines:
+            free = engine_free[engine]
             heap, ready = waiting[engine], available[engine]
             while heap and heap[0][0] <= free:
                 _, neg_prio, index, node = heapq.heappop(heap)
@@ -307,21 +330,23 @@ def _list_schedule(
             if better is not None and better != node:
                 node = better
                 pressured_picks += 1
-        instr, prices = by_id[node], None
+        form = own[node]
+        ready_at = earliest[node]
+        start = machine.start_time(form.engine, form.cost, ready_at)
         if node in alternatives:  # of its engines, the one that finishes it first
-            best_finish = machine.finish_time(instr, earliest[node])
-            for form in alternatives[node]:
-                finish = machine.finish_time(form, earliest[node], alternative_costs)
+            best_finish = machine.finish_time(form.engine, form.cost, form.dma, start)
+            for other in alternatives[node]:
+                other_start = machine.start_time(other.engine, other.cost, ready_at)
+                finish = machine.finish_time(other.engine, other.cost, other.dma, other_start)
                 if finish < best_finish:
-                    best_finish, instr, prices = finish, form, alternative_costs
-            if prices is not None:
-                chosen[node] = instr
-        start = machine.start_time(instr, earliest[node], prices)
-        finish = machine.place(instr, start, prices)
+                    best_finish, form, start = finish, other, other_start
+            if form.rewrite is not None:
+                chosen[node] = form
+        finish = machine.place(node, form.engine, form.cost, form.dma, start)
         makespan = max(makespan, finish)
         taken.add(node)
         order.append(node)
-        pressure.scheduled(instr)
+        pressure.scheduled(node)
         for succ in deps.successors(node):
             earliest[succ] = max(earliest[succ], finish)
             indegree[succ] -= 1
@@ -361,13 +386,16 @@ class _Pressure:
         instructions: list[bir_pb2.Instruction],
         target: Target,
         fraction: float,
+        cache: dict[int, Any] | None = None,
     ) -> _Pressure:
-        onchip = {b.name: (b.memory, b.bytes_per_partition) for b in program.buffers}
+        """The pressure before the first instruction runs; `cache`: the analyzer's footprints
+        (ctx.footprint_cache), which name each instruction's buffers (birutil.touched_buffers)."""
+        onchip = {b.name: (b.name, b.memory, b.bytes_per_partition) for b in program.buffers}
         users: dict[str, int] = defaultdict(int)
         touches = {}
         for instr in instructions:
-            names = birutil.touched_buffers(instr)
-            touched = tuple((name, *onchip[name]) for name in names if name in onchip)
+            names = birutil.touched_buffers(instr, cache)
+            touched = tuple([onchip[name] for name in names if name in onchip])
             touches[instr.id] = touched
             for name, _, _ in touched:
                 users[name] += 1
@@ -448,8 +476,9 @@ class _Pressure:
             return shrinking
         return earliest_in_input[1] if earliest_in_input is not None else None
 
-    def scheduled(self, instr: bir_pb2.Instruction) -> None:
-        touched = self.touches.get(instr.id, ())
+    def scheduled(self, node: int) -> None:
+        """Instruction `node` runs next: its buffers become live, those it used last die."""
+        touched = self.touches.get(node, ())
         for name, memory, size in touched:  # its buffers are live while it runs ...
             if name not in self.live_names:
                 self.live_names.add(name)

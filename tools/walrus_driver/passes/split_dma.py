@@ -43,13 +43,15 @@ def run(ctx: PassContext) -> None:
     if ctx.queues_assigned:
         ctx.fail_needs_before("assign_hwdge_engine")
     program = ctx.program
-    parts = {instr.id: _parts(instr, options) for instr in program.instructions}
+    instructions = list(program.instructions)
+    ids = [instr.id for instr in instructions]  # read once: each read of a field is a lookup
+    parts = {node: _parts(instr, options) for node, instr in zip(ids, instructions, strict=True)}
     rebalanced = _fit_first_wave(program, parts, ctx.target.dma_queues if options.fit_first_wave else 0)
-    next_id = max((instr.id for instr in program.instructions), default=-1) + 1
+    next_id = max(ids, default=-1) + 1
     result: list[bir_pb2.Instruction] = []
     split = 0
-    for instr in program.instructions:
-        ranges = _ranges(instr, parts[instr.id])
+    for node, instr in zip(ids, instructions, strict=True):
+        ranges = _ranges(instr, parts[node])
         if len(ranges) < 2:
             result.append(instr)
             continue
