@@ -107,7 +107,8 @@ def test_a_program_without_pool_gets_no_drain():
     b.store("out", "c", 128, 64, name="store")
     program = b.build()
     ctx = run_passes(program, SYNC + ",sync_dve_pool")
-    assert ctx.stats["sync_dve_pool"] == {"port_instructions_waiting": 1, "drains": 0, "waits_moved": 0}
+    assert ctx.stats["sync_dve_pool"] == {"port_instructions_waiting": 0, "drains": 0, "waits_moved": 0}
+    assert program.num_semaphores and by_name(program)["dve"].waits  # its wait stays on it
 
 
 def test_verifier_refuses_synchronized_bir_missing_a_drain():

@@ -195,6 +195,12 @@ class ClockWalk:
 PORT_PARTNER = {birutil.DVE: birutil.POOL, birutil.POOL: birutil.DVE}
 
 
+def both_port_partners(program: bir_pb2.Program) -> bool:
+    """Whether the program runs instructions on both DVE and POOL (else no port wait can deadlock)."""
+    engines = {instr.engine for instr in program.instructions}
+    return all(engine in engines for engine in PORT_PARTNER)
+
+
 def waits_holding_port(instr: bir_pb2.Instruction, ports: tuple[str, ...]) -> bool:
     """Whether `instr` (holding `ports` while it runs) waits while holding the DVE/POOL SBUF port."""
     return bool(instr.waits) and instr.engine in PORT_PARTNER and SBUF_PORT in ports

@@ -538,7 +538,7 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
     walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(every))
     costs = ctx.costs()
     # between alloc_semaphores and sync_dve_pool the port-holding waits are not moved yet
-    check_ports = ctx.ports_synchronized or bool(program.streams)
+    check_ports = (ctx.ports_synchronized or bool(program.streams)) and syncmodel.both_port_partners(program)
     counts: dict[int, int] = defaultdict(int)
     heads = dict.fromkeys(streams, 0)
 

@@ -21,8 +21,8 @@ programs get no drain at all.
 
 Needs: semaphores inserted (alloc_semaphores) and nothing reordered afterwards; run before
 semaphore_reset. birverifier's rule `dve_pool_port` checks the result. Counters:
-`port_instructions_waiting` (DVE/POOL instructions needing the port that carry waits), `drains`,
-`waits_moved`.
+`port_instructions_waiting` (DVE/POOL instructions needing the port that carry waits; 0 when the
+program does not use both engines, as nothing then needs checking), `drains`, `waits_moved`.
 """
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ DRAIN_OP = "drain"
 def run(ctx: PassContext) -> None:
     ctx.require_synchronized()
     program = ctx.program
+    ctx.ports_synchronized = True
+    if not syncmodel.both_port_partners(program):  # no partner, no risk: skip the walk
+        for counter in ("port_instructions_waiting", "drains", "waits_moved"):
+            ctx.set_stat(counter, 0)
+        return
     costs = ctx.costs()
     walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(program.instructions))
     producers = syncmodel.SemaphoreProducers()
@@ -78,7 +83,6 @@ def run(ctx: PassContext) -> None:
     if drains:
         birutil.set_order(program, new_order)
         ctx.order_changed()
-    ctx.ports_synchronized = True
     ctx.sync_walk = walk  # the clocks of exactly this order (semaphore_reset reads them)
     ctx.set_stat("port_instructions_waiting", checked)
     ctx.set_stat("drains", drains)
