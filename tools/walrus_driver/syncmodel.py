@@ -60,11 +60,14 @@ class ClockSpace:
 
     @classmethod
     def for_instructions(cls, instructions: Iterable[bir_pb2.Instruction]) -> ClockSpace:
-        threads: set[Thread] = {engine_thread(e) for e in birutil.ALL_ENGINES}
-        for instr in instructions:
-            threads.add(engine_thread(instr.engine))
-            threads.add(access_thread(instr))
-        return cls(threads)
+        engines: set[int] = set(birutil.ALL_ENGINES)
+        queues: set[Thread] = set()
+        for instr in instructions:  # access_thread, with each field read once
+            engine = instr.engine
+            engines.add(engine)
+            if is_dma(instr.op):
+                queues.add(("Q", instr.dma_queue, engine))
+        return cls({engine_thread(e) for e in engines} | queues)
 
     def zero(self) -> Clock:
         return np.full(len(self.threads), -1, dtype=np.int32)
@@ -225,10 +228,11 @@ class SemaphoreProducers:
         self._count: dict[int, int] = {}
 
     def record(self, instr: bir_pb2.Instruction) -> None:
+        counts = self._count
         for update in instr.updates:
-            count = self._count.get(update.semaphore, 0) + update.increment
-            self._count[update.semaphore] = count
-            self.by_count[(update.semaphore, count)] = instr.id
+            semaphore = update.semaphore
+            count = counts[semaphore] = counts.get(semaphore, 0) + update.increment
+            self.by_count[(semaphore, count)] = instr.id
 
     def producer(self, wait: bir_pb2.SemaphoreWait) -> int:
         return self.by_count[(wait.semaphore, wait.value)]

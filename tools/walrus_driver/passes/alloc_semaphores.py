@@ -57,7 +57,7 @@ def run(ctx: PassContext) -> None:
     rows, threads, positions = walk.rows, walk.threads, walk.positions
     for instr in program.instructions:
         node = instr.id
-        base = walk.base_clock(instr)
+        base = walk.base_clock(instr).tolist()  # read per predecessor: a list indexes faster
         mine = space.index[syncmodel.access_thread(instr)]
         needed: list[int] = []
         for pred in deps.predecessors(node) if node in deps else ():
@@ -74,13 +74,15 @@ def run(ctx: PassContext) -> None:
                 continue
             needed.append(pred)
         needed_total += len(needed)
-        kept_ids = [
-            p
-            for p in needed
-            if not any(q != p and walk.completion_covers(q, p) for q in needed)
-        ]
-        implied += len(needed) - len(kept_ids)
-        kept_ids.sort(key=lambda p: (thread_index[p], position[p]))
+        kept_ids = needed
+        if len(needed) > 1:  # one producer implies no other
+            kept_ids = [
+                p
+                for p in needed
+                if not any(q != p and walk.completion_covers(q, p) for q in needed)
+            ]
+            implied += len(needed) - len(kept_ids)
+            kept_ids.sort(key=lambda p: (thread_index[p], position[p]))
         kept = [by_id[p] for p in kept_ids]
         groups = [kept[i : i + max_waits] for i in range(0, len(kept), max_waits)] or [[]]
         for group in groups[:-1]:  # extra waits ride on nops just before the instruction
@@ -107,14 +109,14 @@ def run(ctx: PassContext) -> None:
     waited = {pid for producers in wait_for.values() for pid in producers}
     semaphore: dict[syncmodel.Thread, int] = {}
     count: dict[syncmodel.Thread, int] = {}
-    value: dict[int, int] = {}
+    value: dict[int, tuple[int, int]] = {}  # producer id -> (its semaphore, the count it brings)
     for instr in new_order:
         if instr.id not in waited:
             continue
         thread = syncmodel.access_thread(instr)
         semaphore.setdefault(thread, len(semaphore))
         count[thread] = count.get(thread, 0) + 1
-        value[instr.id] = count[thread]
+        value[instr.id] = (semaphore[thread], count[thread])
         instr.updates.add(semaphore=semaphore[thread], increment=1)
     if len(semaphore) > target.num_semaphores:
         names = ", ".join(syncmodel.thread_name(t) for t in semaphore)
@@ -126,9 +128,9 @@ def run(ctx: PassContext) -> None:
         )
     updated = {i.id: i for i in new_order}
     for consumer, producers in wait_for.items():
-        waits = sorted((semaphore[syncmodel.access_thread(updated[p])], value[p]) for p in producers)
-        for sem, val in waits:
-            updated[consumer].waits.add(semaphore=sem, value=val)
+        waits = updated[consumer].waits
+        for sem, val in sorted(value[p] for p in producers):
+            waits.add(semaphore=sem, value=val)
 
     birutil.set_order(program, new_order)
     program.num_semaphores = len(semaphore)

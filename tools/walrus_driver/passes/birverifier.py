@@ -43,6 +43,10 @@ class Options:
     check_sync: str = "auto"  # yes | no | auto (= when deps are valid for addresses and synchronized)
 
 
+# An instruction's waits as (semaphore, value) and its updates as (semaphore, increment).
+_Sync = tuple[list[tuple[int, int]], list[tuple[int, int]]]
+
+
 @dataclass
 class _Report:
     problems: list[tuple[str, str, str]] = field(default_factory=list)
@@ -58,14 +62,14 @@ def run(ctx: PassContext) -> None:
     report = _Report()
     program = ctx.program
     require_allocated = _decide(options.require_allocated, ctx.allocated)
-    _check_instructions(ctx, report)
-    _check_buffers(ctx, report, require_allocated)
-    _check_sync_limits(ctx, report)
+    live = _check_instructions(ctx, report)
+    _check_buffers(ctx, report, require_allocated, live)
+    sync = _check_sync_limits(ctx, report)
     _check_streams(program, report)
     limits_ok = not report.problems
     check_sync = _decide(options.check_sync, ctx.deps_valid_for_addresses and ctx.synchronized)
     if limits_ok:
-        _check_execution(ctx, report, check_sync)
+        _check_execution(ctx, report, check_sync, sync)
     ctx.set_stat("checks", report.checks)
     ctx.set_stat("problems", len(report.problems))
     ctx.set_stat("sync_coverage_checked", int(limits_ok and check_sync))
@@ -83,61 +87,69 @@ def _decide(setting: str, auto: bool) -> bool:
     return auto if setting == "auto" else setting == "yes"
 
 
-def _check_instructions(ctx: PassContext, report: _Report) -> None:
+def _check_instructions(ctx: PassContext, report: _Report) -> dict[str, tuple[int, int]]:
+    """The per-instruction rules. Returns, read in the same walk of the operands, each on-chip
+    buffer's live range: the positions of the first and last instructions that name it
+    (birutil.touched_buffers), for _check_buffers."""
     program, target = ctx.program, ctx.target
     buffers = birutil.buffer_map(program)
     tensors = {t.name: t for t in program.hbm}
     ids: set[int] = set()
     names: set[str] = set()
-    for instr in program.instructions:
-        where = instr.name or f"%{instr.id}"
+    live: dict[str, tuple[int, int]] = {}
+    onchip = birutil.ONCHIP
+    for position, instr in enumerate(program.instructions):
+        instr_id, name, op, engine = instr.id, instr.name, instr.op, instr.engine
+        inputs, outputs = list(instr.inputs), list(instr.outputs)  # each operand read once
+        operands = inputs + outputs
+        memories = [ap.memory for ap in operands]
+        for ap, memory in zip(operands, memories, strict=True):
+            if memory in onchip:
+                tensor = ap.tensor
+                first, _ = live.get(tensor, (position, position))
+                live[tensor] = (first, position)
+        where = name or f"%{instr_id}"
         report.checks += 1
-        if instr.id in ids:
-            report.fail("unique_ids", where, f"id {instr.id} is used twice")
-        if instr.name in names:
+        if instr_id in ids:
+            report.fail("unique_ids", where, f"id {instr_id} is used twice")
+        if name in names:
             report.fail("unique_ids", where, "name is used twice")
-        ids.add(instr.id)
-        names.add(instr.name)
-        if instr.op not in birutil.OP_ARITY:
-            report.fail("known_op", where, f"unknown op {instr.op!r}")
+        ids.add(instr_id)
+        names.add(name)
+        if op not in birutil.OP_ARITY:
+            report.fail("known_op", where, f"unknown op {op!r}")
             continue
-        allowed = birutil.OP_ENGINES[instr.op]
-        if instr.engine not in birutil.ALL_ENGINES:
-            report.fail("engine_rule", where, f"engine {instr.engine} is not an engine")
-        elif allowed is not None and instr.engine not in allowed:
+        allowed = birutil.OP_ENGINES[op]
+        if engine not in birutil.ALL_ENGINES:
+            report.fail("engine_rule", where, f"engine {engine} is not an engine")
+        elif allowed is not None and engine not in allowed:
             wanted = "/".join(sorted(birutil.engine_name(e) for e in allowed))
-            report.fail(
-                "engine_rule", where, f"{instr.op} runs on {wanted}, not {birutil.engine_name(instr.engine)}"
-            )
-        n_in, n_out = birutil.OP_ARITY[instr.op]
-        inputs, outputs = instr.inputs, instr.outputs
+            report.fail("engine_rule", where, f"{op} runs on {wanted}, not {birutil.engine_name(engine)}")
+        n_in, n_out = birutil.OP_ARITY[op]
         if len(inputs) != n_in or len(outputs) != n_out:
             report.fail(
                 "operand_count",
                 where,
-                f"{instr.op} takes {n_in} inputs and {n_out} outputs, "
+                f"{op} takes {n_in} inputs and {n_out} outputs, "
                 f"has {len(inputs)} and {len(outputs)}",
             )
             continue
-        operands = [*inputs, *outputs]
         for ap in operands:
             _check_operand(ap, instr, where, buffers, tensors, target.partitions, report)
-        _check_op_shapes(instr, where, target, report)
-        dma = is_dma(instr.op)
+        _check_op_shapes(instr, inputs, outputs, where, target, report)
+        dma = is_dma(op)
         if dma and not 0 <= instr.dma_queue < target.dma_queues:
             report.fail(
                 "dma_queue", where, f"queue {instr.dma_queue} does not exist (target has {target.dma_queues})"
             )
         if not dma:
-            pool = instr.engine == birutil.POOL
-            for ap in operands:
-                memory = ap.memory
+            pool = engine == birutil.POOL
+            for ap, memory in zip(operands, memories, strict=True):
                 if memory == birutil.HBM:
-                    report.fail(
-                        "onchip_operands", where, f"{instr.op} cannot access HBM tensor {ap.tensor!r}"
-                    )
+                    report.fail("onchip_operands", where, f"{op} cannot access HBM tensor {ap.tensor!r}")
                 if memory == birutil.PSUM and pool:
                     report.fail("pool_psum", where, f"POOL cannot access PSUM (operand {ap.tensor!r})")
+    return live
 
 
 def _check_operand(
@@ -242,20 +254,29 @@ def _check_indirect_dma(instr: bir_pb2.Instruction, where: str, report: _Report)
                     f"{instr.op} converts {dtypes.name(table.dtype)} to {dtypes.name(rows.dtype)}")
 
 
-def _check_op_shapes(instr: bir_pb2.Instruction, where: str, target: Target, report: _Report) -> None:
+def _check_op_shapes(
+    instr: bir_pb2.Instruction,
+    inputs: list[bir_pb2.AccessPattern],
+    outputs: list[bir_pb2.AccessPattern],
+    where: str,
+    target: Target,
+    report: _Report,
+) -> None:
+    """Element counts, shapes and dtypes per op; `inputs` and `outputs` are the instruction's operands."""
     report.checks += 1
     count = birutil.element_count
-    out = instr.outputs[0] if instr.outputs else None
-    if instr.op in INDIRECT_DMA_OPS:
+    out = outputs[0] if outputs else None
+    op = instr.op
+    if op in INDIRECT_DMA_OPS:
         _check_indirect_dma(instr, where, report)
-    elif is_dma(instr.op):
-        src, dst = instr.inputs[0], instr.outputs[0]
+    elif is_dma(op):
+        src, dst = inputs[0], outputs[0]
         if count(src) != count(dst):
             report.fail("element_count", where, f"dma moves {count(src)} elements into {count(dst)}")
         if dtypes.itemsize(src.dtype) != dtypes.itemsize(dst.dtype):  # bytes move; values are not converted
             report.fail("dtype", where, f"dma converts {dtypes.name(src.dtype)} to {dtypes.name(dst.dtype)}")
-    elif instr.op == "matmul":
-        stationary, moving = instr.inputs
+    elif op == "matmul":
+        stationary, moving = inputs
         if out.memory != birutil.PSUM:
             report.fail("matmul_psum", where, f"matmul writes {birutil.memory_name(out.memory)}, not PSUM")
         if out.dtype != common_pb2.F32:
@@ -283,17 +304,18 @@ def _check_op_shapes(instr: bir_pb2.Instruction, where: str, target: Target, rep
                 f"K={k} M={m} N={n} exceed K<={target.partitions} M<={target.matmul_max_stationary_free} "
                 f"N<={target.matmul_max_moving_free}",
             )
-    elif instr.op == "tensor_reduce":
-        source = instr.inputs[0]
+    elif op == "tensor_reduce":
+        source = inputs[0]
         if out.partition_count != source.partition_count or count(out) != source.partition_count:
             report.fail(
                 "element_count",
                 where,
                 f"reduce of {source.partition_count} partitions writes {count(out)} elements",
             )
-    elif instr.op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select"):
-        for ap in instr.inputs:
-            if count(ap) != count(out) or ap.partition_count != out.partition_count:
+    elif op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select"):
+        out_count, out_partitions = count(out), out.partition_count
+        for ap in inputs:
+            if count(ap) != out_count or ap.partition_count != out_partitions:
                 report.fail(
                     "element_count",
                     where,
@@ -303,13 +325,11 @@ def _check_op_shapes(instr: bir_pb2.Instruction, where: str, target: Target, rep
                 )
 
 
-def _check_buffers(ctx: PassContext, report: _Report, require_allocated: bool) -> None:
+def _check_buffers(
+    ctx: PassContext, report: _Report, require_allocated: bool, live: dict[str, tuple[int, int]]
+) -> None:
+    """The per-buffer rules, and no overlap of buffers `live` (first, last position) at once."""
     program, target = ctx.program, ctx.target
-    live: dict[str, tuple[int, int]] = {}
-    for position, instr in enumerate(program.instructions):
-        for name in birutil.touched_buffers(instr):
-            first, _ = live.get(name, (position, position))
-            live[name] = (first, position)
     placed: dict[int, list[bir_pb2.Buffer]] = defaultdict(list)
     for buffer in program.buffers:
         report.checks += 1
@@ -361,24 +381,34 @@ def _check_overlap(buffers: list[bir_pb2.Buffer], live: dict[str, tuple[int, int
     used = sorted(
         (live[b.name][0], live[b.name][1], b) for b in buffers if b.name in live and b.bytes_per_partition
     )
-    active: list[tuple[int, bir_pb2.Buffer]] = []  # (last use, buffer)
+    active: list[tuple[int, int, int, bir_pb2.Buffer]] = []  # (last use, address, end address, buffer)
     for start, end, b in used:
-        active = [(last, a) for last, a in active if last >= start]
-        b_end = b.address + b.bytes_per_partition
-        for _, a in active:
-            a_end = a.address + a.bytes_per_partition
-            if a.address < b_end and b.address < a_end:
-                first, second = (a, b) if a.address <= b.address else (b, a)
+        active = [entry for entry in active if entry[0] >= start]
+        b_address = b.address
+        b_end = b_address + b.bytes_per_partition
+        for _, a_address, a_end, a in active:
+            if a_address < b_end and b_address < a_end:
+                first, second = (a, b) if a_address <= b_address else (b, a)
                 shared_end = min(a_end, b_end)
                 report.fail(
                     "allocation_overlap",
                     first.name,
                     f"shares bytes [{second.address}, {shared_end}) with {second.name!r} while both are live",
                 )
-        active.append((end, b))
+        active.append((end, b_address, b_end, b))
 
 
-def _check_sync_limits(ctx: PassContext, report: _Report) -> None:
+def _sync_of(instr: bir_pb2.Instruction) -> _Sync:
+    """The instruction's waits and updates as tuples: each wait and update read once."""
+    return (
+        [(w.semaphore, w.value) for w in instr.waits] if instr.waits else [],
+        [(u.semaphore, u.increment) for u in instr.updates] if instr.updates else [],
+    )
+
+
+def _check_sync_limits(ctx: PassContext, report: _Report) -> dict[int, _Sync]:
+    """The semaphore limits and ids. Returns every instruction's _sync_of by id, for
+    _check_execution (which runs only when no check failed: ids are then unique)."""
     program, target = ctx.program, ctx.target
     if program.num_semaphores > target.num_semaphores:
         report.fail(
@@ -386,31 +416,32 @@ def _check_sync_limits(ctx: PassContext, report: _Report) -> None:
             program.name,
             f"{program.num_semaphores} semaphores, target has {target.num_semaphores}",
         )
+    sync: dict[int, _Sync] = {}
     for instr in program.instructions:
         report.checks += 1
+        waits, updates = sync[instr.id] = _sync_of(instr)
         where = instr.name or f"%{instr.id}"
-        if len(instr.waits) > target.max_waits_per_instruction:
+        if len(waits) > target.max_waits_per_instruction:
             report.fail(
-                "wait_limit", where, f"{len(instr.waits)} waits (at most {target.max_waits_per_instruction})"
+                "wait_limit", where, f"{len(waits)} waits (at most {target.max_waits_per_instruction})"
             )
-        if len(instr.updates) > target.max_updates_per_instruction:
+        if len(updates) > target.max_updates_per_instruction:
             report.fail(
                 "update_limit",
                 where,
-                f"{len(instr.updates)} updates (at most {target.max_updates_per_instruction})",
+                f"{len(updates)} updates (at most {target.max_updates_per_instruction})",
             )
-        for sem in [w.semaphore for w in instr.waits] + [u.semaphore for u in instr.updates]:
+        for sem, _ in waits + updates:
             if not 0 <= sem < program.num_semaphores:
                 report.fail(
                     "semaphore_id",
                     where,
                     f"semaphore {sem} is not below num_semaphores={program.num_semaphores}",
                 )
-        for update in instr.updates:
-            if update.increment <= 0:
-                report.fail(
-                    "semaphore_update", where, f"update of semaphore {update.semaphore} by {update.increment}"
-                )
+        for sem, increment in updates:
+            if increment <= 0:
+                report.fail("semaphore_update", where, f"update of semaphore {sem} by {increment}")
+    return sync
 
 
 def _streams(program: bir_pb2.Program) -> dict[int, list[bir_pb2.Instruction]]:
@@ -450,14 +481,24 @@ def _check_streams(program: bir_pb2.Program, report: _Report) -> None:
 
 
 def _check_reset(
-    streams: dict[int, list[bir_pb2.Instruction]], walk: syncmodel.ClockWalk, final: bool, report: _Report
+    streams: dict[int, list[bir_pb2.Instruction]],
+    walk: syncmodel.ClockWalk,
+    final: bool,
+    sync: dict[int, list[_Sync]],
+    report: _Report,
 ) -> None:
     """Rule `semaphore_reset`: a program that updates semaphores ends its SP stream with one
     sem_reset that every update and every wait is ordered before, so each inference starts from
     zero counts and no engine is left waiting for a count the reset took away.
-    A missing reset is an error once the program is `final` (codegen made its streams)."""
+    A missing reset is an error once the program is `final` (codegen made its streams).
+    `sync`: per engine, the _sync_of each instruction of its stream."""
     resets = [instr for stream in streams.values() for instr in stream if instr.op == "sem_reset"]
-    updaters = [instr for stream in streams.values() for instr in stream if instr.updates]
+    updaters = [
+        instr
+        for engine, stream in streams.items()
+        for instr, (_, updates) in zip(stream, sync[engine], strict=True)
+        if updates
+    ]
     if not resets and not (updaters and final):
         return  # between alloc_semaphores and semaphore_reset the program is not finished yet
     report.checks += 1
@@ -476,7 +517,7 @@ def _check_reset(
         return
     clock = walk.access_clock[reset.id]
     for engine, stream in streams.items():  # an engine blocked on a wait when the counts drop hangs
-        last = max((position for position, instr in enumerate(stream) if instr.waits), default=-1)
+        last = max((position for position, (waits, _) in enumerate(sync[engine]) if waits), default=-1)
         if engine != reset.engine and last >= 0:
             if clock[walk.space.index[syncmodel.engine_thread(engine)]] < last:
                 report.fail(
@@ -519,21 +560,32 @@ def _check_port_waits(
             return
 
 
-def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> None:
-    """Abstract execution of the streams: deadlock freedom, then dependence coverage by clocks."""
+def _check_execution(
+    ctx: PassContext, report: _Report, check_sync: bool, global_sync: dict[int, _Sync]
+) -> None:
+    """Abstract execution of the streams: deadlock freedom, then dependence coverage by clocks.
+    `global_sync`: _sync_of every instruction of the global order by id (_check_sync_limits)."""
     program = ctx.program
     streams = _streams(program)
     every = [instr for stream in streams.values() for instr in stream]
+    # per engine, _sync_of each instruction of its stream: program.streams hold instructions of
+    # their own (equal to the global order's only where _check_streams had one to compare with)
+    own = bool(program.streams)
+    sync = {
+        engine: [_sync_of(instr) if own else global_sync[instr.id] for instr in stream]
+        for engine, stream in streams.items()
+    }
     # Per semaphore, per updating thread: cumulative counts in thread order.
     updaters: dict[int, dict[syncmodel.Thread, list[tuple[int, int]]]] = defaultdict(
         lambda: defaultdict(list)
     )
     for engine in sorted(streams):
-        for instr in streams[engine]:
-            for update in instr.updates:
-                entries = updaters[update.semaphore][syncmodel.access_thread(instr)]
-                entries.append(((entries[-1][0] if entries else 0) + update.increment, instr.id))
+        for instr, (_, updates) in zip(streams[engine], sync[engine], strict=True):
+            for semaphore, increment in updates:
+                entries = updaters[semaphore][syncmodel.access_thread(instr)]
+                entries.append(((entries[-1][0] if entries else 0) + increment, instr.id))
     totals = {sem: {t: e[-1][0] for t, e in threads.items()} for sem, threads in updaters.items()}
+    grand_totals = {sem: sum(threads.values()) for sem, threads in totals.items()}
 
     walk = syncmodel.ClockWalk(syncmodel.ClockSpace.for_instructions(every))
     costs = ctx.costs()
@@ -542,11 +594,12 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
     counts: dict[int, int] = defaultdict(int)
     heads = dict.fromkeys(streams, 0)
 
-    def implied(wait: bir_pb2.SemaphoreWait) -> list[list[int]]:
+    def implied(semaphore: int, value: int) -> list[syncmodel.Clock]:
+        """The completion clocks of the producers that a wait for `semaphore` >= `value` implies."""
         clocks = []
-        total = sum(totals.get(wait.semaphore, {}).values())
-        for thread, entries in updaters.get(wait.semaphore, {}).items():
-            need = wait.value - (total - totals[wait.semaphore][thread])
+        total = grand_totals.get(semaphore, 0)
+        for thread, entries in updaters.get(semaphore, {}).items():
+            need = value - (total - totals[semaphore][thread])
             if need <= 0:
                 continue
             at = bisect.bisect_left(entries, (need, -1))  # first producer whose running count >= need
@@ -562,14 +615,16 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
             stream = streams[engine]
             while heads[engine] < len(stream):
                 instr = stream[heads[engine]]
-                if any(counts[w.semaphore] < w.value for w in instr.waits):
+                waits, updates = sync[engine][heads[engine]]
+                if any(counts[semaphore] < value for semaphore, value in waits):
                     break
-                wait_clocks = [implied(w) for w in instr.waits]
-                if check_ports and syncmodel.waits_holding_port(instr, costs(instr).ports):
+                wait_clocks = [implied(semaphore, value) for semaphore, value in waits]
+                # waits_holding_port is False without waits: only an instruction that waits is priced
+                if check_ports and waits and syncmodel.waits_holding_port(instr, costs(instr).ports):
                     _check_port_waits(walk, instr, wait_clocks, report)
                 walk.step(instr, [clock for clocks in wait_clocks for clock in clocks])
-                for update in instr.updates:
-                    counts[update.semaphore] += update.increment
+                for semaphore, increment in updates:
+                    counts[semaphore] += increment
                 heads[engine] += 1
                 remaining -= 1
                 progressed = True
@@ -586,15 +641,16 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
             report.fail("deadlock", first, "every engine is blocked: " + "; ".join(blocked))
             return
     report.checks += 1
-    _check_reset(streams, walk, bool(program.streams), report)
+    _check_reset(streams, walk, bool(program.streams), sync, report)
     if not check_sync or ctx.deps is None:
         return
     by_id = {instr.id: instr for instr in every}
     index = {instr.id: position for position, instr in enumerate(program.instructions)}
+    edges_checked = 0
     for src, dst in ctx.deps.edges:
         if src not in by_id or dst not in by_id:
             continue
-        report.checks += 1
+        edges_checked += 1
         if index.get(src, -1) < index.get(dst, -1) and walk.access_covers(dst, src):
             continue  # ordered: the consumer's access clock covers the producer
         producer, consumer = by_id[src], by_id[dst]
@@ -613,3 +669,4 @@ def _check_execution(ctx: PassContext, report: _Report, check_sync: bool) -> Non
                 f"{syncmodel.thread_name(syncmodel.access_thread(producer))} to "
                 f"{syncmodel.thread_name(syncmodel.access_thread(consumer))} is not ordered by any wait",
             )
+    report.checks += edges_checked

@@ -11,8 +11,9 @@ carries so that `ncc run` can report makespan over lower bound at every optimiza
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import defaultdict
 
+from ncc.schemas import bir_pb2
 from ncc.tools.walrus_driver import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -26,19 +27,23 @@ def run(ctx: PassContext) -> None:
     ctx.require_synchronized()
     program = ctx.program
     del program.streams[:]
-    used = sorted({instr.engine for instr in program.instructions})
-    streams = {engine: program.streams.add(engine=engine) for engine in used}
-    for instr in program.instructions:
-        streams[instr.engine].instructions.append(instr)
+    per_engine: dict[int, list[bir_pb2.Instruction]] = defaultdict(list)
+    waits = nops = 0
+    for instr in program.instructions:  # one walk: the streams' contents and the counters
+        per_engine[instr.engine].append(instr)
+        waits += len(instr.waits)
+        nops += instr.op == "nop"
+    used = sorted(per_engine)
+    for engine in used:
+        program.streams.add(engine=engine).instructions.extend(per_engine[engine])
     ctx.codegen_done = True
     deps = ctx.valid_deps()
     bound = costs.lower_bound_ns(program.instructions, deps, ctx.target, ctx.costs(), flow_only=True)
     program.attributes["walrus.lower_bound_ns"] = f"{bound['lower_bound_ns']:.1f}"
     ctx.set_stat("lower_bound_ns", round(bound["lower_bound_ns"], 1))
-    per_engine = Counter(instr.engine for instr in program.instructions)
     ctx.set_stat("streams", len(used))
     ctx.set_stat("instructions", len(program.instructions))
-    for engine, number in sorted(per_engine.items()):
-        ctx.set_stat(f"instructions_{birutil.engine_name(engine)}", number)
-    ctx.set_stat("waits", sum(len(i.waits) for i in program.instructions))
-    ctx.set_stat("nops", sum(1 for i in program.instructions if i.op == "nop"))
+    for engine in used:
+        ctx.set_stat(f"instructions_{birutil.engine_name(engine)}", len(per_engine[engine]))
+    ctx.set_stat("waits", waits)
+    ctx.set_stat("nops", nops)

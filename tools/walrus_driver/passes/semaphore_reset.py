@@ -51,7 +51,11 @@ def run(ctx: PassContext) -> None:
         return
     walk, value_of = _walk(program, ctx.sync_walk)
     sp_clock = walk.base_clock(bir_pb2.Instruction(engine=birutil.SP))
-    last_updater = {semaphore: producer for (semaphore, _), producer in sorted(value_of.items())}
+    highest: dict[int, tuple[int, int]] = {}  # semaphore -> (its final count, the producer of it)
+    for (semaphore, count), producer in value_of.items():
+        if count > highest.get(semaphore, (count - 1,))[0]:
+            highest[semaphore] = (count, producer)
+    last_updater = {semaphore: highest[semaphore][1] for semaphore in sorted(highest)}
 
     def needed(clocks: list[syncmodel.Clock]) -> list[int]:
         """Last updaters that SP's order and the given completions do not already cover, minus
@@ -89,7 +93,7 @@ def run(ctx: PassContext) -> None:
         waits.append((barrier, len(arriving)))
     else:
         arrivals = []
-    final = {semaphore: count for semaphore, count in sorted(value_of)}  # the highest count last
+    final = {semaphore: count for semaphore, (count, _) in highest.items()}
     semaphore_of = {producer: semaphore for semaphore, producer in last_updater.items()}
     waits += [(semaphore_of[p], final[semaphore_of[p]]) for p in needed(arrivals)]
     waits.sort()
@@ -130,9 +134,10 @@ def _last_waiting_position(program: bir_pb2.Program) -> dict[int, int]:
     position: dict[int, int] = {}
     last: dict[int, int] = {}
     for instr in program.instructions:
-        position[instr.engine] = position.get(instr.engine, -1) + 1
+        engine = instr.engine
+        at = position[engine] = position.get(engine, -1) + 1
         if instr.waits:
-            last[instr.engine] = position[instr.engine]
+            last[engine] = at
     return last
 
 
