@@ -8,6 +8,8 @@ compilers on one function in one run):
   mlp        L layers of gelu(x @ W_l) on x f32[B, D], W_l f32[D, D] (weights are parameters)
   attention  L stacked single-head attention blocks with a residual, on x f32[S, D]
   bdot       a batched dot f32[B, M, K] x f32[B, K, N]
+  fan        N elementwise ops on f32[R, C] where step i also reads step i // 2: about N / 2 values
+             are live at once in every tile, more than SBUF holds for N = 100, C = 8192
 
 `hlo_text(family, **size)` returns the module text; `jax_function(family, **size)` returns
 (function, argument shapes) or None without JAX.
@@ -138,7 +140,22 @@ def bdot(batch: int, m: int, k: int, n: int) -> str:
     )
 
 
-FAMILIES: dict[str, Callable[..., str]] = {"chain": chain, "mlp": mlp, "attention": attention, "bdot": bdot}
+def fan(n: int, rows: int = 128, cols: int = 8192) -> str:
+    """x_i = x_{i-1} (tanh'd every third step) + or * x_{i // 2}."""
+    shape = f"f32[{rows},{cols}]"
+    lines = [f"HloModule fan_{n}x{rows}x{cols}", "", "ENTRY main {", f"  x0 = {shape} parameter(0)"]
+    for i in range(1, n + 1):
+        previous = f"x{i - 1}"
+        if i % 3 == 0:
+            lines.append(f"  t{i} = {shape} tanh({previous})")
+            previous = f"t{i}"
+        op = "add" if i % 2 else "multiply"
+        lines.append(f"  {'ROOT ' if i == n else ''}x{i} = {shape} {op}({previous}, x{i // 2})")
+    return "\n".join([*lines, "}", ""])
+
+
+FAMILIES: dict[str, Callable[..., str]] = {"chain": chain, "mlp": mlp, "attention": attention, "bdot": bdot,
+                                           "fan": fan}
 
 
 def hlo_text(family: str, **size: int) -> str:
@@ -193,6 +210,17 @@ def jax_function(family: str, **size: int) -> tuple[Callable, list[tuple[int, ..
             return x
 
         return f_attention, [(seq, d), (d, d), (d, d), (d, d)]
+    if family == "fan":
+        n, rows, cols = size["n"], size.get("rows", 128), size.get("cols", 8192)
+
+        def f_fan(x0):
+            xs = [x0]
+            for i in range(1, n + 1):
+                previous = jnp.tanh(xs[-1]) if i % 3 == 0 else xs[-1]
+                xs.append(previous + xs[i // 2] if i % 2 else previous * xs[i // 2])
+            return xs[-1]
+
+        return f_fan, [(rows, cols)]
     if family == "bdot":
         batch, m, k, n = size["batch"], size["m"], size["k"], size["n"]
         return (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b)), [(batch, m, k), (batch, k, n)]

@@ -8,7 +8,12 @@ instruction whose operands are concrete access patterns:
     a block that software pipelining widened along the partitions or a leading dimension is a ring
     of slabs, one virtual buffer per slab; widened along the free dimension, one buffer holds the
     iterations side by side);
-  * extents are clipped at the tensor's logical shape (partial tiles).
+  * extents are clipped at the tensor's logical shape (partial tiles);
+  * a block written again in full (every byte of its buffer, by an instruction that does not also
+    read it) starts a new virtual buffer, `name#n`, and the readers after it name that one: a tile
+    loaded afresh at every step of an outer loop (a weight tile reloaded for each row block) is
+    then n short-lived buffers rather than one that lives from the first load to the last read,
+    which the scheduler and the allocator would have to keep on chip all along.
 The list is in program order, which is a valid order; the backend reorders, allocates and syncs.
 
 The instruction budget (tools/common/penguin_budget.py) is checked before anything unrolls.
@@ -42,6 +47,8 @@ class BirCodeGenLoop:
         self.tensors = {t.name: t for t in program.tensors}
         self.bir = bir_pb2.Program(name=program.name, target=target)
         self.buffers: dict[str, bir_pb2.Buffer] = {}
+        self.current: dict[str, str] = {}  # block buffer -> the version its next reader reads
+        self.versions: dict[str, int] = {}  # block buffer -> how many times it was written in full
 
     def run(self) -> bir_pb2.Program:
         check_budget(self.penguin)
@@ -94,6 +101,10 @@ class BirCodeGenLoop:
         instr.outputs.extend(ap for ap, _ in outputs)
         instr.inputs.extend(ap for ap, _ in inputs)
         instr.scalars.extend(st.scalars)
+        if st.op == "matmul":
+            axis = st.attributes.get("accumulate_axis", "")
+            instr.accumulate = bool(axis) and env[axis] - self._shift(nest, st, axis) != 0
+        self._version(instr)
         for key, value in st.attributes.items():
             if key not in ("accumulate_axis", "iota_dimension", "broadcast"):
                 instr.attributes[key] = value
@@ -101,9 +112,6 @@ class BirCodeGenLoop:
             source, free = instr.inputs[0], instr.outputs[0].dims[-1].count
             del source.dims[:]
             source.dims.add(stride=0, count=free)
-        if st.op == "matmul":
-            axis = st.attributes.get("accumulate_axis", "")
-            instr.accumulate = bool(axis) and env[axis] - self._shift(nest, st, axis) != 0
         if st.op == "iota":
             self._iota_scalars(instr, st, outputs[0][1])
         if st.op == "dma" and _partition_broadcast(instr):
@@ -128,6 +136,34 @@ class BirCodeGenLoop:
         del src.dims[0]
         del load.outputs[:]
         load.outputs.add(memory=out.memory, tensor=row, dtype=out.dtype, partition_count=1, dims=out.dims)
+
+    def _version(self, instr: bir_pb2.Instruction) -> None:
+        """Name the buffer versions `instr` reads and writes (the module docstring's last point)."""
+        for ap in instr.inputs:
+            if ap.memory != common_pb2.HBM:
+                ap.tensor = self.current.get(ap.tensor, ap.tensor)
+        reads = {ap.tensor for ap in instr.inputs}
+        for ap in instr.outputs:
+            if ap.memory == common_pb2.HBM:
+                continue
+            block = ap.tensor
+            name = self.current.get(block, block)
+            written = self.versions.get(block)
+            if written is None:
+                self.versions[block] = 0  # the first write keeps the block's own name
+            elif name not in reads and not instr.accumulate and self._covers(ap, self.buffers[block]):
+                self.versions[block] = written + 1
+                name = self.current[block] = f"{block}#{written + 1}"
+                self.bir.buffers.add().CopyFrom(self.buffers[block])
+                self.bir.buffers[-1].name = name
+            ap.tensor = name
+
+    @staticmethod
+    def _covers(ap: bir_pb2.AccessPattern, buffer: bir_pb2.Buffer) -> bool:
+        """Whether `ap` is every byte of `buffer`."""
+        return (ap.partition_start == 0 and ap.partition_count == buffer.partitions and ap.offset == 0
+                and len(ap.dims) == 1 and ap.dims[0].stride == 1
+                and ap.dims[0].count * itemsize(ap.dtype) == buffer.bytes_per_partition)
 
     @staticmethod
     def _shift(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, axis: str) -> int:

@@ -14,22 +14,38 @@ then the load keeps only `a == 0` and those dimensions of the tile are marked re
 clipped (partial) last tile reads its first rows. The step a == 0 is the widest tile and comes
 first in the nest's order for any fixed value of the other axes, so every reader finds it loaded.
 Software-pipelined nests are left alone (their ring of buffers is per iteration).
+
+A second case needs no replication: along an axis `a` that neither the load's source box nor its
+destination mentions at all, every step of `a` reloads the same bytes into the same blocks (a
+dot's stationary tile in its column loop, its moving tile in tile_order's inner row loop). When
+the destination's block determines the source box (every axis the source walks, the destination
+walks one block per step, so no two boxes share a block) and every predicate of the load that
+holds at a step of `a` holds at step 0 too (it does not mention `a`, or bounds it from above, as
+tile_order's guard does), the load keeps only `a == 0`: each block stays on chip from its first
+load to its last reader. The blocks kept at once (one per point of the loops inside `a` that the
+destination walks) must fit KEEP_BUDGET_BYTES a partition.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base
+from ncc.tools.common.dtypes import itemsize
 
 
 @dataclass
 class InvariantLoadStats:
     loads_hoisted: int = 0
     tiles_replicated: int = 0
+    loads_kept: int = 0  # loads run once along an axis they do not mention (the second case)
+
+
+KEEP_BUDGET_BYTES = 64 * 1024  # per partition: the blocks one load keeps on chip across a loop
 
 
 def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
@@ -53,6 +69,7 @@ def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
             if hoisted:
                 stats.loads_hoisted += 1
                 stats.tiles_replicated += hoisted
+            stats.loads_kept += _keep(nest, st, tensors, writers, nests_of, index)
     return stats
 
 
@@ -91,6 +108,71 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
         dst.replicated_dims.extend(sorted(set(dims) - set(dst.replicated_dims)))
         hoisted += 1
     return hoisted
+
+
+def _keep(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
+          writers: dict[str, int], nests_of: dict[str, set[int]], index: int) -> int:
+    """Run `st` at step 0 only of each axis neither of its boxes mentions (the second case of the
+    module docstring); the number of such axes."""
+    if st.op != "dma" or len(st.inputs) != 1 or len(st.outputs) != 1:
+        return 0
+    source, tile = st.inputs[0], st.outputs[0]
+    view, dst = tensors[source.tensor], tensors[tile.tensor]
+    if view.memory != common_pb2.HBM or dst.memory == common_pb2.HBM:
+        return 0
+    if writers[base(tensors, source.tensor)] or writers[tile.tensor] != 1 or nests_of[tile.tensor] != {index}:
+        return 0
+    if dst.num_buffers > 1 or list(dst.replicated_dims) or list(dst.block_shape) != [
+            *[1] * (len(dst.shape) - 2), *dst.block_shape[-2:]]:
+        return 0
+    strides = list(view.view_strides) if view.view_of else [1] * len(source.starts)
+    extents = {axis.name: axis.extent for axis in nest.axes}
+    walked = {term.var for d, start in enumerate(source.starts) for term in start.terms
+              if term.coeff and strides[d]}
+    if not _blocks_distinct(tile, dst, extents, walked):
+        return 0
+    kept = 0
+    for position, axis in enumerate(nest.axes):
+        if axis.extent <= 1 or axis.name in walked or _walks(tile, axis.name):
+            continue
+        if not all(_holds_at_zero(p, axis.name) for p in st.predicates):
+            continue
+        inner = [a for a in nest.axes[position + 1:] if _walks(tile, a.name)]
+        live = math.prod(a.extent for a in inner) * dst.block_shape[-1] * itemsize(dst.dtype)
+        if live > KEEP_BUDGET_BYTES:
+            continue
+        st.predicates.add().CopyFrom(affine.equals(axis.name, 0))
+        kept += 1
+    return kept
+
+
+def _holds_at_zero(predicate: penguin_pb2.Predicate, var: str) -> bool:
+    """Whether the predicate holds at var == 0 wherever it holds at a larger var (others fixed)."""
+    coeff = sum(t.coeff for t in predicate.expr.terms if t.var == var)
+    return coeff == 0 or (predicate.relation == penguin_pb2.GE and coeff < 0)
+
+
+def _walks(access: penguin_pb2.Access, var: str) -> bool:
+    return any(_uses(start, var) for start in access.starts)
+
+
+def _blocks_distinct(tile: penguin_pb2.Access, dst: penguin_pb2.TensorDecl, extents: dict[str, int],
+                     walked: set[str]) -> bool:
+    """Whether the destination's block index determines the source box: every axis in `walked`
+    moves the destination by whole blocks, and different points name different blocks (per
+    dimension the axes are digits of a mixed radix, each in one dimension only)."""
+    seen: set[str] = set()
+    for d, start in enumerate(tile.starts):
+        terms = sorted((abs(t.coeff), t.var) for t in start.terms if t.coeff)
+        if start.constant % dst.block_shape[d]:
+            return False
+        radix = 1
+        for coeff, var in terms:
+            if var in seen or coeff % dst.block_shape[d] or coeff // dst.block_shape[d] < radix:
+                return False
+            seen.add(var)
+            radix = coeff // dst.block_shape[d] * extents[var]
+    return walked <= seen
 
 
 def _uses(expr: penguin_pb2.AffineExpr, var: str) -> bool:

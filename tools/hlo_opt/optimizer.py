@@ -3,9 +3,12 @@
 `fusion` joins producer/consumer nests so intermediates stay in SBUF; `cse` drops loads and
 fills a nest already did; `dce` then drops the stores (and tensors) nobody reads any more;
 `retile` narrows the free tiles of an elementwise nest too short to overlap its engines;
+`tile_order` strip-mines a dot's row loop below its contraction loop so each weight tile serves
+several row tiles;
 `pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
 loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
-broadcast bias or norm weight) once. The default list is all six, in that order, at --optlevel 1
+broadcast bias or norm weight), or a tile the loop does not change (a dot's kept stationary and moving
+tiles), once. The default list is all seven, in that order, at --optlevel 1
 and above; -O0 runs none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
 changed, one line on stderr (the Frontend job's log).
@@ -25,12 +28,14 @@ from ncc.tools.hlo_opt.fusion import fuse_nests
 from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.pipelining import pipeline_loops
 from ncc.tools.hlo_opt.retile import retile_nests
+from ncc.tools.hlo_opt.tile_order import order_tiles
 
 PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,
     "cse": eliminate_common_loads,
     "dce": eliminate_dead_code,
     "retile": retile_nests,
+    "tile_order": order_tiles,
     "pipeline": pipeline_loops,
     "invariant_loads": hoist_invariant_loads,
 }
@@ -38,11 +43,13 @@ PASSES: dict[str, Callable[..., object]] = {
 OPTIONS: dict[str, dict[str, type]] = {
     "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
     "retile": {"min_tiles": int, "min_width": int},
+    "tile_order": {"max_row_block": int},
 }
 # The least value an int option accepts: retile's tiles below 32 elements a partition multiply
 # the instruction count for no overlap (one-element tiles took gelu's compile from 2 s to 6 min).
-MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32}
-DEFAULT_PASSES = ("fusion", "cse", "dce", "retile", "pipeline", "invariant_loads")
+MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
+                                        ("tile_order", "max_row_block"): 1}
+DEFAULT_PASSES = ("fusion", "cse", "dce", "retile", "tile_order", "pipeline", "invariant_loads")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

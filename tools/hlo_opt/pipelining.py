@@ -19,7 +19,6 @@ every eligible loop; the body is cut in program order into N contiguous groups. 
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
 
@@ -27,6 +26,7 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo_opt.dependences import Violation, axis_names, first_reversed_dependence, instance
 
 NUM_STAGES = "num_stages"  # Mode A request, on a nest or one of its axes
 FRONTEND_NUM_STAGES = "frontend:ncc_num_stages"  # the same, from the HLO op's frontend_attributes
@@ -54,16 +54,6 @@ class Plan:
     order: list[int]  # statement indices in the pipelined body's order
     num_stages: int
     explicit: bool  # an annotation asked (refuse if illegal), not --num-stages (skip if illegal)
-
-
-@dataclass
-class Violation:
-    kind: str  # RAW, WAR or WAW
-    source: int  # statement indices
-    sink: int
-    tensor: str
-    dependence: str  # the violated part of the dependence, as an ISL relation
-    first: tuple[tuple[int, ...], tuple[int, ...]]  # the first violated (source, sink) iteration pair
 
 
 def pipeline_loops(program: penguin_pb2.Program, num_stages: int = 0, widen: bool = True,
@@ -235,123 +225,34 @@ def check_schedule(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Te
                    plan: Plan) -> Violation | None:
     """The dependence the pipelined schedule reverses first, or None when it keeps all of them.
 
-    Statement k's instances are S_k[axes] within the axes' bounds and its predicates. Accesses are
-    affine boxes: an HBM access touches elements of its base tensor (view offset + strides), an
-    on-chip access elements of its tensor (each block is its own buffer, so logical positions
-    are distinct memory). A RAW/WAR/WAW dependence is a pair of instances touching a common
-    element, at least one writing, the first before the second in the original schedule
-    [axes, position]; the pipelined schedule is [axes with the pipelined one + stage, new position],
-    and must put every such pair in the same order.
+    The pipelined schedule is [axes with the pipelined one + stage, new position]; statements of
+    the same stage whose relative order is unchanged keep every pair's order and are not checked.
     """
-    import islpy as isl
-
-    names = [f"a{k}" for k in range(len(nest.axes))]
-    var = {axis.name: name for axis, name in zip(nest.axes, names, strict=True)}
-    point = ", ".join(names)
-    bounds = [f"0 <= {name} < {axis.extent}" for axis, name in zip(nest.axes, names, strict=True)]
+    names = axis_names(nest)
     position = {k: pos for pos, k in enumerate(plan.order)}
-    shifted = list(names)
-    original, pipelined = {}, {}
-    memories: dict[tuple, str] = {}
-    accesses: dict[str, list[tuple[int, bool, object, str]]] = {}
-    for k, st in enumerate(nest.statements):
-        stage = plan.stages[k]
-        shifted[plan.axis] = f"{names[plan.axis]} + {stage}"
-        domain = " and ".join(bounds + [_predicate_text(p, var) for p in st.predicates])
-        original[k] = isl.Map(f"{{ S{k}[{point}] -> [{point}, {k}] : {domain} }}")
-        pipelined[k] = isl.Map(f"{{ S{k}[{point}] -> [{', '.join(shifted)}, {position[k]}] : {domain} }}")
-        for write, access in [*((True, a) for a in st.outputs), *((False, a) for a in st.inputs)]:
-            key, text = _access_text(access, tensors, var)
-            memory = memories.setdefault(key, f"M{len(memories)}")
-            relation = isl.Map(f"{{ S{k}[{point}] -> {memory}{text} and {domain} }}")
-            accesses.setdefault(memory, []).append((k, write, relation, access.tensor))
-    found: list[tuple[tuple, Violation]] = []
-    for group in accesses.values():
-        for k1, write1, map1, tensor in group:
-            for k2, write2, map2, _ in group:
-                if not (write1 or write2):
-                    continue
-                if plan.stages[k1] == plan.stages[k2] and (position[k1] < position[k2]) == (k1 < k2):
-                    continue  # same shift, same relative order: every pair keeps its order
-                dependence = map1.apply_range(map2.reverse()).intersect(original[k1].lex_lt_map(original[k2]))
-                if dependence.is_empty():
-                    continue
-                reversed_ = dependence.intersect(pipelined[k2].lex_le_map(pipelined[k1]).reverse())
-                if reversed_.is_empty():
-                    continue
-                sample = reversed_.wrap().lexmin().sample_point()
-                coords = [sample.get_coordinate_val(isl.dim_type.set, d).to_python()
-                          for d in range(2 * len(names))]
-                first = (tuple(coords[:len(names)]), tuple(coords[len(names):]))
-                kind = "WAW" if write1 and write2 else "RAW" if write1 else "WAR"
-                text = _readable(str(reversed_.coalesce()), nest)
-                found.append(((*first[0], k1, *first[1], k2),
-                              Violation(kind, k1, k2, tensor, text, first)))
-    return min(found, key=lambda item: item[0])[1] if found else None
+    schedule = []
+    for k in range(len(nest.statements)):
+        shifted = list(names)
+        shifted[plan.axis] = f"{names[plan.axis]} + {plan.stages[k]}"
+        schedule.append(f"{', '.join(shifted)}, {position[k]}")
+
+    def keeps_order(k1: int, k2: int) -> bool:
+        return plan.stages[k1] == plan.stages[k2] and (position[k1] < position[k2]) == (k1 < k2)
+
+    return first_reversed_dependence(nest, tensors, schedule, keeps_order)
 
 
 def describe(nest: penguin_pb2.LoopNest, plan: Plan, violation: Violation) -> str:
     """The refusal: which dependence the schedule reverses, as a relation, and where first."""
-    statements = nest.statements
-    source, sink = statements[violation.source], statements[violation.sink]
-    axes = [a.name for a in nest.axes]
-
-    def instance(st: penguin_pb2.Statement, at: tuple[int, ...]) -> str:
-        return f"{st.name}[{', '.join(f'{a}={v}' for a, v in zip(axes, at, strict=True))}]"
-
+    source, sink = nest.statements[violation.source], nest.statements[violation.sink]
     dependence = violation.dependence
     if len(dependence) > 400:
         dependence = dependence[:397] + "..."
-    return (f"{plan.num_stages}-stage pipelining of loop {axes[plan.axis]} of nest '{nest.name}' violates "
-            f"the {violation.kind} dependence {source.name} (stage {plan.stages[violation.source]}) -> "
-            f"{sink.name} (stage {plan.stages[violation.sink]}) on '{violation.tensor}': {dependence}; "
-            f"first violated instance {instance(source, violation.first[0])} -> "
-            f"{instance(sink, violation.first[1])}")
-
-
-def _expr_text(expr: penguin_pb2.AffineExpr, var: dict[str, str]) -> str:
-    parts = [f"{t.coeff}*{var[t.var]}" for t in expr.terms if t.coeff]
-    return " + ".join([*parts, str(expr.constant)])
-
-
-def _predicate_text(predicate: penguin_pb2.Predicate, var: dict[str, str]) -> str:
-    if any(t.var not in var for t in predicate.expr.terms):
-        raise CompileError("E301", "a predicate names a variable that is not an axis of its nest")
-    relation = "=" if predicate.relation == penguin_pb2.EQ else ">="
-    return f"{_expr_text(predicate.expr, var)} {relation} 0"
-
-
-def _access_text(access: penguin_pb2.Access, tensors: dict[str, penguin_pb2.TensorDecl],
-                 var: dict[str, str]) -> tuple[tuple, str]:
-    """(which memory, the access relation's range and constraints): HBM as a linear element address
-    of the base tensor, on chip as the tensor's logical element position."""
-    tensor = tensors.get(access.tensor)
-    if tensor is None or len(access.starts) != len(tensor.shape) or len(access.extents) != len(tensor.shape):
-        raise CompileError("E301", f"access to '{access.tensor}' does not match a declared tensor",
-                           access.tensor)
-    starts = [f"({_expr_text(s, var)})" for s in access.starts]
-    if tensor.memory != common_pb2.HBM:
-        dims = [f"x{d}" for d in range(len(starts))]
-        boxes = enumerate(zip(starts, access.extents, tensor.shape, strict=True))
-        constraints = [f"{s} <= x{d} < {s} + {e} and 0 <= x{d} < {size}" for d, (s, e, size) in boxes]
-        return ("chip", tensor.name), f"[{', '.join(dims)}] : {' and '.join(constraints)}"
-    if tensor.view_of:
-        base, offset, strides = tensor.view_of, tensor.view_offset, list(tensor.view_strides)
-    else:
-        base, offset, strides = tensor.name, 0, list(affine.row_major_strides(tensor.shape))
-    local = [f"e{d}" for d in range(len(starts))]
-    constraints = [f"0 <= e{d} < {e} and 0 <= {s} + e{d} < {size}"
-                   for d, (s, e, size) in enumerate(zip(starts, access.extents, tensor.shape, strict=True))]
-    address = " + ".join([str(offset), *(f"{stride}*({s} + e{d})" for d, (s, stride)
-                                          in enumerate(zip(starts, strides, strict=True)) if stride)])
-    return ("hbm", base), (f"[x] : exists ({', '.join(local)} : {' and '.join(constraints)} and "
-                           f"x = {address})")
-
-
-def _readable(text: str, nest: penguin_pb2.LoopNest) -> str:
-    """An ISL relation with the nest's axis and statement names in place of a0.. and S0.."""
-    text = re.sub(r"\ba(\d+)(?=\W|$)", lambda m: nest.axes[int(m.group(1))].name, text)
-    return re.sub(r"\bS(\d+)\[", lambda m: f"{nest.statements[int(m.group(1))].name}[", text)
+    return (f"{plan.num_stages}-stage pipelining of loop {nest.axes[plan.axis].name} of nest '{nest.name}' "
+            f"violates the {violation.kind} dependence {source.name} (stage {plan.stages[violation.source]}) "
+            f"-> {sink.name} (stage {plan.stages[violation.sink]}) on '{violation.tensor}': {dependence}; "
+            f"first violated instance {instance(nest, violation.source, violation.first[0])} -> "
+            f"{instance(nest, violation.sink, violation.first[1])}")
 
 
 # -- realization --------------------------------------------------------------------------------
