@@ -209,14 +209,16 @@ def waits_holding_port(instr: bir_pb2.Instruction, ports: tuple[str, ...]) -> bo
     return bool(instr.waits) and instr.engine in PORT_PARTNER and SBUF_PORT in ports
 
 
-def needs_partner_at_dispatch(walk: ClockWalk, instr: bir_pb2.Instruction, producer_clock: Clock) -> bool:
+def needs_partner_at_dispatch(walk: ClockWalk, instr: bir_pb2.Instruction, producer_clock: Clock,
+                              base: Clock) -> bool:
     """Whether a producer whose completion clock is `producer_clock`, awaited by `instr` (a DVE or
-    POOL instruction holding the SBUF port, not yet stepped), may still need work of the port
-    partner that is not known complete when `instr` is dispatched: its clock names a later
-    instruction of the partner than the clock of `instr`'s engine does. Held at dispatch, the
-    port would then be needed by work that `instr` waits for: a deadlock (sync_dve_pool)."""
+    POOL instruction holding the SBUF port, not yet stepped; `base` is walk.base_clock(instr),
+    computed once for all its waits), may still need work of the port partner that is not known
+    complete when `instr` is dispatched: its clock names a later instruction of the partner than
+    the clock of `instr`'s engine does. Held at dispatch, the port would then be needed by work
+    that `instr` waits for: a deadlock (sync_dve_pool)."""
     partner = walk.space.index[engine_thread(PORT_PARTNER[instr.engine])]
-    return bool(producer_clock[partner] > walk.base_clock(instr)[partner])
+    return bool(producer_clock[partner] > base[partner])
 
 
 class SemaphoreProducers:

@@ -69,9 +69,9 @@ def random_inputs(program: bir_pb2.Program, seed: int) -> dict[str, np.ndarray]:
 
 def sequential_program(program: bir_pb2.Program, keep_addresses: bool = False) -> bir_pb2.Program:
     """The program with every instruction waiting for the previous one: the reference semantics
-    (buffers private unless `keep_addresses`). On DVE and POOL the wait rides on a `drain` just
-    before the instruction, so that no instruction holds their shared SBUF port while it waits
-    for the other engine (sync_dve_pool)."""
+    (buffers private unless `keep_addresses`). In a program that uses both DVE and POOL, the wait
+    of an instruction on either rides on a `drain` just before it, so that no instruction holds
+    their shared SBUF port while it waits for the other engine (sync_dve_pool)."""
     reference = bir_pb2.Program()
     reference.CopyFrom(program)
     del reference.streams[:]
@@ -80,12 +80,13 @@ def sequential_program(program: bir_pb2.Program, keep_addresses: bool = False) -
         buffer.address = -1
     order: list[bir_pb2.Instruction] = []
     next_id = birutil.next_instruction_id(reference)
+    drained = syncmodel.PORT_PARTNER if syncmodel.both_port_partners(reference) else {}
     for position, instr in enumerate(reference.instructions):
         del instr.waits[:]
         del instr.updates[:]
         if position:
             waiter = instr
-            if instr.engine in syncmodel.PORT_PARTNER:
+            if instr.engine in drained:
                 waiter = bir_pb2.Instruction(
                     id=next_id, name=f"{instr.name}.drain", op="drain", engine=instr.engine
                 )

@@ -548,8 +548,9 @@ def _check_port_waits(
     so none of its waits may be for work that can still need the other engine (sync_dve_pool)."""
     report.checks += 1
     partner = birutil.engine_name(syncmodel.PORT_PARTNER[instr.engine])
+    base = walk.base_clock(instr)
     for wait, clocks in zip(instr.waits, wait_clocks, strict=True):
-        if any(syncmodel.needs_partner_at_dispatch(walk, instr, clock) for clock in clocks):
+        if any(syncmodel.needs_partner_at_dispatch(walk, instr, clock, base) for clock in clocks):
             report.fail(
                 "dve_pool_port",
                 instr.name,

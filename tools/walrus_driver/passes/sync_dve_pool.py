@@ -55,7 +55,8 @@ def run(ctx: PassContext) -> None:
         clocks = [walk.completion_clock[producers.producer(w)] for w in instr.waits]
         if syncmodel.waits_holding_port(instr, costs(instr).ports):
             checked += 1
-            risky = [syncmodel.needs_partner_at_dispatch(walk, instr, clock) for clock in clocks]
+            base = walk.base_clock(instr)
+            risky = [syncmodel.needs_partner_at_dispatch(walk, instr, clock, base) for clock in clocks]
             if any(risky):
                 drain = bir_pb2.Instruction(
                     id=next_id,
