@@ -18,6 +18,7 @@ from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.optimizer import optimize, parse_pass
+from ncc.tools.hlo_opt.pipelining import pipeline_loops
 from ncc.tools.hlo_opt.tile_order import order_tiles
 
 
@@ -165,3 +166,16 @@ def test_a_reordered_batched_dot_verifies_from_the_cli(tmp_path: Path) -> None:
     assert moved["plain"] == {"x": 2 * 2 * 640 * 256 * 4, "w": 2 * 5 * 256 * 1024 * 4}
     log = next((tmp_path / "ordered.ncc-work").glob("*_Frontend/stderr.log")).read_text()
     assert "tile_order: nest" in log and "in blocks of 4 row tiles" in log
+
+
+def test_num_stages_leaves_a_reordered_dot_unpipelined() -> None:
+    """Pipelining a loop of a reordered dot would hold several row blocks of accumulators at once
+    (E403 in PSUM for gelu(x @ W1) @ W2 at D = 1024 with --num-stages 2): --num-stages skips it,
+    while the same nest without tile_order is pipelined."""
+    program = lowered(dot(1024, 1024, 1024))
+    order_tiles(program)
+    nest = matmul_nest(program)
+    assert nest.attributes["row_block"] == "4"
+    assert pipeline_loops(program, num_stages=2).loops_pipelined == 0
+    assert not any("pipelined" in axis.attributes for axis in nest.axes)
+    assert pipeline_loops(lowered(dot(1024, 1024, 1024)), num_stages=2).loops_pipelined == 1

@@ -34,6 +34,7 @@ STAGE_ID = "stage_id"  # Mode B: a statement's stage
 EXECUTION_ORDER = "execution_order"  # Mode B: a statement's position in the pipelined body
 STAGE = "stage"  # the stage each statement runs in, once pipelined
 PIPELINED = "pipelined"  # on the pipelined axis: its number of stages
+ROW_BLOCK = "row_block"  # on a dot's nest that tile_order reordered: row tiles per block
 PARTITIONS = 128
 MAX_WIDENED_BYTES = 64 * 1024  # per partition: a block widened along the free dim stays below this
 
@@ -128,6 +129,12 @@ def plan_nest(nest: penguin_pb2.LoopNest, default: int = 0, check_order: bool = 
         n = _positive(text, _where(nest))
     else:
         axis, n = None, default
+        if n > 1 and ROW_BLOCK in nest.attributes:
+            # tile_order already overlaps this dot's row block; pipelining a loop of it as well
+            # would hold num_stages blocks of accumulators at once, more than PSUM has
+            _log(f"nest '{nest.name}' not pipelined (--num-stages): its tiles are ordered in row blocks "
+                 f"of {nest.attributes[ROW_BLOCK]}")
+            return None
     if n <= 1:
         return None
     if axis is None:

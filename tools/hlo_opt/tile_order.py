@@ -19,7 +19,9 @@ accumulators take at most half of PSUM (the other half lets the next block start
 is evacuated) and the row block's stationary tiles (R × the k extent) fit in
 STATIONARY_BUDGET_BYTES per partition. The new schedule is checked with ISL (dependences.py): a
 nest whose dependences it would reverse is left as it was. Nests that ask for software pipelining
-keep the loop order the request was made on.
+keep the loop order the request was made on; a reordered nest is marked `row_block` = R, and
+`--num-stages` then leaves it unpipelined (pipelining a loop of it would hold several row blocks'
+accumulators at once, more than PSUM has).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence, instance
+from ncc.tools.hlo_opt.pipelining import ROW_BLOCK
 from ncc.tools.hlo_opt.retile import PIPELINING_KEYS
 
 MAX_ROW_BLOCK = 4
@@ -76,6 +79,7 @@ def order_tiles(program: penguin_pb2.Program, max_row_block: int = MAX_ROW_BLOCK
             continue
         row_name = nest.axes[-3].name
         _strip_mine(nest, block)
+        nest.attributes[ROW_BLOCK] = str(block)
         _log(f"nest '{nest.name}': loop {row_name} in blocks of {block} row tiles, "
              f"order {', '.join(a.name for a in nest.axes)}")
         stats.nests_reordered += 1
