@@ -34,11 +34,11 @@ from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence, instance
 from ncc.tools.hlo_opt.pipelining import ROW_BLOCK
 from ncc.tools.hlo_opt.retile import PIPELINING_KEYS
+from ncc.tools.target import load_target
 
 MAX_ROW_BLOCK = 4
 STATIONARY_BUDGET_BYTES = 64 * 1024  # per partition: the stationary tiles kept across column tiles
 PSUM_SHARE = 2  # the accumulators of a row block take at most 1/PSUM_SHARE of PSUM
-PSUM_BYTES_PER_PARTITION = 16 * 1024
 
 
 @dataclass
@@ -127,9 +127,10 @@ def _row_block(nest: penguin_pb2.LoopNest, found: _Matmul, tensors: dict[str, pe
     stationary = tensors[found.stationary.tensor]
     psum_bytes = psum.block_shape[-1] * itemsize(psum.dtype)
     kept_bytes = nest.axes[-1].extent * stationary.block_shape[-1] * itemsize(stationary.dtype)
+    psum_capacity = load_target().psum_bytes_per_partition
     block = 1
     while (block * 2 <= min(largest, nest.axes[found.row].extent)
-           and block * 2 * psum_bytes * PSUM_SHARE <= PSUM_BYTES_PER_PARTITION
+           and block * 2 * psum_bytes * PSUM_SHARE <= psum_capacity
            and block * 2 * kept_bytes <= STATIONARY_BUDGET_BYTES):
         block *= 2
     return block
