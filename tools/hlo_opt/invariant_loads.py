@@ -76,15 +76,11 @@ def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
 def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
            writers: dict[str, int], nests_of: dict[str, set[int]], index: int) -> int:
     """Hoist `st` if it is an invariant load along some axis; the number of axes it was hoisted along."""
-    if st.op != "dma" or st.predicates or len(st.inputs) != 1 or len(st.outputs) != 1:
+    if st.predicates or not _load_into_own_tile(st, tensors, writers, nests_of, index):
         return 0
     source, tile = st.inputs[0], st.outputs[0]
     view, dst = tensors[source.tensor], tensors[tile.tensor]
-    if view.memory != common_pb2.HBM or dst.memory == common_pb2.HBM or not view.view_of:
-        return 0
-    if writers[base(tensors, source.tensor)] or writers[tile.tensor] != 1 or nests_of[tile.tensor] != {index}:
-        return 0
-    if dst.num_buffers > 1 or list(dst.replicated_dims) or len(dst.block_shape) != len(dst.shape):
+    if not view.view_of or len(dst.block_shape) != len(dst.shape):
         return 0
     strides = list(view.view_strides)
     readers = [a for other in nest.statements for a in other.inputs if a.tensor == tile.tensor]
@@ -110,20 +106,30 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
     return hoisted
 
 
+def _load_into_own_tile(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
+                        writers: dict[str, int], nests_of: dict[str, set[int]], index: int) -> bool:
+    """What both cases need: `st` is a dma from HBM that nothing in the nest writes, into an on-chip
+    tile (one buffer a block, not yet replicated) that only `st` writes and only nest `index` uses."""
+    if st.op != "dma" or len(st.inputs) != 1 or len(st.outputs) != 1:
+        return False
+    source, tile = st.inputs[0], st.outputs[0]
+    view, dst = tensors[source.tensor], tensors[tile.tensor]
+    if view.memory != common_pb2.HBM or dst.memory == common_pb2.HBM:
+        return False
+    if writers[base(tensors, source.tensor)] or writers[tile.tensor] != 1 or nests_of[tile.tensor] != {index}:
+        return False
+    return dst.num_buffers <= 1 and not dst.replicated_dims
+
+
 def _keep(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
           writers: dict[str, int], nests_of: dict[str, set[int]], index: int) -> int:
     """Run `st` at step 0 only of each axis neither of its boxes mentions (the second case of the
     module docstring); the number of such axes."""
-    if st.op != "dma" or len(st.inputs) != 1 or len(st.outputs) != 1:
+    if not _load_into_own_tile(st, tensors, writers, nests_of, index):
         return 0
     source, tile = st.inputs[0], st.outputs[0]
     view, dst = tensors[source.tensor], tensors[tile.tensor]
-    if view.memory != common_pb2.HBM or dst.memory == common_pb2.HBM:
-        return 0
-    if writers[base(tensors, source.tensor)] or writers[tile.tensor] != 1 or nests_of[tile.tensor] != {index}:
-        return 0
-    if dst.num_buffers > 1 or list(dst.replicated_dims) or list(dst.block_shape) != [
-            *[1] * (len(dst.shape) - 2), *dst.block_shape[-2:]]:
+    if list(dst.block_shape) != [*[1] * (len(dst.shape) - 2), *dst.block_shape[-2:]]:
         return 0
     strides = list(view.view_strides) if view.view_of else [1] * len(source.starts)
     extents = {axis.name: axis.extent for axis in nest.axes}
