@@ -45,6 +45,7 @@ from hlo_gen import hlo_text  # noqa: E402
 
 from ncc.schemas import bir_pb2, common_pb2, hlo_pb2  # noqa: E402
 from ncc.tools.common import dtypes  # noqa: E402
+from ncc.tools.common.hbm_traffic import hbm_bytes  # noqa: E402
 from ncc.tools.target import load_target  # noqa: E402
 
 NCC = [sys.executable, "-m", "ncc.orchestrator"]
@@ -65,14 +66,10 @@ class Measure:
 
 def program_measures(bir: bir_pb2.Program) -> tuple[int, int, int, bool]:
     """(HBM bytes the DMAs move, the minimum, matmul FLOPs, any fp32 matmul) of a BIR program."""
-    moved = 0
+    moved = sum(hbm_bytes(bir).values())
     flops, fp32 = 0, False
     for instr in bir.instructions:
-        if instr.op in ("dma", "dma_gather", "dma_scatter"):
-            hbm = [ap for ap in (instr.inputs[0], instr.outputs[0]) if ap.memory == common_pb2.HBM]
-            if hbm:  # one side counted (an HBM -> HBM copy too); on chip -> on chip moves no HBM bytes
-                moved += _elements(hbm[0]) * dtypes.itemsize(hbm[0].dtype)
-        elif instr.op == "matmul":
+        if instr.op == "matmul":
             stationary, moving = instr.inputs[0], instr.inputs[1]
             k = max(1, stationary.partition_count)
             flops += 2 * k * _free(stationary) * _free(moving)
@@ -84,10 +81,6 @@ def program_measures(bir: bir_pb2.Program) -> tuple[int, int, int, bool]:
 
 def _free(ap: bir_pb2.AccessPattern) -> int:
     return int(np.prod([d.count for d in ap.dims], dtype=np.int64)) if ap.dims else 1
-
-
-def _elements(ap: bir_pb2.AccessPattern) -> int:
-    return _free(ap) * (ap.partition_count if ap.memory != common_pb2.HBM and ap.partition_count else 1)
 
 
 def random_inputs(bir: bir_pb2.Program, path: Path) -> None:

@@ -12,6 +12,7 @@ from conftest import run_ncc
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import dtypes
+from ncc.tools.common.hbm_traffic import hbm_bytes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
@@ -136,12 +137,7 @@ def test_pass_list_defaults_and_refusals() -> None:
 def _bir_dma_bytes(workdir: Path) -> int:
     bir = bir_pb2.Program()
     bir.ParseFromString(next(workdir.glob("*_Frontend/bir.pb")).read_bytes())
-    total = 0
-    for instr in bir.instructions:
-        hbm = [ap for ap in (*instr.inputs, *instr.outputs) if ap.memory == common_pb2.HBM]
-        if instr.op == "dma" and hbm:  # an on-chip broadcast moves no HBM bytes
-            total += int(np.prod([d.count for d in hbm[0].dims])) * dtypes.itemsize(hbm[0].dtype)
-    return total
+    return sum(hbm_bytes(bir).values())
 
 
 def _verified_dma_bytes(tmp_path: Path, text: str, variants: dict[str, list[str]]) -> dict[str, int]:

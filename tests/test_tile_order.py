@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 from conftest import run_ncc
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
-from ncc.tools.common import affine, dtypes
+from ncc.tools.common import affine
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.hbm_traffic import hbm_bytes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
@@ -37,15 +37,8 @@ def lowered(text: str) -> penguin_pb2.Program:
 
 
 def loaded_bytes(bir: bir_pb2.Program) -> dict[str, int]:
-    """HBM bytes the program's dmas read, per HBM tensor."""
-    moved: dict[str, int] = {}
-    for instr in bir.instructions:
-        source = instr.inputs[0] if instr.op == "dma" and instr.inputs else None
-        if source is not None and source.memory == common_pb2.HBM:
-            count = int(np.prod([d.count for d in source.dims])) * source.partition_count \
-                if source.partition_count else int(np.prod([d.count for d in source.dims]))
-            moved[source.tensor] = moved.get(source.tensor, 0) + count * dtypes.itemsize(source.dtype)
-    return moved
+    """HBM bytes the program's dmas read from the dot's operands x and w."""
+    return {name: moved for name, moved in hbm_bytes(bir).items() if name in ("x", "w")}
 
 
 def matmul_nest(program: penguin_pb2.Program) -> penguin_pb2.LoopNest:

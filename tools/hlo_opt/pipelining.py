@@ -37,6 +37,17 @@ PIPELINED = "pipelined"  # on the pipelined axis: its number of stages
 ROW_BLOCK = "row_block"  # on a dot's nest that tile_order reordered: row tiles per block
 PARTITIONS = 128
 MAX_WIDENED_BYTES = 64 * 1024  # per partition: a block widened along the free dim stays below this
+# Every attribute that asks for software pipelining or records that it happened.
+PIPELINING_KEYS = frozenset({NUM_STAGES, FRONTEND_NUM_STAGES, STAGE_ID, EXECUTION_ORDER, STAGE, PIPELINED})
+
+
+def requests_pipelining(nest: penguin_pb2.LoopNest) -> bool:
+    """Whether the nest, one of its axes or one of its statements asks for (or already got) software
+    pipelining: passes that would change its tiling or loop order leave such a nest as it is, since
+    the request was made on the nest as written."""
+    annotated = (nest.attributes, *(axis.attributes for axis in nest.axes),
+                 *(st.attributes for st in nest.statements))
+    return any(PIPELINING_KEYS & attributes.keys() for attributes in annotated)
 
 
 @dataclass

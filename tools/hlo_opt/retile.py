@@ -23,20 +23,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
-from ncc.tools.hlo_opt.pipelining import (
-    EXECUTION_ORDER,
-    FRONTEND_NUM_STAGES,
-    NUM_STAGES,
-    PIPELINED,
-    STAGE,
-    STAGE_ID,
-)
+from ncc.tools.hlo_opt.pipelining import requests_pipelining
 
 ELEMENTWISE_OPS = frozenset({"dma", "tensor_tensor", "tensor_scalar", "activation", "tensor_copy"})
 MIN_TILES = 8  # tiles a nest needs for its loads, compute and stores to overlap
 MIN_WIDTH = 512  # elements per partition below which a tile's fixed costs dominate
-# A nest that asks for (or already got) software pipelining keeps the tiling its request was made on.
-PIPELINING_KEYS = frozenset({NUM_STAGES, FRONTEND_NUM_STAGES, STAGE_ID, EXECUTION_ORDER, STAGE, PIPELINED})
 
 
 @dataclass
@@ -92,13 +83,12 @@ def _free_axis(
 ) -> tuple[penguin_pb2.Axis, int, int] | None:
     """(the free axis, the tile width B, the tensors' common last dimension) when the nest
     qualifies (see the module docstring), else None."""
-    annotated = (nest.attributes, *(axis.attributes for axis in nest.axes))
-    if any(PIPELINING_KEYS & attributes.keys() for attributes in annotated):
+    if requests_pipelining(nest):  # it keeps the tiling its request was made on
         return None
     name: str | None = None
     width = logical = 0
     for st in nest.statements:
-        if st.op not in ELEMENTWISE_OPS or st.predicates or PIPELINING_KEYS & st.attributes.keys():
+        if st.op not in ELEMENTWISE_OPS or st.predicates:
             return None
         for access in (*st.inputs, *st.outputs):
             tensor = tensors[access.tensor]

@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence, instance
-from ncc.tools.hlo_opt.pipelining import ROW_BLOCK
-from ncc.tools.hlo_opt.retile import PIPELINING_KEYS
+from ncc.tools.hlo_opt.pipelining import ROW_BLOCK, requests_pipelining
 from ncc.tools.target import load_target
 
 MAX_ROW_BLOCK = 4
@@ -98,11 +97,7 @@ def _uses(access: penguin_pb2.Access, var: str) -> bool:
 def _matmul_nest(nest: penguin_pb2.LoopNest) -> _Matmul | None:
     """The nest's shape when it is a dot's (…, i, j, k) nest: one matmul accumulating over the last
     axis k, whose stationary operand walks i and not j and whose moving operand walks j and not i."""
-    if len(nest.axes) < 3 or PIPELINING_KEYS & set(nest.attributes):
-        return None
-    if any(PIPELINING_KEYS & set(axis.attributes) for axis in nest.axes):
-        return None
-    if any(PIPELINING_KEYS & set(st.attributes) for st in nest.statements):
+    if len(nest.axes) < 3 or requests_pipelining(nest):
         return None
     matmuls = [st for st in nest.statements if st.op == "matmul"]
     if len(matmuls) != 1:
