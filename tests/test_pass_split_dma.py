@@ -96,6 +96,41 @@ def test_the_budget_counts_the_program_split_dma_makes():
     assert backend == len(ctx.program.instructions) > unrolled
 
 
+def test_after_max_extra_pieces_later_dmas_stay_whole() -> None:
+    program = chain_program(tiles=4, cols=2048)  # 12 dmas of 1 MiB, 8 pieces each by size
+    ctx = run_passes(program, "split_dma{max_extra=10,fit_first_wave=0}")
+    pieces = {}
+    for instr in program.instructions:
+        if instr.op == "dma":
+            base = instr.name.split("/")[0]
+            pieces[base] = pieces.get(base, 0) + 1
+    counts = list(pieces.values())  # in program order
+    assert counts[0] == 8 and sum(counts) - len(counts) == 10  # 7 + 3 extra, then whole
+    assert counts[1] == 4 and set(counts[2:]) == {1}
+    assert ctx.stats["split_dma"]["kept_whole"] == len(counts) - 1
+
+
+def test_the_budget_counts_the_extra_pieces_split_dma_spends() -> None:
+    """A program of 3,600 tile dmas of 1 MiB: the size rule would cut each in 8 (25,200 extra
+    pieces); split_dma spends DMA_SPLIT_MAX_EXTRA of them, and the budget counts exactly that."""
+    from ncc.tools.common.penguin_budget import backend_instruction_count
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+    from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+    from ncc.tools.target import DMA_SPLIT_MAX_EXTRA
+
+    rows = 128 * 1200
+    penguin = lower_module(parse_hlo_text(
+        f"HloModule wide\nENTRY e {{\n  a = f32[{rows},2048] parameter(0)\n"
+        f"  b = f32[{rows},2048] parameter(1)\n  ROOT s = f32[{rows},2048] add(a, b)\n}}\n"))
+    bir = lower_to_bir(penguin)
+    dmas, unrolled = sum(instr.op == "dma" for instr in bir.instructions), len(bir.instructions)
+    backend, _, _ = backend_instruction_count(penguin)
+    ctx = run_passes(bir, "split_dma")
+    assert dmas == 3600
+    assert backend == len(ctx.program.instructions) == unrolled + DMA_SPLIT_MAX_EXTRA
+
+
 def _matmul_bir() -> bir_pb2.Program:
     """The bundled matmul f32[128,256] x f32[256,512] lowered to BIR: two k-steps, each loading
     a 64 KiB lhsT and a 256 KiB rhs tile (2 + 8 pieces by the size rule: 20 for 16 queues)."""

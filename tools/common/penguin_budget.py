@@ -4,8 +4,9 @@ Before unrolling, the instructions a program would unroll to are counted from th
 and predicates (no unrolling): `instruction_count` gives the BIR instructions the frontend writes,
 `backend_instruction_count` the instructions the backend will hold once split_dma has cut every
 large tile DMA into pieces (tools/target.dma_pieces, the rule split_dma applies; up to 8 per
-DMA). A program of more than MAX_INSTRUCTIONS backend instructions, or whose nests have more than
-MAX_INSTRUCTIONS iteration points in all, is refused with E302 naming the largest nest and the HLO
+DMA, DMA_SPLIT_MAX_EXTRA more pieces than dmas in all). A program of more than MAX_INSTRUCTIONS
+backend instructions, or whose nests have more than MAX_INSTRUCTIONS iteration points in all, is
+refused with E302 naming the largest nest and the HLO
 instruction it came from. The first job checks only what the Penguin optimizer cannot remove
 (`surviving`: the dmas of HBM intermediates left out, since fusion keeps those on chip), and the
 Frontend job checks the exact count after its passes, before it unrolls. A legal HLO shape (up
@@ -28,7 +29,7 @@ from ncc.tools.common import affine
 from ncc.tools.common.access_keys import box_key, view_key
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
-from ncc.tools.target import dma_pieces
+from ncc.tools.target import DMA_SPLIT_MAX_EXTRA, dma_pieces
 
 MAX_INSTRUCTIONS = 1_000_000  # backend instructions; E302 beyond this (the budget documented above)
 _ENUMERATE_LIMIT = 1 << 16     # predicates coupling several axes are counted by enumeration up to this
@@ -63,7 +64,8 @@ def nest_instructions(nest: penguin_pb2.LoopNest, tensors: dict) -> int:
 def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = False,
                               ) -> tuple[int, penguin_pb2.LoopNest | None, int]:
     """(backend instructions, the nest with most of them, its count): instruction_count with every
-    dma statement counted as the pieces split_dma will cut it into (its full block: a bound).
+    dma statement counted as the pieces split_dma will cut it into (its full block: a bound), the
+    nests' extra pieces spent in program order up to DMA_SPLIT_MAX_EXTRA, as split_dma spends them.
 
     `surviving`: count only what the Penguin optimizer cannot remove, a lower bound of what the
     backend will hold, for the check before the optimizer has run: the dmas of intermediates in
@@ -73,8 +75,11 @@ def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = Fa
     total = largest_count = 0
     largest = None
     seen_loads: set[tuple] | None = set() if surviving else None
+    spare = DMA_SPLIT_MAX_EXTRA
     for nest in program.nests:
-        count = nest_backend_instructions(nest, tensors, seen_loads)
+        whole, extra = nest_backend_instructions(nest, tensors, seen_loads)
+        count = whole + min(extra, spare)
+        spare -= count - whole
         total += count
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
@@ -82,16 +87,26 @@ def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = Fa
 
 
 def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict,
-                              seen_loads: set[tuple] | None = None) -> int:
-    """The backend instructions one nest becomes (backend_instruction_count's term for it); with
-    `seen_loads`, only those that survive the Penguin optimizer, given the loads counted already."""
+                              seen_loads: set[tuple] | None = None) -> tuple[int, int]:
+    """(instructions with every dma whole, the extra pieces split_dma's size rule would cut its
+    dmas into) for one nest; with `seen_loads`, only what survives the Penguin optimizer, given the
+    loads counted already."""
     extents = {axis.name: max(0, int(axis.extent)) for axis in nest.axes}
-    weights = [_dma_weight(st, tensors) for st in nest.statements]
-    if seen_loads is not None:
-        weights = [weight * _survives(nest, st, tensors, seen_loads) for st, weight in
-                   zip(nest.statements, weights, strict=True)]
-    return sum(_statement_points(nest, st, extents) * weight
-               for st, weight in zip(nest.statements, weights, strict=True) if weight)
+    whole = extra = 0
+    for st in nest.statements:
+        if seen_loads is not None and not _survives(nest, st, tensors, seen_loads):
+            continue
+        points = _statement_points(nest, st, extents)
+        pieces = _dma_pieces(st, tensors)
+        whole += points * (1 + _row_broadcast(st, tensors))
+        extra += points * (pieces - 1)
+    return whole, extra
+
+
+def with_pieces(whole: int, extra: int) -> int:
+    """Backend instructions of a program with `whole` instructions counting each dma once and
+    `extra` more pieces by the size rule: split_dma cuts no more than DMA_SPLIT_MAX_EXTRA of them."""
+    return whole + min(extra, DMA_SPLIT_MAX_EXTRA)
 
 
 def _survives(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict,
@@ -115,9 +130,8 @@ def _survives(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: di
     return True
 
 
-def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
-    """1, or for a dma between HBM and chip the pieces split_dma makes of its on-chip box (one
-    more for a row broadcast to the partitions: bir_codegen loads the row, then spreads it)."""
+def _dma_pieces(st: penguin_pb2.Statement, tensors: dict) -> int:
+    """1, or for a dma between HBM and chip the pieces split_dma's size rule makes of its on-chip box."""
     if st.op != "dma":
         return 1
     for access in [*st.inputs, *st.outputs]:
@@ -126,7 +140,7 @@ def _dma_weight(st: penguin_pb2.Statement, tensors: dict) -> int:
             continue
         partitions = int(access.extents[-2])
         elements = math.prod(int(e) for e in access.extents)
-        return dma_pieces(partitions, elements * itemsize(tensor.dtype)) + _row_broadcast(st, tensors)
+        return dma_pieces(partitions, elements * itemsize(tensor.dtype))
     return 1
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_backend_instructions
+from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_backend_instructions, with_pieces
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply
 from ncc.tools.hlo.hlo_types import compute_dtype, is_tuple, xla_type
 from ncc.tools.hlo.literals import literal_to_numpy
@@ -39,25 +39,35 @@ class Budget:
 
     def __init__(self, program: penguin_pb2.Program, name: str, what: str, planned: int = 0) -> None:
         self.program, self.name, self.what, self.planned = program, name, what, planned
-        self.counted, self.total, self.rounds = len(program.nests), 0, 0
+        self.counted, self.rounds = len(program.nests), 0
         self.tensors = {tensor.name: tensor for tensor in program.tensors}
         self.tensors_seen = len(program.tensors)
-        self.before = sum(nest_backend_instructions(nest, self.tensors) for nest in program.nests)
+        # (instructions with each dma whole, extra pieces) before this body and in its rounds so far
+        self.before = self._count(program.nests)
+        self.whole = self.extra = 0
+
+    def _count(self, nests) -> tuple[int, int]:
+        counts = [nest_backend_instructions(nest, self.tensors) for nest in nests]
+        return sum(whole for whole, _ in counts), sum(extra for _, extra in counts)
 
     def charge(self) -> None:
         nests, tensors = self.program.nests, self.program.tensors
         for k in range(self.tensors_seen, len(tensors)):  # only the declarations made since last time
             self.tensors[tensors[k].name] = tensors[k]
         self.tensors_seen = len(tensors)
-        self.total += sum(nest_backend_instructions(nests[k], self.tensors)
-                          for k in range(self.counted, len(nests)))
+        whole, extra = self._count(nests[k] for k in range(self.counted, len(nests)))
+        self.whole, self.extra = self.whole + whole, self.extra + extra
         self.counted, self.rounds = len(nests), self.rounds + 1
-        expected = self.total * self.planned // self.rounds if self.planned else self.total
-        if self.before + max(self.total, expected) > MAX_INSTRUCTIONS:
+        scale = self.planned / self.rounds if self.planned else 1.0
+        expected = with_pieces(self.before[0] + int(max(1.0, scale) * self.whole),
+                               self.before[1] + int(max(1.0, scale) * self.extra))
+        if expected > MAX_INSTRUCTIONS:
             rounds = f"{self.rounds:,} of {self.planned or self.rounds:,}"
+            so_far = with_pieces(self.whole, self.extra)
+            before = with_pieces(*self.before)
             raise CompileError("E302", f"program too large: {self.what} '{self.name}' unrolls past the "
-                                       f"budget of {MAX_INSTRUCTIONS:,} backend instructions ({self.total:,} "
-                                       f"in its first {rounds} rounds, {self.before:,} before it)", self.name)
+                                       f"budget of {MAX_INSTRUCTIONS:,} backend instructions ({so_far:,} "
+                                       f"in its first {rounds} rounds, {before:,} before it)", self.name)
 
 
 class ControlOps:

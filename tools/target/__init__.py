@@ -23,9 +23,6 @@ ENGINES = {
 ENGINE_NAMES = {value: key for key, value in ENGINES.items()}
 
 
-# How the backend cuts a large tile DMA (walrus split_dma): into at most DMA_SPLIT_MAX_PARTS pieces
-# over partition ranges, each moving at least DMA_SPLIT_MIN_BYTES. The instruction budget
-# (tools/common/penguin_budget) counts with the same rule, so it sees the program the backend holds.
 # Ops that move data on a DMA queue. `dma` has its descriptors written at compile time (hardware
 # DGE, triggered on SP/ACT/DVE); `dma_gather` (rows of an HBM table into partitions, row p chosen
 # by index p of an SBUF tile) and `dma_scatter` (partitions into rows chosen the same way) have
@@ -39,8 +36,14 @@ def is_dma(op: str) -> bool:
     return op in DMA_OPS
 
 
+# How the backend cuts a large tile DMA (walrus split_dma): into at most DMA_SPLIT_MAX_PARTS pieces
+# over partition ranges, each moving at least DMA_SPLIT_MIN_BYTES, until the program has
+# DMA_SPLIT_MAX_EXTRA pieces more than it had dmas (later dmas stay whole: split_dma's docstring
+# says why). The instruction budget (tools/common/penguin_budget) counts with the same rule, so it
+# sees the program the backend holds.
 DMA_SPLIT_MAX_PARTS = 8
 DMA_SPLIT_MIN_BYTES = 32768
+DMA_SPLIT_MAX_EXTRA = 16384
 
 
 def dma_pieces(partitions: int, total_bytes: int, max_parts: int = DMA_SPLIT_MAX_PARTS,

@@ -145,15 +145,22 @@ class _Machine:
         """(transfer start, queue, interval index) on the pool's queue where it starts first; among
         queues where it starts equally soon, the one idle longest (of those whose last transfer
         ends before it), so idle queues take turns as they did when only that end was kept."""
-        best = (float("inf"), float("inf"), -1, 0)
+        best_start = best_tail = float("inf")
+        best_queue = best_index = -1
         queues = self.queues
         for queue in self.pools[engine]:
             timeline = queues[queue]
-            start, index = timeline.slot(issue_end, length)
-            tail = timeline.ends[-1] if timeline.ends else 0.0
-            if (start, tail) < best[:2]:
-                best = (start, tail, queue, index)
-        return best[0], best[2], best[3]
+            ends = timeline.ends
+            tail = ends[-1] if ends else 0.0
+            if tail <= issue_end:  # idle from issue_end on: no gap to look for
+                start, index = issue_end, len(ends)
+            elif best_start <= issue_end:  # nothing starts sooner, and this one ends later
+                continue
+            else:
+                start, index = timeline.slot(issue_end, length)
+            if start < best_start or (start == best_start and tail < best_tail):
+                best_start, best_tail, best_queue, best_index = start, tail, queue, index
+        return best_start, best_queue, best_index
 
     def finish_time(self, engine: int, cost: costs.Cost, dma: bool, start: float) -> float:
         """When an instruction started at `start` (start_time) would complete if placed now (a
