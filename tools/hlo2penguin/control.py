@@ -11,6 +11,8 @@ A mixin of Lowering (lower.py): its methods call the rest of the lowering throug
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
@@ -46,7 +48,7 @@ class Budget:
         self.before = self._count(program.nests)
         self.whole = self.extra = 0
 
-    def _count(self, nests) -> tuple[int, int]:
+    def _count(self, nests: Iterable[penguin_pb2.LoopNest]) -> tuple[int, int]:
         counts = [nest_backend_instructions(nest, self.tensors) for nest in nests]
         return sum(whole for whole, _ in counts), sum(extra for _, extra in counts)
 
