@@ -72,18 +72,17 @@ def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = Fa
     HBM are left out (fusion keeps those on chip), and a load of a module input or constant counts
     once however many nests repeat it with the same view and box (fused, cse loads it once)."""
     tensors = {t.name: t for t in program.tensors}
-    total = largest_count = 0
+    largest_count = 0
     largest = None
     seen_loads: set[tuple] | None = set() if surviving else None
-    spare = DMA_SPLIT_MAX_EXTRA
+    all_whole = all_extra = 0
     for nest in program.nests:
         whole, extra = nest_backend_instructions(nest, tensors, seen_loads)
-        count = whole + min(extra, spare)
-        spare -= count - whole
-        total += count
+        count = whole + min(extra, max(0, DMA_SPLIT_MAX_EXTRA - all_extra))  # pieces left for it
+        all_whole, all_extra = all_whole + whole, all_extra + extra
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
-    return total, largest, largest_count
+    return with_pieces(all_whole, all_extra), largest, largest_count
 
 
 def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict,

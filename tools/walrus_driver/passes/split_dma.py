@@ -91,7 +91,7 @@ def run(ctx: PassContext) -> None:
 def _limit_extra(ids: list[int], parts: dict[int, int], max_extra: int) -> int:
     """Cut the dmas in program order until `max_extra` extra pieces are spent (the last one may get
     fewer pieces than the size rule allows); later ones stay whole. Returns how many the limit kept
-    whole or cut less. (tools/target.split_pieces_total counts the same way.)"""
+    whole or cut less. (penguin_budget.backend_instruction_count counts the same way.)"""
     if max_extra <= 0:
         return 0
     spare, limited = max_extra, 0
