@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -73,30 +74,41 @@ class _QueueTimeline:
     that holds it, even if the scheduler already placed a later-issued one (a store whose data is
     ready late) further on: keeping only the end of the last placed transfer made every load
     issued before that store wait behind it, and pre_sched then crowded SP's loads onto the queues
-    no store had touched (the D = 8192 MLP at -O1: 6 queues each moved 7x what the other 10 did)."""
+    no store had touched (the D = 8192 MLP at -O1: 6 queues each moved 7x what the other 10 did).
 
-    __slots__ = ("starts", "ends")
+    An idle stretch shorter than `min_gap` (the dma fixed latency, the least any transfer takes)
+    can hold no transfer, so it is merged into its neighbours: a backlogged queue is then one
+    interval instead of slivers between transfers issued a few ns apart, which every later
+    search walked."""
 
-    def __init__(self) -> None:
+    __slots__ = ("starts", "ends", "min_gap")
+
+    def __init__(self, min_gap: float) -> None:
         self.starts: list[float] = []
         self.ends: list[float] = []
+        self.min_gap = min_gap
 
-    def slot(self, t: float, length: float) -> tuple[float, int]:
-        """(the earliest start >= t of an idle stretch `length` long, the interval index it precedes)."""
+    def slot(self, t: float, length: float, bound: float = math.inf) -> tuple[float, int]:
+        """(the earliest start >= t of an idle stretch `length` long, the interval index it
+        precedes); (inf, -1) as soon as that start is known to be later than `bound`."""
         ends, starts = self.ends, self.starts
         if not ends or t >= ends[-1]:
             return t, len(ends)
         index = bisect.bisect_right(ends, t)
-        while index < len(starts) and starts[index] < t + length:
-            t = max(t, ends[index])
+        count = len(starts)
+        while index < count and starts[index] < t + length:
+            if ends[index] > t:
+                t = ends[index]
+                if t > bound:
+                    return math.inf, -1
             index += 1
         return t, index
 
     def occupy(self, start: float, end: float, index: int) -> None:
         """Mark [start, end) busy; `index` from slot()."""
-        starts, ends = self.starts, self.ends
-        joins_before = index > 0 and ends[index - 1] >= start
-        joins_after = index < len(starts) and starts[index] <= end
+        starts, ends, min_gap = self.starts, self.ends, self.min_gap
+        joins_before = index > 0 and start - ends[index - 1] < min_gap
+        joins_after = index < len(starts) and starts[index] - end < min_gap
         if joins_before and joins_after:
             ends[index - 1] = ends[index]
             del starts[index], ends[index]
@@ -130,7 +142,7 @@ class _Machine:
             table,
             defaultdict(float),
             defaultdict(float),
-            [_QueueTimeline() for _ in range(queues)],
+            [_QueueTimeline(table.target.dma_fixed_latency_ns) for _ in range(queues)],
             defaultdict(lambda: every, pools or {}),
         )
 
@@ -145,7 +157,7 @@ class _Machine:
         """(transfer start, queue, interval index) on the pool's queue where it starts first; among
         queues where it starts equally soon, the one idle longest (of those whose last transfer
         ends before it), so idle queues take turns as they did when only that end was kept."""
-        best_start = best_tail = float("inf")
+        best_start = best_tail = math.inf
         best_queue = best_index = -1
         queues = self.queues
         for queue in self.pools[engine]:
@@ -156,8 +168,8 @@ class _Machine:
                 start, index = issue_end, len(ends)
             elif best_start <= issue_end:  # nothing starts sooner, and this one ends later
                 continue
-            else:
-                start, index = timeline.slot(issue_end, length)
+            else:  # a queue that cannot start it sooner than the best so far is left early
+                start, index = timeline.slot(issue_end, length, best_start)
             if start < best_start or (start == best_start and tail < best_tail):
                 best_start, best_tail, best_queue, best_index = start, tail, queue, index
         return best_start, best_queue, best_index
@@ -439,7 +451,12 @@ class _Pressure:
     peak: dict[int, int]
     limit: dict[int, float]
     touches: dict[int, tuple[tuple[str, int, int], ...]]  # id -> on-chip (buffer, memory, bytes)
+    users: dict[str, list[int]]  # buffer -> the ids that touch it
     live_names: set[str] = field(default_factory=set)
+    # id -> (SBUF bytes it would make live, PSUM bytes, -1 for none; net growth of the live set).
+    # Valid until one of its buffers becomes live or is down to its last user (scheduled() drops
+    # it then): the only changes that move these numbers, as its buffers cannot die before it runs.
+    effects: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @classmethod
     def build(
@@ -453,16 +470,16 @@ class _Pressure:
         """The pressure before the first instruction runs; `cache`: the analyzer's footprints
         (ctx.footprint_cache), which name each instruction's buffers (birutil.touched_buffers)."""
         onchip = {b.name: (b.name, b.memory, b.bytes_per_partition) for b in program.buffers}
-        users: dict[str, int] = defaultdict(int)
+        users: dict[str, list[int]] = defaultdict(list)
         touches = {}
         for instr in instructions:
             names = birutil.touched_buffers(instr, cache)
             touched = tuple([onchip[name] for name in names if name in onchip])
             touches[instr.id] = touched
             for name, _, _ in touched:
-                users[name] += 1
+                users[name].append(instr.id)
         return cls(
-            users_left=dict(users),
+            users_left={name: len(ids) for name, ids in users.items()},
             live={birutil.SBUF: 0, birutil.PSUM: 0},
             peak={birutil.SBUF: 0, birutil.PSUM: 0},
             limit={
@@ -470,24 +487,29 @@ class _Pressure:
                 birutil.PSUM: fraction * target.psum_bytes_per_partition,
             },
             touches=touches,
+            users=dict(users),
         )
 
     def _delta(self, node: int) -> tuple[bool, int]:
         """(whether running the instruction keeps every memory's live bytes within the limit, net
-        growth of the live set). The scheduler's innermost question under pressure: kept to plain
-        locals."""
-        live_names, users_left = self.live_names, self.users_left
-        new_sbuf = new_psum = -1  # bytes it makes live per memory, -1 for none
-        growth = 0
-        for name, memory, size in self.touches.get(node, ()):
-            if name not in live_names:
-                if memory == birutil.SBUF:
-                    new_sbuf = size + max(new_sbuf, 0)
-                else:
-                    new_psum = size + max(new_psum, 0)
-                growth += size
-            if users_left[name] == 1:
-                growth -= size
+        growth of the live set). The scheduler's innermost question under pressure, asked about
+        the same ready instructions step after step: their effects are kept (`effects`)."""
+        effect = self.effects.get(node)
+        if effect is None:
+            live_names, users_left = self.live_names, self.users_left
+            new_sbuf = new_psum = -1
+            growth = 0
+            for name, memory, size in self.touches.get(node, ()):
+                if name not in live_names:
+                    if memory == birutil.SBUF:
+                        new_sbuf = size + max(new_sbuf, 0)
+                    else:
+                        new_psum = size + max(new_psum, 0)
+                    growth += size
+                if users_left[name] == 1:
+                    growth -= size
+            effect = self.effects[node] = (new_sbuf, new_psum, growth)
+        new_sbuf, new_psum, growth = effect
         live, limit = self.live, self.limit
         fits = (new_sbuf < 0 or live[birutil.SBUF] + new_sbuf <= limit[birutil.SBUF]) and (
             new_psum < 0 or live[birutil.PSUM] + new_psum <= limit[birutil.PSUM]
@@ -541,14 +563,20 @@ class _Pressure:
     def scheduled(self, node: int) -> None:
         """Instruction `node` runs next: its buffers become live, those it used last die."""
         touched = self.touches.get(node, ())
+        effects = self.effects
         for name, memory, size in touched:  # its buffers are live while it runs ...
             if name not in self.live_names:
                 self.live_names.add(name)
                 self.live[memory] += size
+                for user in self.users[name]:
+                    effects.pop(user, None)
         for memory, value in self.live.items():
             self.peak[memory] = max(self.peak[memory], value)
         for name, memory, size in touched:  # ... and those it used last are dead after it
-            self.users_left[name] -= 1
-            if self.users_left[name] == 0:
+            left = self.users_left[name] = self.users_left[name] - 1
+            if left == 1:  # its last user now frees it
+                for user in self.users[name]:
+                    effects.pop(user, None)
+            elif not left:
                 self.live_names.discard(name)
                 self.live[memory] -= size
