@@ -91,6 +91,38 @@ def test_pressure_keeps_the_live_set_allocatable():
     assert err.value.code == "E403"
 
 
+def paired_tiles(tiles: int = 64, cols: int = 8192) -> bir_pb2.Program:
+    """Per tile: load a and b (32 KiB a partition each), scale a in place, multiply, store. Every
+    load is ready at once, and the a loads have the longer path behind them."""
+    b = Bir("paired")
+    b.hbm("a", [128 * tiles, cols])
+    b.hbm("b", [128 * tiles, cols])
+    b.hbm("out", [128 * tiles, cols], role=bir_pb2.OUTPUT)
+    for t in range(tiles):
+        for name in ("a", "b", "o"):
+            b.buffer(f"{name}{t}", cols * 4)
+        b.load(f"a{t}", "a", 128, cols, row0=128 * t, name=f"load_a{t}")
+        b.load(f"b{t}", "b", 128, cols, row0=128 * t, name=f"load_b{t}")
+        b.ts(f"a{t}", f"a{t}", 128, cols, name=f"scale{t}")
+        b.tt(f"o{t}", f"a{t}", f"b{t}", 128, cols, func="multiply", name=f"mul{t}")
+        b.store("out", f"o{t}", 128, cols, row0=128 * t, name=f"store{t}")
+    return b.build()
+
+
+def test_a_schedule_that_outgrows_sbuf_is_abandoned_for_the_program_order():
+    # Under pressure, with no b loaded yet, every choice grows the live set: the list scheduler
+    # takes a loads until it holds far more than SBUF; program order needs three tiles at once.
+    ctx = run_passes(paired_tiles(), "anti_dependency_analyzer,pre_sched,allocation")
+    assert ctx.stats["pre_sched"]["schedules_abandoned"] == 1
+    assert ctx.stats["pre_sched"]["kept_input_order"] == 1
+    assert ctx.stats["allocation"]["spills"] == 0
+    # With the pressure term off the scheduler loads ahead freely: its schedule is faster in the
+    # model, is kept, and must spill.
+    ctx = run_passes(paired_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
+    assert ctx.stats["pre_sched"]["schedules_abandoned"] == 0
+    assert ctx.stats["allocation"]["spills"] > 0
+
+
 def test_needs_deps_and_refuses_after_semaphores():
     with pytest.raises(CompileError) as err:
         run_passes(chain_program(1), "pre_sched")
@@ -111,7 +143,10 @@ def test_scheduling_keeps_the_dependence_graph_valid():
 def column_tile(tensor: str, t: int, cols: int, width: int) -> bir_pb2.AccessPattern:
     """Columns [t*cols, (t+1)*cols) of all 128 rows of a [128, width] HBM tensor (a strided box)."""
     return bir_pb2.AccessPattern(
-        memory=HBM, tensor=tensor, dtype=F32, offset=t * cols,
+        memory=HBM,
+        tensor=tensor,
+        dtype=F32,
+        offset=t * cols,
         dims=[bir_pb2.Dim(stride=width, count=128), bir_pb2.Dim(stride=1, count=cols)],
     )
 
