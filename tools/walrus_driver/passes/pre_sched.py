@@ -45,6 +45,7 @@ import bisect
 import heapq
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -275,11 +276,19 @@ def run(ctx: PassContext) -> None:
     # schedule grew to 29 times SBUF over 123k searches under pressure, then lost anyway.
     # (Not PSUM: allocation keeps the input order's PSUM placement when the schedule's does not
     # fit, and the D = 2048 and 4096 MLPs are 2 % faster for their schedules all the same.)
-    in_order = _Pressure.build(
-        program, instructions, ctx.target, options.pressure_fraction, ctx.footprint_cache
-    )
-    for node in input_order:
-        in_order.scheduled(node)
+    # Measured only when needed: most schedules never pass SBUF and are kept.
+    in_order_cache: list[_Pressure] = []
+
+    def in_order_pressure() -> _Pressure:
+        if not in_order_cache:
+            pressure = _Pressure.build(
+                program, instructions, ctx.target, options.pressure_fraction, ctx.footprint_cache
+            )
+            for node in input_order:
+                pressure.scheduled(node)
+            in_order_cache.append(pressure)
+        return in_order_cache[0]
+
     capacity = {birutil.SBUF: ctx.target.sbuf_usable_bytes, birutil.PSUM: ctx.target.psum_bytes_per_partition}
 
     # More effort (tries > 1): schedule again under other pressure limits, keep the fastest.
@@ -287,9 +296,11 @@ def run(ctx: PassContext) -> None:
     best: _Schedule | None = None
     abandoned = 0
     for fraction in fractions[: max(1, options.tries)]:
-        # (a fraction over 1 turns the pressure term off, and this with it)
-        input_fits = fraction <= 1 and all(in_order.peak[m] <= fraction * capacity[m] for m in capacity)
-        sbuf_capacity = {birutil.SBUF: capacity[birutil.SBUF]}
+
+        def input_order_fits(fraction: float = fraction) -> bool:
+            peak = in_order_pressure().peak
+            return all(peak[m] <= fraction * capacity[m] for m in capacity)
+
         schedule = _list_schedule(
             ctx,
             instructions,
@@ -299,7 +310,8 @@ def run(ctx: PassContext) -> None:
             fraction,
             options.pressure_window,
             alternatives,
-            sbuf_capacity if input_fits else None,
+            # (a fraction over 1 turns the pressure term off, and this with it)
+            (capacity[birutil.SBUF], input_order_fits) if fraction <= 1 else None,
         )
         if schedule is None:
             abandoned += 1
@@ -312,6 +324,7 @@ def run(ctx: PassContext) -> None:
         # faster, unless it holds more on chip than the schedule does (the model does not count
         # the spills that would cost).
         fraction = best.fraction if best is not None else options.pressure_fraction
+        in_order = in_order_pressure()
         in_order.limit = {m: fraction * capacity[m] for m in capacity}
         if best is None or all(
             in_order.peak[m] <= max(best.pressure.peak[m], in_order.limit[m]) for m in in_order.peak
@@ -375,11 +388,12 @@ def _list_schedule(
     fraction: float,
     window: int,
     alternatives: dict[int, list[_Form]],
-    abandon_above: dict[int, int] | None,
+    abandon: tuple[int, Callable[[], bool]] | None,
 ) -> _Schedule | None:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
     instruction runs as `own` says or, with entries in `alternatives`, waits on their engines too.
-    None once the live bytes of a memory pass `abandon_above` (the caller keeps the input order)."""
+    With `abandon` (SBUF bytes, whether the input order fits): None as soon as the live SBUF
+    bytes pass those and the input order fits (the caller keeps the input order)."""
     deps, table = ctx.require_deps(), ctx.costs()
     pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction, ctx.footprint_cache)
     machine = _Machine.fresh(table, ctx.queue_pools)
@@ -448,8 +462,10 @@ def _list_schedule(
         taken.add(node)
         order.append(node)
         pressure.scheduled(node)
-        if abandon_above is not None and any(pressure.live[m] > abandon_above[m] for m in abandon_above):
-            return None
+        if abandon is not None and pressure.live[birutil.SBUF] > abandon[0]:
+            if abandon[1]():
+                return None
+            abandon = None  # the input order does not fit either: nothing to abandon for
         for succ in deps.successors(node):
             earliest[succ] = max(earliest[succ], finish)
             indegree[succ] -= 1
