@@ -42,6 +42,7 @@ final program's lower bound, at every optimization level.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 from collections import defaultdict
@@ -277,31 +278,27 @@ def run(ctx: PassContext) -> None:
     # (Not PSUM: allocation falls back to the input order when a schedule's PSUM does not fit,
     # and the D = 2048 and 4096 MLPs, whose schedules pass PSUM, are 2 % faster for them all the
     # same: measured with PSUM in the rule, 1111.8 -> 1135.3 and 3787.6 -> 3863.6 µs.)
-    # Measured only when needed: most schedules never pass SBUF and are kept.
-    in_order_cache: list[_Pressure] = []
-
-    def in_order_pressure() -> _Pressure:
-        if not in_order_cache:
-            pressure = _Pressure.build(
-                program, instructions, ctx.target, options.pressure_fraction, ctx.footprint_cache
-            )
-            for node in input_order:
-                pressure.scheduled(node)
-            in_order_cache.append(pressure)
-        return in_order_cache[0]
-
     capacity = {birutil.SBUF: ctx.target.sbuf_usable_bytes, birutil.PSUM: ctx.target.psum_bytes_per_partition}
+
+    # Measured only when needed (once): most schedules never pass SBUF and are kept.
+    @functools.cache
+    def in_order_pressure() -> _Pressure:
+        pressure = _Pressure.build(
+            program, instructions, ctx.target, options.pressure_fraction, ctx.footprint_cache
+        )
+        for node in input_order:
+            pressure.scheduled(node)
+        return pressure
+
+    def input_order_fits(fraction: float) -> bool:
+        peak = in_order_pressure().peak
+        return all(peak[m] <= fraction * capacity[m] for m in capacity)
 
     # More effort (tries > 1): schedule again under other pressure limits, keep the fastest.
     fractions = [options.pressure_fraction] + [f for f in EXTRA_FRACTIONS if f != options.pressure_fraction]
     best: _Schedule | None = None
     abandoned = 0
     for fraction in fractions[: max(1, options.tries)]:
-
-        def input_order_fits(fraction: float = fraction) -> bool:
-            peak = in_order_pressure().peak
-            return all(peak[m] <= fraction * capacity[m] for m in capacity)
-
         schedule = _list_schedule(
             ctx,
             instructions,
@@ -312,7 +309,9 @@ def run(ctx: PassContext) -> None:
             options.pressure_window,
             alternatives,
             # (a fraction over 1 turns the pressure term off, and this with it)
-            (capacity[birutil.SBUF], input_order_fits) if fraction <= 1 else None,
+            (capacity[birutil.SBUF], functools.partial(input_order_fits, fraction))
+            if fraction <= 1
+            else None,
         )
         if schedule is None:
             abandoned += 1
