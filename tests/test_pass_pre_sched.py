@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import networkx as nx
 import pytest
-from walrus_builders import HBM, SP, Bir, chain_program, random_program, run_passes, tile
+from walrus_builders import HBM, PSUM, SP, Bir, chain_program, random_program, run_passes, tile
 
 from ncc.schemas import bir_pb2
 from ncc.schemas.common_pb2 import ACT as ACT_ENGINE
@@ -121,6 +121,57 @@ def test_a_schedule_that_outgrows_sbuf_is_abandoned_for_the_program_order():
     ctx = run_passes(paired_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
     assert ctx.stats["pre_sched"]["schedules_abandoned"] == 0
     assert ctx.stats["allocation"]["spills"] > 0
+
+
+def accumulation_groups(groups: int = 12, rows: int = 4, steps: int = 4) -> bir_pb2.Program:
+    """Per group: `rows` accumulators in PSUM (a bank each) summed over `steps` weight tiles, then
+    scaled out of PSUM and again on DVE (both have an ACT form) and stored. Program order holds
+    one group's accumulators; every weight load is ready at the start."""
+    b = Bir("groups")
+    b.hbm("x", [128, 128 * steps])
+    b.hbm("w", [128 * steps * groups, 512])
+    b.hbm("out", [128 * rows * groups, 512], role=bir_pb2.OUTPUT)
+    for k in range(steps):
+        b.buffer(f"x{k}", 512)
+        b.load(f"x{k}", "x", 128, 128)
+    for g in range(groups):
+        for r in range(rows):
+            b.buffer(f"p{g}_{r}", 2048, memory=PSUM)
+        for k in range(steps):
+            b.buffer(f"w{g}_{k}", 2048)
+            b.load(f"w{g}_{k}", "w", 128, 512, row0=128 * (g * steps + k))
+            for r in range(rows):
+                b.matmul(f"p{g}_{r}", f"x{k}", f"w{g}_{k}", 128, 128, 512, accumulate=k > 0)
+        for r in range(rows):
+            b.buffer(f"o{g}_{r}", 2048)
+            b.buffer(f"s{g}_{r}", 2048)
+            psum_in = tile(f"p{g}_{r}", 128, 512, memory=PSUM)
+            b.add(
+                "tensor_scalar", DVE, [tile(f"o{g}_{r}", 128, 512)], [psum_in], func="multiply", scalars=[0.5]
+            )
+            b.ts(f"s{g}_{r}", f"o{g}_{r}", 128, 512)
+            b.store("out", f"s{g}_{r}", 128, 512, row0=128 * (g * rows + r))
+    return b.build()
+
+
+def test_a_schedule_that_outgrows_psum_is_abandoned_and_the_program_order_still_uses_act():
+    # The list scheduler starts a second group while the first waits for its weights, and passes
+    # PSUM's eight banks; allocation, which cannot spill PSUM, would go back to program order.
+    program = accumulation_groups()
+    before = [instr.id for instr in program.instructions]
+    ctx = run_passes(program, "anti_dependency_analyzer,pre_sched,allocation")
+    stats = ctx.stats["pre_sched"]
+    assert stats["schedules_abandoned"] == 1 and stats["kept_input_order"] == 1
+    assert [instr.id for instr in ctx.program.instructions] == before
+    assert stats["moved_to_act"] > 0  # DVE's epilogues share ACT in program order too
+    assert stats["est_makespan_ns"] < stats["est_makespan_before_ns"]
+    assert "psum_fallback_to_program_order" not in ctx.stats["allocation"]
+    # With the pressure term off the schedule runs to its end, and allocation goes back.
+    ctx = run_passes(
+        accumulation_groups(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation"
+    )
+    assert ctx.stats["pre_sched"]["schedules_abandoned"] == 0
+    assert ctx.stats["allocation"]["psum_fallback_to_program_order"] == 1
 
 
 def test_needs_deps_and_refuses_after_semaphores():

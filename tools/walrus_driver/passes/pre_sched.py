@@ -28,9 +28,12 @@ partition exceed `pressure_fraction` of the memory (its buffers count as live wh
 scheduler takes instead a ready or soon-ready instruction that stays within the limit, else one
 that does not grow the live set (it frees a buffer by being its last user), else the one earliest
 in the input (program) order, so that allocation afterwards fits. A schedule whose live SBUF
-bytes pass the whole of SBUF while the input order stays within the limit is abandoned, and the
-input order kept (counter `schedules_abandoned`): it could win only by spilling, which the model
-does not price.
+or PSUM bytes pass the whole memory while the input order stays within the limit is abandoned,
+and the input order kept (counter `schedules_abandoned`): past SBUF it could win only by
+spilling, which the model does not price, and past PSUM allocation would go back to the input
+order anyway. The kept input order still runs a DVE instruction on ACT where that finishes it
+sooner, chosen in program order (the D = 2048 and 4096 MLPs, whose schedules pass PSUM, took
+1111.8 and 3787.6 µs with the choices of the whole schedule they built; 1090.3 and 3765.0 now).
 
 The new order is written to program.instructions (the input order stays when the model says it
 is faster). With `tries` > 1 (--optlevel 3) the scheduler runs again under other pressure limits
@@ -187,6 +190,22 @@ class _Machine:
             return issue_end
         return self._transfer_slot(engine, issue_end, cost.transfer_ns)[0] + cost.transfer_ns
 
+    def first_to_finish(
+        self, own: _Form, alternatives: list[_Form] | None, ready_at: float
+    ) -> tuple[_Form, float]:
+        """(form, start) of an instruction ready at `ready_at`: its own form or, of its
+        alternatives, the one that finishes it first if placed now (ties keep its own)."""
+        start = self.start_time(own.engine, own.cost, ready_at)
+        if not alternatives:
+            return own, start
+        form, best_finish = own, self.finish_time(own.engine, own.cost, own.dma, start)
+        for other in alternatives:
+            other_start = self.start_time(other.engine, other.cost, ready_at)
+            finish = self.finish_time(other.engine, other.cost, other.dma, other_start)
+            if finish < best_finish:
+                best_finish, form, start = finish, other, other_start
+        return form, start
+
     def place(self, node: int, engine: int, cost: costs.Cost, dma: bool, start: float) -> float:
         """Occupy the resources from `start`; returns the completion time."""
         issue_end = start + cost.engine_ns
@@ -219,15 +238,20 @@ def _place_in_order(
     own: dict[int, _Form],
     table: costs.CostTable,
     pools: dict[int, list[int]] | None,
-) -> tuple[float, _Machine]:
-    """(makespan, machine) of executing the instructions in this order (in order per engine)."""
+    alternatives: dict[int, list[_Form]] | None = None,
+) -> tuple[float, _Machine, dict[int, _Form]]:
+    """(makespan, machine, forms chosen) of executing the instructions in this order (in order per
+    engine); with `alternatives`, each runs on the engine of its forms that finishes it first."""
     machine = _Machine.fresh(table, pools)
     finish: dict[int, float] = {}
+    chosen: dict[int, _Form] = {}
     for node in order:
         ready = max((finish.get(p, 0.0) for p in deps.predecessors(node)), default=0.0)
-        engine, cost, dma, _ = own[node]
-        finish[node] = machine.place(node, engine, cost, dma, machine.start_time(engine, cost, ready))
-    return max(finish.values(), default=0.0), machine
+        form, start = machine.first_to_finish(own[node], alternatives and alternatives.get(node), ready)
+        if form.rewrite is not None:
+            chosen[node] = form
+        finish[node] = machine.place(node, form.engine, form.cost, form.dma, start)
+    return max(finish.values(), default=0.0), machine, chosen
 
 
 @register(NAME, Options)
@@ -271,13 +295,12 @@ def run(ctx: PassContext) -> None:
         latency = own[node].cost.latency_ns
         priority[node] = latency + max((priority[s] for s in deps.successors(node)), default=0.0)
 
-    # The input order's live set: a list schedule is abandoned once its own outgrows SBUF while
-    # the input order's stays within the pressure limit (it could only spill its way to a win
-    # the model does not see). The D = 8192 MLP: every weight load is ready at the start, the
-    # schedule grew to 29 times SBUF over 123k searches under pressure, then lost anyway.
-    # (Not PSUM: allocation falls back to the input order when a schedule's PSUM does not fit,
-    # and the D = 2048 and 4096 MLPs, whose schedules pass PSUM, are 2 % faster for them all the
-    # same: measured with PSUM in the rule, 1111.8 -> 1135.3 and 3787.6 -> 3863.6 µs.)
+    # The input order's live set: a list schedule is abandoned once its own outgrows SBUF or
+    # PSUM while the input order's stays within the pressure limit. Past SBUF it could only
+    # spill its way to a win the model does not see (the D = 8192 MLP: every weight load is
+    # ready at the start, the schedule grew to 29 times SBUF over 123k searches under pressure,
+    # then lost anyway); past PSUM, which never spills, allocation would fall back to the input
+    # order (stacked attention passed PSUM at step 598 of 115k and searched on for 4 s).
     capacity = {birutil.SBUF: ctx.target.sbuf_usable_bytes, birutil.PSUM: ctx.target.psum_bytes_per_partition}
 
     # Measured only when needed (once): most schedules never pass SBUF and are kept.
@@ -309,17 +332,25 @@ def run(ctx: PassContext) -> None:
             options.pressure_window,
             alternatives,
             # (a fraction over 1 turns the pressure term off, and this with it)
-            (capacity[birutil.SBUF], functools.partial(input_order_fits, fraction))
-            if fraction <= 1
-            else None,
+            (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
         )
         if schedule is None:
             abandoned += 1
         elif best is None or schedule.makespan < best.makespan:
             best = schedule
 
-    makespan_before, unchanged = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
-    if best is None or makespan_before < best.makespan:
+    makespan_before, unchanged, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
+    in_order_makespan, in_order_chosen = makespan_before, {}
+    if best is None and alternatives:
+        # Every schedule was abandoned: the input order is kept, and its DVE instructions may
+        # still run on ACT, chosen in that order by earliest finish (allocation's fallback after
+        # a schedule PSUM cannot hold keeps such choices too). Not the stores' trigger engines:
+        # chosen in program order they made the D = 2048 MLP's estimate 1072 -> 1307 µs.
+        act_forms = {node: [f for f in forms if not f.dma] for node, forms in alternatives.items()}
+        with_act, machine, chosen = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
+        if with_act < makespan_before:
+            in_order_makespan, unchanged, in_order_chosen = with_act, machine, chosen
+    if best is None or in_order_makespan < best.makespan:
         # The list scheduler is a heuristic: keep the input order when the model says it is
         # faster, unless it holds more on chip than the schedule does (the model does not count
         # the spills that would cost).
@@ -330,7 +361,7 @@ def run(ctx: PassContext) -> None:
             in_order.peak[m] <= max(best.pressure.peak[m], in_order.limit[m]) for m in in_order.peak
         ):
             best = _Schedule(
-                input_order, makespan_before, 0, in_order, fraction, unchanged.queue_of, chosen={}
+                input_order, in_order_makespan, 0, in_order, fraction, unchanged.queue_of, in_order_chosen
             )
             ctx.set_stat("kept_input_order", 1)
     ctx.triggers_before_schedule = {}
@@ -388,12 +419,12 @@ def _list_schedule(
     fraction: float,
     window: int,
     alternatives: dict[int, list[_Form]],
-    abandon: tuple[int, Callable[[], bool]] | None,
+    abandon: tuple[dict[int, int], Callable[[], bool]] | None,
 ) -> _Schedule | None:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
     instruction runs as `own` says or, with entries in `alternatives`, waits on their engines too.
-    With `abandon` (SBUF bytes, whether the input order fits): None as soon as the live SBUF
-    bytes pass those and the input order fits (the caller keeps the input order)."""
+    With `abandon` (bytes per memory, whether the input order fits): None as soon as the live
+    bytes of a memory pass its size and the input order fits (the caller keeps the input order)."""
     deps, table = ctx.require_deps(), ctx.costs()
     pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction, ctx.footprint_cache)
     machine = _Machine.fresh(table, ctx.queue_pools)
@@ -445,24 +476,15 @@ def _list_schedule(
             if better is not None and better != node:
                 node = better
                 pressured_picks += 1
-        form = own[node]
-        ready_at = earliest[node]
-        start = machine.start_time(form.engine, form.cost, ready_at)
-        if node in alternatives:  # of its engines, the one that finishes it first
-            best_finish = machine.finish_time(form.engine, form.cost, form.dma, start)
-            for other in alternatives[node]:
-                other_start = machine.start_time(other.engine, other.cost, ready_at)
-                finish = machine.finish_time(other.engine, other.cost, other.dma, other_start)
-                if finish < best_finish:
-                    best_finish, form, start = finish, other, other_start
-            if form.rewrite is not None:
-                chosen[node] = form
+        form, start = machine.first_to_finish(own[node], alternatives.get(node), earliest[node])
+        if form.rewrite is not None:
+            chosen[node] = form
         finish = machine.place(node, form.engine, form.cost, form.dma, start)
         makespan = max(makespan, finish)
         taken.add(node)
         order.append(node)
         pressure.scheduled(node)
-        if abandon is not None and pressure.live[birutil.SBUF] > abandon[0]:
+        if abandon is not None and any(pressure.live[m] > size for m, size in abandon[0].items()):
             if abandon[1]():
                 return None
             abandon = None  # the input order does not fit either: nothing to abandon for
