@@ -122,7 +122,9 @@ def test_pass_list_defaults_and_refusals() -> None:
     from ncc.tools.common.errors import CompileError
 
     assert pass_list("", 0) == []
-    assert pass_list("", 2) == ["fusion", "cse", "dce", "retile", "tile_order", "pipeline", "invariant_loads"]
+    assert pass_list("", 2) == [
+        "fusion", "cse", "act_functions", "dce", "retile", "tile_order", "pipeline", "invariant_loads"
+    ]
     assert pass_list("none", 2) == [] and pass_list("dce", 0) == ["dce"]
     with pytest.raises(CompileError) as info:
         pass_list("fusion,bogus", 2)

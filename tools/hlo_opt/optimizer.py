@@ -1,14 +1,16 @@
 """The Penguin optimizer: the passes the Frontend runs before lowering to BIR, in order.
 
 `fusion` joins producer/consumer nests so intermediates stay in SBUF; `cse` drops loads and
-fills a nest already did; `dce` then drops the stores (and tensors) nobody reads any more;
+fills a nest already did; `act_functions` turns an elementwise chain that computes one of ACT's
+built-in functions (the tanh approximation of gelu) into one activation; `dce` then drops the
+stores (and tensors) nobody reads any more, and the statements of such chains;
 `retile` narrows the free tiles of an elementwise nest too short to overlap its engines;
 `tile_order` strip-mines a dot's row loop below its contraction loop so each weight tile serves
 several row tiles;
 `pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
 loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
 broadcast bias or norm weight), or a tile the loop does not change (a dot's kept stationary and moving
-tiles), once. The default list is all seven, in that order, at --optlevel 1
+tiles), once. The default list is all eight, in that order, at --optlevel 1
 and above; -O0 runs none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
 changed, one line on stderr (the Frontend job's log).
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.pipeline_text import split_pipeline
+from ncc.tools.hlo_opt.act_functions import select_act_functions
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.fusion import fuse_nests
@@ -33,6 +36,7 @@ from ncc.tools.hlo_opt.tile_order import order_tiles
 PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,
     "cse": eliminate_common_loads,
+    "act_functions": select_act_functions,
     "dce": eliminate_dead_code,
     "retile": retile_nests,
     "tile_order": order_tiles,
@@ -49,7 +53,8 @@ OPTIONS: dict[str, dict[str, type]] = {
 # the instruction count for no overlap (one-element tiles took gelu's compile from 2 s to 6 min).
 MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
                                         ("tile_order", "max_row_block"): 1}
-DEFAULT_PASSES = ("fusion", "cse", "dce", "retile", "tile_order", "pipeline", "invariant_loads")
+DEFAULT_PASSES = ("fusion", "cse", "act_functions", "dce", "retile", "tile_order", "pipeline",
+                  "invariant_loads")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

@@ -1,0 +1,139 @@
+"""act_functions: the tanh approximation of gelu, as JAX writes it, becomes one ACT activation of
+`gelu_apprx_tanh`, with the same bits; chains that differ in any way that matters stay as they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_ncc
+
+from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
+from ncc.tools.hlo.hlo_text import parse_hlo_text
+from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo_opt.act_functions import select_act_functions
+from ncc.tools.hlo_opt.optimizer import optimize
+from ncc.tools.sim.semantics import ACTIVATIONS
+
+
+def gelu_hlo(
+    shape: str = "f32[300,700]",
+    cube_coeff: str = "0.044715",
+    swap: bool = False,
+    tanh_is_output: bool = False,
+) -> str:
+    """gelu(x) as jax.nn.gelu(approximate=True) lowers it; `swap` writes every product and sum
+    with its operands the other way round."""
+    dtype = shape.split("[")[0]
+
+    def op(name: str, a: str, b: str) -> str:
+        return f"{name}({b}, {a})" if swap else f"{name}({a}, {b})"
+
+    root = f"(f32[{shape.split('[')[1]}, f32[{shape.split('[')[1]})" if tanh_is_output else shape
+    lines = [
+        "HloModule gelu",
+        "ENTRY main {",
+        f"  x = {shape} parameter(0)",
+        f"  c0 = {dtype}[] constant({cube_coeff})",
+        f"  c1 = {dtype}[] constant(0.797884583)",
+        f"  c2 = {dtype}[] constant(1)",
+        f"  c3 = {dtype}[] constant(0.5)",
+        f"  b0 = {shape} broadcast(c0), dimensions={{}}",
+        f"  b1 = {shape} broadcast(c1), dimensions={{}}",
+        f"  b2 = {shape} broadcast(c2), dimensions={{}}",
+        f"  b3 = {shape} broadcast(c3), dimensions={{}}",
+        f"  sq = {shape} multiply(x, x)",
+        f"  cu = {shape} {op('multiply', 'sq', 'x')}",
+        f"  m0 = {shape} {op('multiply', 'cu', 'b0')}",
+        f"  a0 = {shape} {op('add', 'x', 'm0')}",
+        f"  m1 = {shape} {op('multiply', 'a0', 'b1')}",
+        f"  t = {shape} tanh(m1)",
+        f"  a1 = {shape} {op('add', 't', 'b2')}",
+        f"  m2 = {shape} {op('multiply', 'a1', 'b3')}",
+        f"  y = {shape} {op('multiply', 'x', 'm2')}",
+        f"  ROOT out = {root} tuple(y, t)" if tanh_is_output else f"  ROOT out = {shape} copy(y)",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def optimized(text: str, passes: list[str]) -> penguin_pb2.Program:
+    program = lower_module(parse_hlo_text(text))
+    optimize(program, passes, num_stages=None)
+    return program
+
+
+def statements(program: penguin_pb2.Program) -> list[penguin_pb2.Statement]:
+    return [st for nest in program.nests for st in nest.statements]
+
+
+def gelu_activations(program: penguin_pb2.Program) -> int:
+    return sum(st.op == "activation" and st.func == "gelu_apprx_tanh" for st in statements(program))
+
+
+def test_the_gelu_chain_becomes_one_activation_and_its_dve_work_goes() -> None:
+    program = optimized(gelu_hlo(), ["fusion", "cse", "act_functions", "dce"])
+    assert gelu_activations(program) == 1
+    computed = [st for st in statements(program) if st.op != "dma"]
+    assert [(st.op, st.engine) for st in computed] == [("activation", common_pb2.ACT)]
+
+
+def test_products_and_sums_written_the_other_way_round_match_too() -> None:
+    assert gelu_activations(optimized(gelu_hlo(swap=True), ["fusion", "cse", "act_functions", "dce"])) == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [gelu_hlo(cube_coeff="0.04472"), gelu_hlo(shape="bf16[300,700]")],
+    ids=["another-constant", "bf16-rounds-every-step"],
+)
+def test_a_chain_that_computes_something_else_is_left_alone(text: str) -> None:
+    program = optimized(text, ["fusion", "cse", "act_functions", "dce"])
+    assert gelu_activations(program) == 0
+    assert any(st.func == "tanh" for st in statements(program))
+
+
+def test_an_intermediate_that_is_also_an_output_is_still_computed() -> None:
+    program = optimized(gelu_hlo(tanh_is_output=True), ["fusion", "cse", "act_functions", "dce"])
+    assert gelu_activations(program) == 1
+    assert any(st.func == "tanh" for st in statements(program))
+
+
+def test_unfused_nests_are_not_matched_across_hbm() -> None:
+    program = lower_module(parse_hlo_text(gelu_hlo()))
+    assert select_act_functions(program).gelu_apprx_tanh == 0
+
+
+def test_the_function_is_the_nine_float32_operations_bit_for_bit() -> None:
+    x = np.random.default_rng(0).normal(0, 4, 100_000).astype(np.float32)
+    x = np.concatenate([x, np.array([0.0, -0.0, 1e-30, -1e-30, 20.0, -20.0, 3e12, -3e12], np.float32)])
+    cube = (x * x) * x
+    m = (x + cube * np.float32(0.044715)) * np.float32(0.797884583)
+    expected = x * ((np.tanh(m) + np.float32(1)) * np.float32(0.5))
+    got = ACTIVATIONS["gelu_apprx_tanh"](x)
+    assert got.dtype == np.float32
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
+
+
+@pytest.mark.slow
+def test_gelu_compiles_onto_act_verifies_and_gives_the_same_bits(tmp_path: Path) -> None:
+    model = tmp_path / "gelu.hlo"
+    model.write_text(gelu_hlo())
+    inputs = tmp_path / "in.npz"
+    np.savez(inputs, arg0=np.random.default_rng(1).normal(0, 3, (300, 700)).astype(np.float32))
+    outputs = {}
+    for name, flags in {"act": [], "dve": ["--penguin-passes=fusion,cse,dce,retile"]}.items():
+        neff, workdir = tmp_path / f"{name}.neff", tmp_path / f"{name}.ncc-work"
+        args = ["--output", str(neff), "--workdir", str(workdir), "--verify", *flags]
+        done = run_ncc("compile", str(model), *args)
+        assert done.returncode == 0, done.stderr
+        bir = bir_pb2.Program()
+        bir.ParseFromString(next(workdir.glob("*_Frontend/bir.pb")).read_bytes())
+        on_act = sum(i.func == "gelu_apprx_tanh" for i in bir.instructions)
+        assert (on_act > 0) == (name == "act")
+        out = tmp_path / f"{name}.out.npz"
+        ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out))
+        assert ran.returncode == 0, ran.stderr
+        outputs[name] = np.load(out)["out0"]
+    assert np.array_equal(outputs["act"].view(np.uint32), outputs["dve"].view(np.uint32))
