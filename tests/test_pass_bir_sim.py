@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from walrus_builders import chain_program, random_program, run_passes
+from walrus_builders import Bir, chain_program, random_program, run_passes
 
+from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim.api import simulate_program
 from ncc.tools.target import load_target
 from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.costs import lower_bound_ns
 from ncc.tools.walrus_driver.pass_manager import DEFAULT_PASSES, PassManager
 from ncc.tools.walrus_driver.passes.bir_sim import random_inputs, sequential_program
 
@@ -68,3 +70,24 @@ def test_needs_allocation():
     with pytest.raises(CompileError) as err:
         run_passes(chain_program(1), "bir_sim")
     assert err.value.code == "E402"
+
+
+def test_the_lower_bound_counts_each_transfers_fixed_latency_on_the_queues():
+    # 64 tile copies of 8 KiB: their bytes take 1.3 µs of HBM bandwidth, but each transfer holds
+    # a queue for the fixed latency too, so the 16 queues need 64 x (500 + 303) / 16 = 3.2 µs.
+    b = Bir("small")
+    b.hbm("x", [128 * 64, 16])
+    b.hbm("out", [128 * 64, 16], role=bir_pb2.OUTPUT)
+    for t in range(32):
+        b.buffer(f"s{t}", 64)
+        b.load(f"s{t}", "x", 128, 16, row0=128 * t)
+        b.store("out", f"s{t}", 128, 16, row0=128 * t)
+    program = b.build()
+    ctx = run_passes(program, FULL)
+    target = load_target()
+    bound = lower_bound_ns(program.instructions, ctx.valid_deps(), target, flow_only=True)
+    fixed = target.dma_fixed_latency_ns
+    assert bound["dma_queues_ns"] >= 64 * fixed / target.dma_queues
+    assert bound["dma_queues_ns"] > 2 * bound["dma_bandwidth_ns"]
+    assert bound["lower_bound_ns"] == bound["dma_queues_ns"]
+    assert ctx.stats["bir_sim"]["simulated_ns"] >= bound["lower_bound_ns"]

@@ -140,6 +140,9 @@ def _compute_cost(op: str, engine: int, operands: Operands, target: Target) -> C
     return Cost(engine, target.cycles_to_ns(engine, cycles), 0.0, ports, 0, operands)
 
 
+_QUEUES = ("dma queues",)  # the DMA queues' key among the resources of lower_bound_ns
+
+
 def dma_bandwidth_bytes_per_ns(target: Target) -> float:
     return min(target.hbm_bandwidth_gbps, target.dma_queues * target.dma_queue_bandwidth_gbps)
 
@@ -158,12 +161,16 @@ def lower_bound_ns(
     An engine (or shared port) bound is head + work + tail: no instruction on it can start before
     the earliest any of them can (the longest dependence path into it), all its work runs one
     instruction at a time, and whichever finishes last still has at least the shortest remaining
-    path to the end of the program behind it."""
+    path to the end of the program behind it. The DMA queues are one such resource, `dma_queues`
+    of them: a transfer holds its queue for at least its fixed latency and its bytes at the
+    queue's bandwidth, so the queues' work is the sum of that over every transfer, shared by all
+    of them (a program of many small transfers pays the fixed latency of each)."""
     table = table or CostTable(target)
     users: dict[object, list[int]] = defaultdict(list)  # engine or port -> instruction ids
     work: dict[object, float] = defaultdict(float)
     latency: dict[int, float] = {}
     moved = 0
+    queue_count = max(1, target.dma_queues)
     for instr in instructions:
         cost = table(instr)
         node, engine_ns = instr.id, cost.engine_ns
@@ -172,6 +179,9 @@ def lower_bound_ns(
         for port in cost.ports:
             work[port] += engine_ns
             users[port].append(node)
+        if cost.transfer_ns:  # the queues' work, shared by all of them
+            work[_QUEUES] += cost.transfer_ns / queue_count
+            users[_QUEUES].append(node)
         latency[node] = cost.latency_ns
         moved += cost.moved_bytes
     critical = 0.0
@@ -198,13 +208,15 @@ def lower_bound_ns(
         ids = users[resource]
         return min(head.get(i, 0.0) for i in ids) + work[resource] + min(tail.get(i, 0.0) for i in ids)
 
-    busiest = max((bound(r) for r in work if not isinstance(r, str)), default=0.0)
+    busiest = max((bound(r) for r in work if isinstance(r, int)), default=0.0)
     port = max((bound(r) for r in work if isinstance(r, str)), default=0.0)
+    queues = bound(_QUEUES) if users[_QUEUES] else 0.0
     dma = moved / dma_bandwidth_bytes_per_ns(target)
     return {
         "busiest_engine_ns": busiest,
         "busiest_port_ns": port,
         "critical_path_ns": critical,
+        "dma_queues_ns": queues,
         "dma_bandwidth_ns": dma,
-        "lower_bound_ns": max(busiest, port, critical, dma),
+        "lower_bound_ns": max(busiest, port, critical, queues, dma),
     }
