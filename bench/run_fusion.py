@@ -2,8 +2,8 @@
 and what software pipelining adds (`make bench-fusion`).
 
 For each model it compiles four times at --optlevel (default 2): with `--penguin-passes=none`
-(unfused), with the Penguin passes fusion, cse, dce, retile, tile_order, pipeline, invariant_loads
-(fused: what -O1 and above run; named so that -O0 runs them too), and the same with `--num-stages 2` and
+(unfused), with the default Penguin passes (fused: what -O1 and above run, from fusion to
+invariant_loads; named so that -O0 runs them too), and the same with `--num-stages 2` and
 `--num-stages 3` (every loop the pipeline pass can pipeline legally, in 2 or 3 stages). It runs
 each NEFF in the simulator and prints, side by side:
 
@@ -46,10 +46,11 @@ from hlo_gen import hlo_text  # noqa: E402
 from ncc.schemas import bir_pb2, common_pb2, hlo_pb2  # noqa: E402
 from ncc.tools.common import dtypes  # noqa: E402
 from ncc.tools.common.hbm_traffic import hbm_bytes  # noqa: E402
+from ncc.tools.hlo_opt.optimizer import DEFAULT_PASSES  # noqa: E402
 from ncc.tools.target import load_target  # noqa: E402
 
 NCC = [sys.executable, "-m", "ncc.orchestrator"]
-FUSED = "--penguin-passes=fusion,cse,dce,retile,tile_order,pipeline,invariant_loads"
+FUSED = "--penguin-passes=" + ",".join(DEFAULT_PASSES)
 VARIANTS = {"unfused": ["--penguin-passes=none"], "fused": [FUSED],
             "stages2": [FUSED, "--num-stages", "2"], "stages3": [FUSED, "--num-stages", "3"]}
 
