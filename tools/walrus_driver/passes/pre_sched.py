@@ -303,7 +303,7 @@ def run(ctx: PassContext) -> None:
     # order (stacked attention passed PSUM at step 598 of 115k and searched on for 4 s).
     capacity = {birutil.SBUF: ctx.target.sbuf_usable_bytes, birutil.PSUM: ctx.target.psum_bytes_per_partition}
 
-    # Measured only when needed (once): most schedules never pass SBUF and are kept.
+    # Measured only when needed (once): most schedules never pass SBUF or PSUM and are kept.
     @functools.cache
     def in_order_pressure() -> _Pressure:
         pressure = _Pressure.build(
