@@ -122,3 +122,17 @@ INTEGER_BINARY = {
     "shift_right_logical": shift_right_logical,
     "shift_right_arithmetic": shift_right_arithmetic,
 }
+
+
+# gelu's tanh approximation (ACT's `gelu_apprx_tanh`, NKI `nl.gelu_apprx_tanh`): its constants in
+# float32, which hlo_opt's act_functions also requires of a chain it replaces by the function.
+GELU_CUBE_COEFF = np.float32(0.044715)
+GELU_SCALE = np.float32(np.sqrt(2.0 / np.pi))
+
+
+def gelu_apprx_tanh(x: np.ndarray) -> np.ndarray:
+    """x·(tanh(√(2/π)·(x + 0.044715·x³)) + 1)·0.5 as the nine float32 operations of the chain
+    jax.nn.gelu(approximate=True) writes, in its order: the same bits as that chain."""
+    cube = (x * x) * x
+    inner = (x + cube * GELU_CUBE_COEFF) * GELU_SCALE
+    return x * ((np.tanh(inner) + np.float32(1)) * np.float32(0.5))

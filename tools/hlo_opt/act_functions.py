@@ -10,8 +10,9 @@ and the models built on it write it: nine statements, seven of them on DVE,
 which is `gelu_apprx_tanh`, one function of ACT's table (NKI: `nl.gelu_apprx_tanh`). gelu
 [256, 1024] was DVE-bound at 3.4 times its bound: DVE ran the seven statements of every tile, ACT
 only the tanh. The simulator computes the function as exactly those nine float32 operations, in
-that order, so a program gives the same bits with or without this pass (a product or a sum
-matched with its operands swapped is the same in IEEE arithmetic).
+that order (`numerics.gelu_apprx_tanh`, whose constants this pass requires), so a program gives
+the same bits with or without this pass (a product or a sum matched with its operands swapped is
+the same in IEEE arithmetic).
 
 A chain matches when, within one nest, each link is the only statement that writes its result,
 every statement of the chain accesses the same tile under the same predicates, x is not written
@@ -28,10 +29,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common.numerics import GELU_CUBE_COEFF, GELU_SCALE
 
 GELU_TANH = "gelu_apprx_tanh"
-GELU_CUBE_COEFF = np.float32(0.044715)
-GELU_SCALE = np.float32(np.sqrt(2.0 / np.pi))
 
 
 @dataclass
@@ -83,16 +83,10 @@ class _Nest:
             t = self._operand(u, "tensor_scalar", "add", 1.0, chain, end)
             m = self._tanh_of(t, chain, end)
             s = self._operand(m, "tensor_scalar", "multiply", GELU_SCALE, chain, end)
-            q = self._link(s, "tensor_tensor", "add", chain, end)
-            if q is None or x not in (q[0], q[1]):
-                continue
-            q = q[1] if q[0] == x else q[0]
+            q = _other_than(x, self._link(s, "tensor_tensor", "add", chain, end))
             cube = self._operand(q, "tensor_scalar", "multiply", GELU_CUBE_COEFF, chain, end)
-            square = self._link(cube, "tensor_tensor", "multiply", chain, end)
-            if square is None or x not in square:
-                continue
-            square_name = square[1] if square[0] == x else square[0]
-            if self._link(square_name, "tensor_tensor", "multiply", chain, end) != (x, x):
+            square = _other_than(x, self._link(cube, "tensor_tensor", "multiply", chain, end))
+            if square is None or self._link(square, "tensor_tensor", "multiply", chain, end) != (x, x):
                 continue
             if self._x_unchanged(x, min(chain), last) and x in self.f32 and end.outputs[0].tensor in self.f32:
                 return x
@@ -160,6 +154,13 @@ class _Nest:
 def _both_orders(statement: penguin_pb2.Statement) -> list[tuple[str, str]]:
     a, b = statement.inputs[0].tensor, statement.inputs[1].tensor
     return [(a, b), (b, a)] if a != b else [(a, b)]
+
+
+def _other_than(x: str, operands: tuple[str, str] | None) -> str | None:
+    """Of a binary statement's two operands, the one that is not x (None if neither is x)."""
+    if operands is None or x not in operands:
+        return None
+    return operands[1] if operands[0] == x else operands[0]
 
 
 def _same_tile(a: penguin_pb2.Access, b: penguin_pb2.Access) -> bool:

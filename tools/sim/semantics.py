@@ -51,14 +51,6 @@ SPECS: dict[str, OpSpec] = {
 }
 
 
-def _gelu_apprx_tanh(x: np.ndarray) -> np.ndarray:
-    """gelu's tanh approximation, as the nine float32 operations that hlo_opt's act_functions
-    replaces, in their order: the same bits as the chain it stands for."""
-    cube = (x * x) * x
-    inner = (x + cube * np.float32(0.044715)) * np.float32(np.sqrt(2.0 / np.pi))
-    return x * ((np.tanh(inner) + np.float32(1)) * np.float32(0.5))
-
-
 ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "identity": lambda x: x,
     "exp": np.exp,
@@ -81,7 +73,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "ceil": np.ceil,
     "round_even": np.rint,
     "round_afz": numerics.round_half_away,
-    "gelu_apprx_tanh": _gelu_apprx_tanh,
+    "gelu_apprx_tanh": numerics.gelu_apprx_tanh,
 }
 
 
