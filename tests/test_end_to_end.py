@@ -14,6 +14,7 @@ import pytest
 from conftest import run_ncc
 
 FP32_MODELS = ["add_mul", "matmul", "gelu", "softmax", "layernorm", "rmsnorm", "attention", "mlp", "block"]
+MAX_OVER_LOWER_BOUND = 1.2  # issue 6: the -O2 makespan within 1.2x of the compiler's lower bound
 
 
 def compile_and_run(
@@ -49,8 +50,9 @@ def test_fp32_model_matches_jax(models_dir: Path, tmp_path: Path, model: str, su
     assert float(np.max(np.abs(got - expected))) <= tolerance
     assert report["races"] == [] and not report["deadlock"]
     assert report["simulated_ns"] > 0
-    # the schedule can't beat the compiler's lower bound (same cost model, up to rounding)
-    assert report["makespan_over_lower_bound"] >= 0.99
+    # the schedule can't beat the compiler's lower bound (same cost model, up to rounding), and at
+    # -O2 it stays within 1.2x of it on every shared model (simulated time: deterministic)
+    assert 0.99 <= report["makespan_over_lower_bound"] <= MAX_OVER_LOWER_BOUND
 
 
 @pytest.mark.slow
@@ -60,6 +62,7 @@ def test_bf16_matmul_matches_jax(models_dir: Path, tmp_path: Path) -> None:
     relative = np.max(np.abs(got - expected)) / max(1.0, float(np.max(np.abs(expected))))
     assert relative <= 2e-2
     assert report["races"] == []
+    assert 0.99 <= report["makespan_over_lower_bound"] <= MAX_OVER_LOWER_BOUND
 
 
 ALL_MODELS = [*FP32_MODELS, "matmul_bf16"]

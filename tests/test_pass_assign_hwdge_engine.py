@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 
 import pytest
@@ -9,7 +10,12 @@ from walrus_builders import ACT, DVE, SP, Bir, by_name, chain_program, random_pr
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
+from ncc.tools.sim.api import simulate_program
+from ncc.tools.target import load_target
 from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.pass_manager import PassManager
+from ncc.tools.walrus_driver.passes.bir_sim import random_inputs
 
 PIPE = "anti_dependency_analyzer,assign_hwdge_engine"
 
@@ -25,7 +31,29 @@ def test_queues_spread_by_bytes():
     assert ctx.stats["assign_hwdge_engine"]["queues_used"] == len(load_queues | store_queues)
     pools = ctx.queue_pools
     assert sum(len(queues) for queues in pools.values()) <= 26
-    assert all(d.dma_queue in pools[d.engine] for d in dmas)
+    waited_for = [d for d in dmas if ctx.deps.out_degree(d.id)]
+    assert waited_for and all(d.dma_queue in pools[d.engine] for d in waited_for)
+
+
+def test_a_dma_nothing_waits_for_takes_any_queue_and_no_semaphore():
+    """A (queue, trigger engine) pair needs a semaphore only if something waits for a dma on it.
+    Final stores wait for nobody, so they may use every queue whatever their engine's pool: with 8
+    semaphores (2 left for transfer threads) the loads share 2 queues, the 6 stores take 6 others,
+    and alloc_semaphores merges nothing."""
+    program = chain_program(tiles=6)
+    small = dataclasses.replace(load_target("trn1"), num_semaphores=8)
+    ctx = PassContext.for_program(program, small)
+    PassManager(PIPE + ",pre_sched,allocation,anti_dependency_analyzer,alloc_semaphores").run(ctx)
+    dmas = [i for i in program.instructions if i.op == "dma"]
+    loads = [d for d in dmas if birutil.dma_direction(d) == "load"]
+    stores = [d for d in dmas if birutil.dma_direction(d) == "store"]
+    assert len({d.dma_queue for d in loads}) <= 2
+    assert len({d.dma_queue for d in stores}) == 6
+    assert not {d.dma_queue for d in stores} <= set().union(*ctx.queue_pools.values())
+    assert ctx.stats["alloc_semaphores"]["transfer_threads_merged"] == 0
+    assert program.num_semaphores <= 8
+    result = simulate_program(program, random_inputs(program, 0))
+    assert not result.races and result.deadlock is None
 
 
 def test_store_can_follow_its_producer_engine():

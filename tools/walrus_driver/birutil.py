@@ -404,6 +404,16 @@ def buffer_map(program: bir_pb2.Program) -> dict[str, bir_pb2.Buffer]:
     return {b.name: b for b in program.buffers}
 
 
+SBUF_ALIGN = 64  # bytes: where allocation places SBUF buffers (its default `sbuf_align`)
+
+
+def sbuf_holds_every_buffer(program: bir_pb2.Program, capacity: int) -> bool:
+    """Do all the program's SBUF buffers, aligned, fit in `capacity` bytes per partition at once?
+    Then allocation (next fit) gives each fresh space and no buffer reuses another's."""
+    sizes = (b.bytes_per_partition for b in program.buffers if b.memory == SBUF)
+    return sum(-(-size // SBUF_ALIGN) * SBUF_ALIGN for size in sizes) <= capacity
+
+
 def set_order(program: bir_pb2.Program, order: list[bir_pb2.Instruction]) -> None:
     """Make `order` the program's instruction list. Instructions already in it are sorted in place
     and new ones (by id) appended first: rebuilding the list (del + extend) copies every message

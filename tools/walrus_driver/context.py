@@ -61,6 +61,8 @@ class PassContext:
     # puts them back too (a store waiting for its data on SP would hold up the loads behind it).
     triggers_before_schedule: dict[int, Any] | None = None
     queue_pools: dict[int, list[int]] | None = None  # trigger engine -> its DMA queues (assign_hwdge_engine)
+    # dmas that need no semaphore and so may take any queue, whatever their engine's pool (same)
+    unpooled_dmas: set[int] = field(default_factory=set)
     _cost_table: CostTable | None = None
     # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
     footprint_cache: dict[int, Any] = field(default_factory=dict)

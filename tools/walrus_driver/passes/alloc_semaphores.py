@@ -31,6 +31,7 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
 from ncc.tools.walrus_driver import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.depgraph import DepGraph
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "alloc_semaphores"
@@ -43,7 +44,7 @@ def run(ctx: PassContext) -> None:
     ctx.require_allocated()
     deps = ctx.require_deps(for_addresses=True)
     program, target = ctx.program, ctx.target
-    merged = _merge_transfer_threads(program, target.num_semaphores - 1)  # 1 for semaphore_reset
+    merged = _merge_transfer_threads(program, deps, target.num_semaphores - 1)  # 1 for semaphore_reset
     by_id = {instr.id: instr for instr in program.instructions}
     space = syncmodel.ClockSpace.for_instructions(program.instructions)
     walk = syncmodel.ClockWalk(space)
@@ -153,16 +154,18 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("transfer_threads_merged", merged)
 
 
-def _merge_transfer_threads(program: bir_pb2.Program, limit: int) -> int:
-    """The fallback when the program has more threads than semaphores: a trigger engine's dmas
-    on its least-loaded queue move to its next least-loaded one (a transfer thread is a (queue,
-    trigger engine) pair), until the threads fit `limit` or every engine is down to one queue.
-    Any queue moves a dma's bytes; what changes is only how many transfers run at once. Returns
-    the number of threads merged away (E404 remains for what engines alone cannot fit)."""
+def _merge_transfer_threads(program: bir_pb2.Program, deps: DepGraph, limit: int) -> int:
+    """The fallback when the program has more signalling threads than semaphores: a trigger
+    engine's dmas on its least-loaded queue move to its next least-loaded one (a transfer thread
+    is a (queue, trigger engine) pair), until the threads fit `limit` or every engine is down to
+    one queue. Only a thread with a dma that something depends on can need a semaphore: one that
+    carries only final stores has none, and is neither counted nor merged. Any queue moves a
+    dma's bytes; what changes is only how many transfers run at once. Returns the number of
+    threads merged away (E404 remains for what engines alone cannot fit)."""
     queues: dict[int, Counter[int]] = defaultdict(Counter)  # trigger engine -> queue -> bytes
     engines = {instr.engine for instr in program.instructions}
     for instr in program.instructions:
-        if is_dma(instr.op):
+        if is_dma(instr.op) and deps.out_degree(instr.id):
             queues[instr.engine][instr.dma_queue] += birutil.transfer_bytes(instr) or 1
     merged = 0
     moves: dict[tuple[int, int], int] = {}  # (engine, queue) -> the queue its dmas go to

@@ -55,7 +55,7 @@ Key = tuple[int, int, int]
 
 @dataclass
 class Options:
-    sbuf_align: int = 64  # bytes
+    sbuf_align: int = birutil.SBUF_ALIGN  # bytes
     psum_align: int = 4  # bytes (one fp32)
     policy: str = "next_fit"  # next_fit (rotate through free space) | first_fit (lowest address)
     spill: bool = True  # spill SBUF buffers to HBM when they do not fit (else E403)

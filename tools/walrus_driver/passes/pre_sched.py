@@ -3,7 +3,8 @@
 Kahn's algorithm over the dependence DAG with a model of the machine (costs.py): each engine runs
 one instruction at a time, DVE/POOL share the SBUF port and DVE/ACT the PSUM port, a dma occupies
 its trigger engine for the issue and then, for the transfer, the queue of its trigger engine's
-pool (chosen by assign_hwdge_engine, which runs first) that frees first; that queue is written
+pool (chosen by assign_hwdge_engine, which runs first; any queue for a dma nothing waits for
+when it says so) that frees first; that queue is written
 into the dma, so the program runs on the queues the schedule was planned with. A ready
 instruction waits in its engine's ready list keyed by earliest start (the latest finish of its
 predecessors); the engine's next instruction is the ready one of highest priority among those
@@ -140,6 +141,7 @@ class _Machine:
     port_free: dict[str, float]
     queues: list[_QueueTimeline]
     pools: dict[int, list[int]]
+    every_queue: list[int]
     queue_of: dict[int, int] = field(default_factory=dict)
 
     @classmethod
@@ -152,6 +154,7 @@ class _Machine:
             defaultdict(float),
             [_QueueTimeline(table.target.dma_fixed_latency_ns) for _ in range(queues)],
             defaultdict(lambda: every, pools or {}),
+            every,
         )
 
     def start_time(self, engine: int, cost: costs.Cost, earliest: float) -> float:
@@ -161,14 +164,15 @@ class _Machine:
             start = max(start, self.port_free[port])
         return start
 
-    def _transfer_slot(self, engine: int, issue_end: float, length: float) -> tuple[float, int, int]:
-        """(transfer start, queue, interval index) on the pool's queue where it starts first; among
-        queues where it starts equally soon, the one idle longest (of those whose last transfer
-        ends before it), so idle queues take turns as they did when only that end was kept."""
+    def _transfer_slot(self, form: _Form, issue_end: float) -> tuple[float, int, int]:
+        """(transfer start, queue, interval index) on the queue of the dma's pool (every queue
+        for one nothing waits for) where it starts first; among queues where it starts equally
+        soon, the one idle longest (of those whose last transfer ends before it), so idle queues
+        take turns as they did when only that end was kept."""
         best_start = best_tail = math.inf
         best_queue = best_index = -1
-        queues = self.queues
-        for queue in self.pools[engine]:
+        queues, length = self.queues, form.cost.transfer_ns
+        for queue in self.every_queue if form.any_queue else self.pools[form.engine]:
             timeline = queues[queue]
             ends = timeline.ends
             tail = ends[-1] if ends else 0.0
@@ -182,13 +186,13 @@ class _Machine:
                 best_start, best_tail, best_queue, best_index = start, tail, queue, index
         return best_start, best_queue, best_index
 
-    def finish_time(self, engine: int, cost: costs.Cost, dma: bool, start: float) -> float:
+    def finish_time(self, form: _Form, start: float) -> float:
         """When an instruction started at `start` (start_time) would complete if placed now (a
         dma: its transfer, on the queue of its pool where it can start first), without placing it."""
-        issue_end = start + cost.engine_ns
-        if not dma:
+        issue_end = start + form.cost.engine_ns
+        if not form.dma:
             return issue_end
-        return self._transfer_slot(engine, issue_end, cost.transfer_ns)[0] + cost.transfer_ns
+        return self._transfer_slot(form, issue_end)[0] + form.cost.transfer_ns
 
     def first_to_finish(
         self, own: _Form, alternatives: list[_Form] | None, ready_at: float
@@ -198,24 +202,24 @@ class _Machine:
         start = self.start_time(own.engine, own.cost, ready_at)
         if not alternatives:
             return own, start
-        form, best_finish = own, self.finish_time(own.engine, own.cost, own.dma, start)
+        form, best_finish = own, self.finish_time(own, start)
         for other in alternatives:
             other_start = self.start_time(other.engine, other.cost, ready_at)
-            finish = self.finish_time(other.engine, other.cost, other.dma, other_start)
+            finish = self.finish_time(other, other_start)
             if finish < best_finish:
                 best_finish, form, start = finish, other, other_start
         return form, start
 
-    def place(self, node: int, engine: int, cost: costs.Cost, dma: bool, start: float) -> float:
+    def place(self, node: int, form: _Form, start: float) -> float:
         """Occupy the resources from `start`; returns the completion time."""
-        issue_end = start + cost.engine_ns
-        self.engine_free[engine] = issue_end
-        for port in cost.ports:
+        issue_end = start + form.cost.engine_ns
+        self.engine_free[form.engine] = issue_end
+        for port in form.cost.ports:
             self.port_free[port] = issue_end
-        if not dma:
+        if not form.dma:
             return issue_end
-        begin, queue, index = self._transfer_slot(engine, issue_end, cost.transfer_ns)
-        finish = begin + cost.transfer_ns
+        begin, queue, index = self._transfer_slot(form, issue_end)
+        finish = begin + form.cost.transfer_ns
         self.queues[queue].occupy(begin, finish, index)
         self.queue_of[node] = queue
         return finish
@@ -224,12 +228,15 @@ class _Machine:
 class _Form(NamedTuple):
     """An engine an instruction may run on, with its cost there: its own (`rewrite` None), a
     store's copy on another trigger engine, or the ACT form of a DVE instruction, applied only if
-    the kept schedule runs it there. (A tuple: one is made per instruction per run.)"""
+    the kept schedule runs it there. A dma that needs no semaphore (ctx.unpooled_dmas: nothing
+    waits for it) may take any queue, not only its trigger engine's pool (assign_hwdge_engine).
+    (A tuple: one is made per instruction per run.)"""
 
     engine: int
     cost: costs.Cost
     dma: bool
     rewrite: bir_pb2.Instruction | engine_choice.ActForm | None = None
+    any_queue: bool = False
 
 
 def _place_in_order(
@@ -250,7 +257,7 @@ def _place_in_order(
         form, start = machine.first_to_finish(own[node], alternatives and alternatives.get(node), ready)
         if form.rewrite is not None:
             chosen[node] = form
-        finish[node] = machine.place(node, form.engine, form.cost, form.dma, start)
+        finish[node] = machine.place(node, form, start)
     return max(finish.values(), default=0.0), machine, chosen
 
 
@@ -274,11 +281,12 @@ def run(ctx: PassContext) -> None:
         triggers = sorted(e for e in ctx.queue_pools if e in engine_choice.HWDGE_ENGINES)
     for node, instr in zip(input_order, instructions, strict=True):
         cost, dma = table(instr), is_dma(instr.op)
-        own[node] = _Form(instr.engine, cost, dma)
+        any_queue = node in ctx.unpooled_dmas
+        own[node] = _Form(instr.engine, cost, dma, None, any_queue)
         forms = []
         if triggers and dma:
             forms = [
-                _Form(copy.engine, trigger_costs(copy), True, copy)
+                _Form(copy.engine, trigger_costs(copy), True, copy, any_queue)
                 for copy in engine_choice.trigger_alternatives(instr, triggers)
             ]
         if options.spread_to_act:
@@ -479,7 +487,7 @@ def _list_schedule(
         form, start = machine.first_to_finish(own[node], alternatives.get(node), earliest[node])
         if form.rewrite is not None:
             chosen[node] = form
-        finish = machine.place(node, form.engine, form.cost, form.dma, start)
+        finish = machine.place(node, form, start)
         makespan = max(makespan, finish)
         taken.add(node)
         order.append(node)
