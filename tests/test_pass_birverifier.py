@@ -90,6 +90,11 @@ def first_wait(program: bir_pb2.Program) -> bir_pb2.Instruction:
     return next(i for i in program.instructions if i.waits)
 
 
+def set_threshold(wait: bir_pb2.SemaphoreWait, value: int) -> None:
+    """A new threshold, encoded as lower_sync would."""
+    wait.value, wait.value_lo, wait.value_hi = value, value, 0
+
+
 def drop_streams(program: bir_pb2.Program) -> None:
     del program.streams[:]
 
@@ -122,7 +127,10 @@ CASES: list[tuple[str, Mutation]] = [
     ),
     ("semaphore_id", lambda p: setattr(first_wait(p).waits[0], "semaphore", p.num_semaphores)),
     ("unsynchronized_dependence", lambda p: (drop_streams(p), first_wait(p).ClearField("waits"))),
-    ("deadlock", lambda p: (drop_streams(p), setattr(first_wait(p).waits[0], "value", 99))),
+    ("deadlock", lambda p: (drop_streams(p), set_threshold(first_wait(p).waits[0], 99))),
+    ("wait_value", lambda p: setattr(first_wait(p).waits[0], "value_hi", 1)),
+    ("wait_value", lambda p: first_wait(p).waits[0].ClearField("value_lo")),
+    ("wait_value", lambda p: setattr(first_wait(p).waits[0], "value", -2)),
     ("operand_count", lambda p: by_name(p)["mm"].inputs.pop()),
     ("known_op", lambda p: setattr(by_name(p)["copy"], "op", "fft")),
     ("unique_ids", lambda p: setattr(by_name(p)["copy"], "id", by_name(p)["mm"].id)),

@@ -31,6 +31,7 @@ EXPECTED = {
     "sync_dve_pool",
     "alloc_semaphores",
     "semaphore_reset",
+    "lower_sync",
     "birverifier",
     "codegen",
     "bir_sim",

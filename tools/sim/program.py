@@ -18,7 +18,7 @@ from ncc.tools.sim import semantics
 from ncc.tools.sim.instruction import Op, engine_name
 from ncc.tools.sim.memory import DeviceMemory
 from ncc.tools.sim.timing import CostModel
-from ncc.tools.target import ENGINES, Target
+from ncc.tools.target import ENGINES, Target, encoded_wait_value
 
 
 def streams_of_program(program: bir_pb2.Program) -> list[bir_pb2.Stream]:
@@ -67,6 +67,11 @@ def load_streams(
     return result
 
 
+def _wait_threshold(wait: bir_pb2.SemaphoreWait) -> int:
+    encoded = encoded_wait_value(wait)
+    return int(wait.value) if encoded is None else encoded
+
+
 def _decode(
     instruction: bir_pb2.Instruction,
     engine: int,
@@ -86,7 +91,8 @@ def _decode(
             f"{engine_name(instruction.engine)}",
             name,
         )
-    waits = tuple((int(w.semaphore), int(w.value)) for w in instruction.waits)
+    # a lowered wait (walrus lower_sync) runs from the words the instruction encodes, as on the machine
+    waits = tuple((int(w.semaphore), _wait_threshold(w)) for w in instruction.waits)
     updates = tuple((int(u.semaphore), int(u.increment)) for u in instruction.updates)
     _check_sync(label, name, waits, updates, target, num_semaphores)
     op = Op(

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from ncc.schemas import common_pb2
+from ncc.schemas import bir_pb2, common_pb2
 
 ENGINES = {
     "PE": common_pb2.PE,
@@ -50,6 +50,24 @@ def dma_pieces(partitions: int, total_bytes: int, max_parts: int = DMA_SPLIT_MAX
                min_bytes: int = DMA_SPLIT_MIN_BYTES) -> int:
     """How many dmas split_dma makes of one moving `total_bytes` over `partitions` partitions."""
     return max(1, min(max_parts, partitions, total_bytes // max(1, min_bytes)))
+
+
+# A semaphore wait's threshold is a 64-bit count; the engines' wait instruction encodes it as two
+# 32-bit words (walrus lower_sync writes them, the simulator executes a lowered wait from them).
+WAIT_WORD_BITS = 32
+WAIT_VALUE_LIMIT = 1 << (2 * WAIT_WORD_BITS)  # thresholds are 0 <= value < this
+
+
+def wait_words(value: int) -> tuple[int, int]:
+    """(low word, high word) of a wait threshold 0 <= value < WAIT_VALUE_LIMIT."""
+    return value & ((1 << WAIT_WORD_BITS) - 1), value >> WAIT_WORD_BITS
+
+
+def encoded_wait_value(wait: bir_pb2.SemaphoreWait) -> int | None:
+    """The threshold a lowered wait's words encode; None for a wait that carries no words."""
+    if not wait.HasField("value_lo"):
+        return None
+    return wait.value_lo | (wait.value_hi << WAIT_WORD_BITS)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ something wrong:
   queues_assigned           dma queues and trigger engines were chosen
   synchronized              semaphore waits/updates were inserted for the current order
   codegen_done              program.streams hold the per-engine streams
+  sync_lowered              (program attribute) lower_sync encoded every wait's threshold
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from ncc.tools.target import Target
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.costs import CostTable
 from ncc.tools.walrus_driver.depgraph import DepGraph
+
+# Program attribute set by lower_sync: every wait carries its encoded words, so no pass may add one.
+SYNC_LOWERED = "walrus.sync_lowered"
 
 # Edge kinds of the dependence graph (edge attribute "kind"); when a pair conflicts in several
 # ways the strongest kind is kept: FLOW > OUTPUT > ANTI > ORDERED (depgraph.KINDS).
@@ -154,6 +158,20 @@ class PassContext:
                 "E402",
                 f"pass {self.current_pass} must run before alloc_semaphores: it would invalidate the "
                 "semaphores already inserted",
+                self.current_pass,
+            )
+
+    @property
+    def sync_lowered(self) -> bool:
+        return self.program.attributes.get(SYNC_LOWERED) == "1"
+
+    def forbid_after_lower_sync(self) -> None:
+        """Passes that add or change waits must run before lower_sync encodes them."""
+        if self.sync_lowered:
+            raise CompileError(
+                "E402",
+                f"pass {self.current_pass} must run before lower_sync: the waits it adds would not be "
+                "encoded",
                 self.current_pass,
             )
 

@@ -38,6 +38,7 @@ DEFAULT_PASSES = [
     "alloc_semaphores",
     "sync_dve_pool",
     "semaphore_reset",
+    "lower_sync",
     "birverifier",
     "codegen",
 ]

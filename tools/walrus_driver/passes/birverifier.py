@@ -6,7 +6,8 @@ name existing buffers/tensors of the right memory; partitions within the buffer 
 128; accesses within their buffer or tensor; element counts that match per op; dma queues that
 exist. Addresses: allocated (once `allocation` has run), within SBUF/PSUM, PSUM bank rule, and no
 two buffers sharing bytes while both are live. Synchronization: at most 2 waits and 1 update per
-instruction, semaphore ids below num_semaphores (itself within the target), per-engine streams
+instruction, semaphore ids below num_semaphores (itself within the target), wait thresholds
+within 0 .. 2^64 - 1 and encoded as the words that make them up (`wait_value`, lower_sync), per-engine streams
 equal to the global order; a program that updates semaphores ends SP's stream with one sem_reset
 ordered after every update (`semaphore_reset`; a missing one is reported once codegen ran).
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
-from ncc.tools.target import INDIRECT_DMA_OPS, Target, is_dma
+from ncc.tools.target import INDIRECT_DMA_OPS, WAIT_VALUE_LIMIT, Target, encoded_wait_value, is_dma
 from ncc.tools.target.costs import SBUF_PORT
 from ncc.tools.walrus_driver import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
@@ -417,6 +418,7 @@ def _check_sync_limits(ctx: PassContext, report: _Report) -> dict[int, _Sync]:
             f"{program.num_semaphores} semaphores, target has {target.num_semaphores}",
         )
     sync: dict[int, _Sync] = {}
+    lowered = ctx.sync_lowered
     for instr in program.instructions:
         report.checks += 1
         waits, updates = sync[instr.id] = _sync_of(instr)
@@ -441,7 +443,27 @@ def _check_sync_limits(ctx: PassContext, report: _Report) -> dict[int, _Sync]:
         for sem, increment in updates:
             if increment <= 0:
                 report.fail("semaphore_update", where, f"update of semaphore {sem} by {increment}")
+        if waits:
+            _check_wait_values(instr, where, lowered, report)
     return sync
+
+
+def _check_wait_values(instr: bir_pb2.Instruction, where: str, lowered: bool, report: _Report) -> None:
+    """Rule wait_value: a threshold within 0 .. 2^64 - 1, encoded (lower_sync) as the words that
+    make it up; in a lowered program every wait carries its words."""
+    for wait in instr.waits:
+        value, words = wait.value, encoded_wait_value(wait)
+        what = f"wait for semaphore {wait.semaphore} >= {value}"
+        if not 0 <= value < WAIT_VALUE_LIMIT:
+            report.fail("wait_value", where, f"{what}: the threshold is outside 0 .. 2^64 - 1")
+        elif words is None and lowered:
+            report.fail("wait_value", where, f"{what} has no encoded words in a lowered program")
+        elif words is not None and words != value:
+            report.fail(
+                "wait_value",
+                where,
+                f"{what} is encoded as {words} (value_lo {wait.value_lo}, value_hi {wait.value_hi})",
+            )
 
 
 def _streams(program: bir_pb2.Program) -> dict[int, list[bir_pb2.Instruction]]:

@@ -43,6 +43,7 @@ RESET_OP = "sem_reset"
 @register(NAME)
 def run(ctx: PassContext) -> None:
     ctx.require_synchronized()
+    ctx.forbid_after_lower_sync()
     program, target = ctx.program, ctx.target
     if any(instr.op == RESET_OP for instr in program.instructions):
         raise CompileError("E402", f"pass {NAME}: the program already ends with a semaphore reset", NAME)

@@ -39,6 +39,7 @@ DRAIN_OP = "drain"
 @register(NAME)
 def run(ctx: PassContext) -> None:
     ctx.require_synchronized()
+    ctx.forbid_after_lower_sync()
     program = ctx.program
     ctx.ports_synchronized = True
     if not syncmodel.both_port_partners(program):  # no partner, no risk: skip the walk
