@@ -128,9 +128,9 @@ def accumulation_groups(groups: int = 12, rows: int = 4, steps: int = 4) -> bir_
     scaled out of PSUM and again on DVE (both have an ACT form) and stored. Program order holds
     one group's accumulators; every weight load is ready at the start."""
     b = Bir("groups")
-    b.hbm("x", [128, 128 * steps])
-    b.hbm("w", [128 * steps * groups, 512])
-    b.hbm("out", [128 * rows * groups, 512], role=bir_pb2.OUTPUT)
+    b.hbm("x", [128, 128 * steps], index=0)
+    b.hbm("w", [128 * steps * groups, 512], index=1)
+    b.hbm("out", [128 * rows * groups, 512], role=bir_pb2.OUTPUT, index=0)
     for k in range(steps):
         b.buffer(f"x{k}", 512)
         b.load(f"x{k}", "x", 128, 128)

@@ -26,6 +26,7 @@ EXPECTED = {
     "anti_dependency_analyzer",
     "dep_reduction",
     "pre_sched",
+    "post_sched",
     "allocation",
     "assign_hwdge_engine",
     "sync_dve_pool",

@@ -48,8 +48,10 @@ DEFAULT_PASSES = [
 #   1  scheduling: dep_reduction and the list scheduler, each tile DMA on one queue
 #   2  the default: 1 + split_dma (large tile DMAs spread over several queues)
 #   3  more effort: 2 with the scheduler trying several pressure settings and a wider
-#      ready window, keeping the schedule of least estimated makespan
+#      ready window, keeping the schedule of least estimated makespan, and scheduling again
+#      after allocation (post_sched)
 _LEVEL_DROPS = {0: {"split_dma", "dep_reduction", "pre_sched"}, 1: {"split_dma"}, 2: set(), 3: set()}
+_LEVEL_INSERTS = {3: {"alloc_semaphores": ["post_sched"]}}  # passes a level adds, before the named one
 _LEVEL_OPTIONS = {3: {"pre_sched": "pre_sched{tries=4,pressure_window=128}"}}
 
 
@@ -57,8 +59,13 @@ def default_pipeline(optlevel: int = 2) -> list[str]:
     """The pass list used when --walrus-passes is not given."""
     if not 0 <= optlevel <= 3:
         raise CompileError("E400", f"--optlevel must be 0..3, got {optlevel}")
-    options = _LEVEL_OPTIONS.get(optlevel, {})
-    return [options.get(name, name) for name in DEFAULT_PASSES if name not in _LEVEL_DROPS[optlevel]]
+    options, inserts = _LEVEL_OPTIONS.get(optlevel, {}), _LEVEL_INSERTS.get(optlevel, {})
+    pipeline: list[str] = []
+    for name in DEFAULT_PASSES:
+        if name not in _LEVEL_DROPS[optlevel]:
+            pipeline += inserts.get(name, [])
+            pipeline.append(options.get(name, name))
+    return pipeline
 
 
 @dataclass(frozen=True)

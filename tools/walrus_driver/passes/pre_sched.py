@@ -75,6 +75,7 @@ class Options:
 
 
 EXTRA_FRACTIONS = (0.9, 0.65, 0.5)  # the other pressure limits that tries > 1 schedules under
+NO_PRESSURE_LIMIT = 2.0  # a pressure_fraction over 1 turns the live-bytes term off
 
 
 class _QueueTimeline:
@@ -263,9 +264,13 @@ def _place_in_order(
 
 @register(NAME, Options)
 def run(ctx: PassContext) -> None:
-    options: Options = ctx.options or Options()
     ctx.forbid_after_sync()
-    deps = ctx.require_deps()
+    schedule(ctx, ctx.options or Options(), ctx.require_deps(), ctx.unpooled_dmas)
+
+
+def schedule(ctx: PassContext, options: Options, deps: DepGraph, unpooled: set[int]) -> None:
+    """Reorder ctx.program by the list scheduler over `deps` (or keep its order, if the model says
+    that is faster); `unpooled`: the dmas that may take any queue. post_sched calls it too."""
     program = ctx.program
     instructions = list(program.instructions)
     input_order = [instr.id for instr in instructions]  # ids read once: each read is a lookup
@@ -281,7 +286,7 @@ def run(ctx: PassContext) -> None:
         triggers = sorted(e for e in ctx.queue_pools if e in engine_choice.HWDGE_ENGINES)
     for node, instr in zip(input_order, instructions, strict=True):
         cost, dma = table(instr), is_dma(instr.op)
-        any_queue = node in ctx.unpooled_dmas
+        any_queue = node in unpooled
         own[node] = _Form(instr.engine, cost, dma, None, any_queue)
         forms = []
         if triggers and dma:
@@ -330,8 +335,9 @@ def run(ctx: PassContext) -> None:
     best: _Schedule | None = None
     abandoned = 0
     for fraction in fractions[: max(1, options.tries)]:
-        schedule = _list_schedule(
+        made = _list_schedule(
             ctx,
+            deps,
             instructions,
             original_index,
             own,
@@ -342,10 +348,10 @@ def run(ctx: PassContext) -> None:
             # (a fraction over 1 turns the pressure term off, and this with it)
             (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
         )
-        if schedule is None:
+        if made is None:
             abandoned += 1
-        elif best is None or schedule.makespan < best.makespan:
-            best = schedule
+        elif best is None or made.makespan < best.makespan:
+            best = made
 
     makespan_before, unchanged, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
     in_order_makespan, in_order_chosen = makespan_before, {}
@@ -420,6 +426,7 @@ class _Schedule:
 
 def _list_schedule(
     ctx: PassContext,
+    deps: DepGraph,
     instructions: list[bir_pb2.Instruction],
     original_index: dict[int, int],
     own: dict[int, _Form],
@@ -433,7 +440,7 @@ def _list_schedule(
     instruction runs as `own` says or, with entries in `alternatives`, waits on their engines too.
     With `abandon` (bytes per memory, whether the input order fits): None as soon as the live
     bytes of a memory pass its size and the input order fits (the caller keeps the input order)."""
-    deps, table = ctx.require_deps(), ctx.costs()
+    table = ctx.costs()
     pressure = _Pressure.build(ctx.program, instructions, ctx.target, fraction, ctx.footprint_cache)
     machine = _Machine.fresh(table, ctx.queue_pools)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}

@@ -1,0 +1,53 @@
+"""Schedule again after allocation, over the dependences of the final addresses (-O3).
+
+pre_sched orders instructions before they have addresses, under a live-bytes limit. When its
+schedule would not fit on chip (its live set passes SBUF or PSUM), the frontend's order is kept
+and allocated: the D = 2048 MLP (gelu(x@W1)@W2, B = 1024) runs in program order. Once every
+buffer has an address, the dependence graph computed for those addresses (the analyzer after
+allocation) holds every constraint the allocation adds, a reused address being a WAR or WAW
+edge, so any order that graph admits is valid for this allocation. This pass runs pre_sched's
+list scheduler once more over it, with no live-bytes limit (the memory is placed already), and
+keeps the new order only if the cost model says it is faster; dma queues and trigger engines
+are chosen again on the way, as pre_sched chooses them. A store that pre_sched let take any
+queue keeps that freedom only if nothing depends on it now (allocation may have reused its
+buffer, so the next writer there waits for it: its thread then needs a semaphore).
+
+It costs one more run of the scheduler, which at 100k instructions is seconds, so --optlevel 3
+runs it and 2 does not. Needs allocated addresses and the graph for them; must run before
+alloc_semaphores. Counters: those of pre_sched (est_makespan_before_ns / est_makespan_ns of this
+run, kept_input_order when the order stays).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncc.tools.walrus_driver.context import PassContext
+from ncc.tools.walrus_driver.passes import pre_sched
+from ncc.tools.walrus_driver.registry import register
+
+NAME = "post_sched"
+
+
+@dataclass
+class Options:
+    pressure_window: int = 32  # ready instructions per engine examined (as pre_sched's)
+    spread_to_act: bool = True  # DVE instructions with an exact ACT form may run on ACT
+    choose_triggers: bool = True  # a store may be triggered by any engine with a queue pool
+
+
+@register(NAME, Options)
+def run(ctx: PassContext) -> None:
+    options: Options = ctx.options or Options()
+    ctx.forbid_after_sync()
+    ctx.require_allocated()
+    deps = ctx.require_deps(for_addresses=True)
+    unpooled = {node for node in ctx.unpooled_dmas if node in deps and deps.out_degree(node) == 0}
+    settings = pre_sched.Options(
+        pressure_fraction=pre_sched.NO_PRESSURE_LIMIT,
+        pressure_window=options.pressure_window,
+        tries=1,
+        spread_to_act=options.spread_to_act,
+        choose_triggers=options.choose_triggers,
+    )
+    pre_sched.schedule(ctx, settings, deps, unpooled)
