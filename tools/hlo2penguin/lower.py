@@ -39,6 +39,7 @@ from ncc.tools.hlo.index_math import (
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
+from ncc.tools.hlo2penguin.identities import identity_operand
 from ncc.tools.hlo2penguin.indexed import IndexedOps
 from ncc.tools.hlo2penguin.nest_builder import (
     FRONTEND_PREFIX,
@@ -370,6 +371,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         opcode = instr.opcode
         if opcode == "copy" and into is None:
             return ops[0]  # values are immutable: a copy is the value itself
+        if into is None and (operand := identity_operand(opcode, ops, dtype)) is not None:
+            return operand  # x * 1, max(x, -inf), ...: the operand itself (identities.py)
         if all(isinstance(op, Splat) for op in ops):
             folded = self._fold(instr, ops, shape, dtype)
             if into is not None:
