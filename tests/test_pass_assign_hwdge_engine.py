@@ -56,6 +56,16 @@ def test_a_dma_nothing_waits_for_takes_any_queue_and_no_semaphore():
     assert not result.races and result.deadlock is None
 
 
+def test_final_stores_stay_in_the_pools_when_allocation_must_reuse_space():
+    """When the SBUF buffers do not all fit at once, allocation reuses space, and the next writer
+    of a store's buffer waits for that store: its thread then needs a semaphore like any other."""
+    program = chain_program(tiles=12, cols=4096)  # 48 buffers of 16 KiB per partition
+    ctx = run_passes(program, PIPE)
+    assert ctx.unpooled_dmas == set() and ctx.stats["assign_hwdge_engine"]["unpooled_dmas"] == 0
+    dmas = [i for i in program.instructions if i.op == "dma"]
+    assert all(d.dma_queue in ctx.queue_pools[d.engine] for d in dmas)
+
+
 def test_store_can_follow_its_producer_engine():
     program = chain_program(tiles=2)
     run_passes(program, "anti_dependency_analyzer,assign_hwdge_engine{follow_producer=true}")
