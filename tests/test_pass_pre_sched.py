@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import networkx as nx
 import pytest
 from walrus_builders import HBM, PSUM, SP, Bir, chain_program, random_program, run_passes, tile
@@ -312,3 +314,26 @@ def test_a_store_is_triggered_by_the_engine_that_lets_it_finish_first():
     assert alone.stats["pre_sched"]["triggers_moved"] == 0
     loads = {i.name: i.engine for i in program.instructions if i.name.startswith("load")}
     assert loads == {i.name: i.engine for i in fixed.instructions if i.name.startswith("load")}
+
+
+def test_a_queue_timeline_finds_the_first_idle_stretch_that_holds_a_transfer():
+    """Against a brute-force search over the busy intervals, for transfers short and long (the
+    long ones are searched on the coarse list, which skips stretches too short for them)."""
+    import random
+
+    from ncc.tools.walrus_driver.passes.pre_sched import _QueueTimeline
+
+    rng = random.Random(7)
+    timeline, busy = _QueueTimeline(500.0), []
+    for _ in range(1500):  # about 3 ms of transfers over 4 ms: stretches of every length stay idle
+        t, length = rng.uniform(0, 4e6), rng.choice([500.0, 700.0, 1710.0, 2500.0, 5300.0])
+        expected = t
+        for start, end in sorted(busy):  # the first stretch from t on that holds `length`
+            if start < expected + length and end > expected:
+                expected = end
+        got, index = timeline.slot(t, length)
+        assert got == expected
+        assert timeline.slot(t, length, bound=got - 1.0) == (math.inf, -1) or got <= t
+        timeline.occupy(got, got + length, index)
+        busy.append((got, got + length))
+    assert len(timeline.coarse_starts) < len(timeline.starts)
