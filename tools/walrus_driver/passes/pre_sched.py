@@ -112,12 +112,19 @@ class _QueueTimeline:
         ends = self.ends
         if not ends or t >= ends[-1]:
             return t, len(ends)
-        if length < self.coarse_gap:
-            return _first_gap(self.starts, ends, t, length, bound)
-        t, _ = _first_gap(self.coarse_starts, self.coarse_ends, t, length, bound)
-        if t == math.inf:
-            return t, -1
-        return t, bisect.bisect_right(ends, t)  # every interval before it ends by t, the next after
+        coarse = length >= self.coarse_gap
+        starts, walked = (self.coarse_starts, self.coarse_ends) if coarse else (self.starts, ends)
+        index = bisect.bisect_right(walked, t)
+        count = len(starts)
+        while index < count and starts[index] < t + length:
+            if walked[index] > t:
+                t = walked[index]
+                if t > bound:
+                    return math.inf, -1
+            index += 1
+        if coarse:  # its place among the intervals: every one before it ends by t, the next after
+            index = bisect.bisect_right(ends, t)
+        return t, index
 
     def occupy(self, start: float, end: float, index: int) -> None:
         """Mark [start, end) busy; `index` from slot()."""
@@ -132,21 +139,6 @@ class _QueueTimeline:
 # The coarse list of a queue timeline merges idle stretches shorter than this x min_gap (1.5 us):
 # every piece split_dma cuts (32 KiB or more: 1.71 us on a queue) is searched on it.
 COARSE_GAPS = 3
-
-
-def _first_gap(
-    starts: list[float], ends: list[float], t: float, length: float, bound: float
-) -> tuple[float, int]:
-    """_QueueTimeline.slot over one list of sorted, disjoint intervals (t before its last end)."""
-    index = bisect.bisect_right(ends, t)
-    count = len(starts)
-    while index < count and starts[index] < t + length:
-        if ends[index] > t:
-            t = ends[index]
-            if t > bound:
-                return math.inf, -1
-        index += 1
-    return t, index
 
 
 def _insert(starts: list[float], ends: list[float], start: float, end: float, index: int, gap: float) -> None:
