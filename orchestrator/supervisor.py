@@ -78,14 +78,36 @@ def _tree(leader: psutil.Process, known: dict[int, psutil.Process] | None = None
     return [leader, *descendants]
 
 
-def _tree_rss(processes: Sequence[psutil.Process]) -> int:
-    total = 0
-    for proc in processes:
-        try:
-            total += proc.memory_info().rss
-        except psutil.Error:  # gone, zombie or not ours: it holds no memory we can count
-            continue
-    return total
+USS_REFRESH_S = 0.25  # how stale a descendant's own-memory figure may be
+
+
+class _TreeMemory:
+    """The tree's resident memory: the leader's RSS plus what each descendant holds of its own
+    (USS). A tool that forks a helper for half of a pass (tools/common/forked.py) shares its
+    pages with it copy-on-write; adding the helper's RSS would count them twice (a 600 MB walrus
+    job read as 1.2 GB while its verifier's child ran, and a memory limit would kill it for
+    nothing). USS walks the whole page map (8 ms for 500 MB), so a descendant's is read again at
+    most every USS_REFRESH_S."""
+
+    def __init__(self) -> None:
+        self._own: dict[int, tuple[float, int]] = {}  # descendant pid -> (when read, USS)
+
+    def total(self, processes: Sequence[psutil.Process]) -> int:
+        total = 0
+        now = time.monotonic()
+        for position, proc in enumerate(processes):
+            try:
+                if position == 0:
+                    total += proc.memory_info().rss
+                    continue
+                when, own = self._own.get(proc.pid, (-USS_REFRESH_S, 0))
+                if now - when >= USS_REFRESH_S:
+                    own = proc.memory_full_info().uss
+                    self._own[proc.pid] = (now, own)
+                total += own
+            except psutil.Error:  # gone, zombie or not ours: it holds no memory we can count
+                continue
+        return total
 
 
 def _kill_tree(pgid: int, seen: Sequence[psutil.Process]) -> None:
@@ -155,10 +177,11 @@ def run_supervised(
     reaped = False
     pidfd = _open_pidfd(pid)
     known: dict[int, psutil.Process] = {}
+    memory = _TreeMemory()
     try:
         while not _exited(pid):
             seen = _tree(leader, known)
-            rss = _tree_rss(seen)
+            rss = memory.total(seen)
             peak = max(peak, rss)
             elapsed = time.monotonic() - start
             if not killed_for:

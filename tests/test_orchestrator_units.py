@@ -185,6 +185,25 @@ def test_supervisor_memory_limit_counts_the_tree(tmp_path: Path) -> None:
     assert end.peak_rss_bytes > 200 * MB
 
 
+def test_supervisor_counts_pages_a_forked_helper_shares_once(tmp_path: Path) -> None:
+    """A tool that forks a helper over 200 MB it has touched (tools/common/forked.py) uses 200 MB,
+    not 400: under a 300 MB limit it ends normally."""
+    code = (
+        "import os, time\n"
+        "a = bytearray(200 << 20)\n"
+        "for page in range(0, len(a), 4096):\n"
+        "    a[page] = 1\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    time.sleep(1.5)\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    end = _supervise(tmp_path, code, Limits(timeout_s=60, mem_limit_bytes=300 * MB))
+    assert end.returncode == 0 and not end.killed_for
+    assert end.peak_rss_bytes > 200 * MB
+
+
 # -- digests and the work directory ------------------------------------------------------------------
 
 

@@ -157,13 +157,19 @@ def _compiled_chain() -> bir_pb2.Program:
     return program
 
 
-@pytest.mark.parametrize(("check", "mutate"), CASES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(CASES)])
-def test_each_broken_rule_is_named(check, mutate):
+def _broken(check: str, mutate: Mutation) -> bir_pb2.Program:
+    """A compiled program that breaks rule `check` (by `mutate`)."""
     program = matmul_program()
     if check == "streams":
         program = _compiled_chain()
         program.streams.sort(key=lambda s: -len(s.instructions))
     mutate(program)
+    return program
+
+
+@pytest.mark.parametrize(("check", "mutate"), CASES, ids=[f"{c}-{i}" for i, (c, _) in enumerate(CASES)])
+def test_each_broken_rule_is_named(check, mutate):
+    program = _broken(check, mutate)
     with pytest.raises(CompileError) as err:
         verify(program, "{require_allocated=yes}", deps=check == "unsynchronized_dependence")
     assert err.value.code == "E410"
@@ -198,3 +204,24 @@ def test_before_allocation_the_address_rule_waits():
     with pytest.raises(CompileError) as err:
         run_passes(chain_program(1), "birverifier{require_allocated=yes}")
     assert "birverifier: allocated:" in err.value.message
+
+
+def _message(program: bir_pb2.Program, fork: str, deps: bool) -> str:
+    try:
+        verify(program, f"{{require_allocated=yes,fork={fork}}}", deps)
+    except CompileError as err:
+        return err.one_line()
+    return "ok"
+
+
+def test_a_forked_verifier_reports_what_one_process_does():
+    """With the synchronization half in a child, every broken rule gets the same diagnostic (its
+    first problem and the count of the others) as when one process checks everything."""
+    for check, mutate in CASES:
+        program = _broken(check, mutate)
+        copy = bir_pb2.Program.FromString(program.SerializeToString())
+        deps = check == "unsynchronized_dependence"
+        alone, forked = _message(program, "no", deps), _message(copy, "yes", deps)
+        assert forked == alone and forked.startswith("[E410]"), (check, forked, alone)
+    ctx = run_passes(matmul_program(), "anti_dependency_analyzer,birverifier{fork=yes}", verify_each=False)
+    assert ctx.stats["birverifier"]["forked"] == 1 and ctx.stats["birverifier"]["sync_coverage_checked"] == 1

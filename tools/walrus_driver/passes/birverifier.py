@@ -23,11 +23,12 @@ order, queue order or semaphore waits — an uncovered edge is a race.
 from __future__ import annotations
 
 import bisect
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common import dtypes
+from ncc.tools.common import dtypes, forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import INDIRECT_DMA_OPS, WAIT_VALUE_LIMIT, Target, encoded_wait_value, is_dma
 from ncc.tools.target.costs import SBUF_PORT
@@ -42,6 +43,9 @@ NAME = "birverifier"
 class Options:
     require_allocated: str = "auto"  # yes | no | auto (= once allocation has run)
     check_sync: str = "auto"  # yes | no | auto (= when deps are valid for addresses and synchronized)
+    # yes | no | auto (= from forked.MIN_INSTRUCTIONS up): the synchronization checks and the
+    # abstract execution run in a forked child while this process checks instructions and buffers
+    fork: str = "auto"
 
 
 # An instruction's waits as (semaphore, value) and its updates as (semaphore, increment).
@@ -52,6 +56,7 @@ _Sync = tuple[list[tuple[int, int]], list[tuple[int, int]]]
 class _Report:
     problems: list[tuple[str, str, str]] = field(default_factory=list)
     checks: int = 0
+    error: Exception | None = None  # what stopped the checks, raised once the report is read
 
     def fail(self, check: str, where: str, what: str) -> None:
         self.problems.append((check, where, what))
@@ -60,26 +65,59 @@ class _Report:
 @register(NAME, Options)
 def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
-    report = _Report()
     program = ctx.program
     require_allocated = _decide(options.require_allocated, ctx.allocated)
+    check_sync = _decide(options.check_sync, ctx.deps_valid_for_addresses and ctx.synchronized)
+    fork = _decide(options.fork, len(program.instructions) >= forked.MIN_INSTRUCTIONS)
+    # Two independent halves over the same program: the synchronization half in a child (on the
+    # other core) while this process checks instructions and buffers. The problems are reported
+    # in the order one process finds them, so the first one named is the same either way.
+    report = _Report()
+    dynamic = forked.Forked(functools.partial(_check_synchronization, ctx, check_sync, report), parallel=fork)
     live = _check_instructions(ctx, report)
     _check_buffers(ctx, report, require_allocated, live)
-    sync = _check_sync_limits(ctx, report)
-    _check_streams(program, report)
-    limits_ok = not report.problems
-    check_sync = _decide(options.check_sync, ctx.deps_valid_for_addresses and ctx.synchronized)
-    if limits_ok:
-        _check_execution(ctx, report, check_sync, sync)
+    limits, execution = dynamic.result()
+    limits_ok = not report.problems and not limits.problems
+    report.problems += limits.problems
+    report.checks += limits.checks
+    if limits_ok and execution is not None:  # counts only on a program that passed every other rule
+        if execution.error is not None:
+            raise execution.error
+        report.problems += execution.problems
+        report.checks += execution.checks
     ctx.set_stat("checks", report.checks)
     ctx.set_stat("problems", len(report.problems))
     ctx.set_stat("sync_coverage_checked", int(limits_ok and check_sync))
     ctx.set_stat("instructions", len(program.instructions))
+    ctx.set_stat("forked", int(dynamic.ran_in_child))
     if report.problems:
         check, where, what = report.problems[0]
         others = sorted({c for c, _, _ in report.problems[1:]})
         more = f" (and {len(report.problems) - 1} more: {', '.join(others)})" if others else ""
         raise CompileError("E410", f"birverifier: {check}: {where}: {what}{more}", where)
+
+
+def _check_synchronization(
+    ctx: PassContext, check_sync: bool, static: _Report
+) -> tuple[_Report, _Report | None]:
+    """The semaphore limits and the engine streams, then, if they and the `static` rules hold,
+    the abstract execution: their two reports, the second None when it did not run.
+
+    `static` is the instruction and buffer report as far as it goes when this runs: complete in
+    process (after those checks), still empty in a child forked before them (run() then drops
+    the execution report if they failed). The execution assumes a program that passed every
+    other rule, so in the child an exception it raises is kept in its report, not raised."""
+    limits = _Report()
+    sync = _check_sync_limits(ctx, limits)
+    _check_streams(ctx.program, limits)
+    if limits.problems or static.problems:
+        return limits, None
+    execution = _Report()
+    try:
+        _check_execution(ctx, execution, check_sync, sync)
+    except Exception as error:
+        execution.error = error
+    return limits, execution
 
 
 def _decide(setting: str, auto: bool) -> bool:

@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from ncc.schemas import bir_pb2
+from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target, is_dma
 from ncc.tools.walrus_driver import birutil, costs, engine_choice
@@ -379,17 +380,25 @@ def schedule(ctx: PassContext, options: Options, deps: DepGraph, unpooled: set[i
         elif best is None or made.makespan < best.makespan:
             best = made
 
-    makespan_before, unchanged, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
-    in_order_makespan, in_order_chosen = makespan_before, {}
     if best is None and alternatives:
         # Every schedule was abandoned: the input order is kept, and its DVE instructions may
         # still run on ACT, chosen in that order by earliest finish (allocation's fallback after
         # a schedule PSUM cannot hold keeps such choices too). Not the stores' trigger engines:
         # chosen in program order they made the D = 2048 MLP's estimate 1072 -> 1307 µs.
+        # That placement runs in a forked child meanwhile; only its makespan comes back, and
+        # it is placed here again if it wins (stacked attention: it never did).
         act_forms = {node: [f for f in forms if not f.dma] for node, forms in alternatives.items()}
-        with_act, machine, chosen = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
-        if with_act < makespan_before:
-            in_order_makespan, unchanged, in_order_chosen = with_act, machine, chosen
+
+        def place_with_act() -> tuple[float, _Machine, dict[int, _Form]]:
+            return _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
+
+        with_act = forked.Forked(
+            lambda: place_with_act()[0], parallel=len(input_order) >= forked.MIN_INSTRUCTIONS
+        )
+    makespan_before, unchanged, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
+    in_order_makespan, in_order_chosen = makespan_before, {}
+    if best is None and alternatives and with_act.result() < makespan_before:
+        in_order_makespan, unchanged, in_order_chosen = place_with_act()
     if best is None or in_order_makespan < best.makespan:
         # The list scheduler is a heuristic: keep the input order when the model says it is
         # faster, unless it holds more on chip than the schedule does (the model does not count
