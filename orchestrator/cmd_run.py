@@ -122,18 +122,17 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
 
 
 def compare_with_reference(outputs: dict[str, Any], reference: dict[str, Any]) -> list[dict[str, Any]]:
-    """Max abs error of each output against a same-named reference array, if any."""
+    """Max abs error of each output against a same-named reference array, if any, measured as the
+    simulator's check does (NaN matches NaN and an infinity matches itself; integers exactly)."""
     import numpy as np
+
+    from ncc.tools.sim.check import compare
 
     rows = []
     for name in sorted(set(outputs) & set(reference)):
-        got = np.asarray(outputs[name], dtype=np.float64)
-        want = np.asarray(reference[name], dtype=np.float64)
-        if got.shape != want.shape:
-            rows.append({"name": name, "max_abs_error": None, "detail": f"shape {got.shape} vs {want.shape}"})
-            continue
-        error = float(np.max(np.abs(got - want))) if got.size else 0.0
-        rows.append({"name": name, "max_abs_error": error, "detail": ""})
+        result = compare(name, np.asarray(outputs[name]), np.asarray(reference[name]), atol=0.0, rtol=0.0)
+        error = None if result.problem else result.max_abs_error
+        rows.append({"name": name, "max_abs_error": error, "detail": result.problem})
     return rows
 
 

@@ -211,6 +211,29 @@ def test_compile_run_inspect_add_mul(tmp_path: Path, model: Path) -> None:
     assert {tensor["role"] for tensor in info["hbm"]} >= {"INPUT", "OUTPUT"}
 
 
+def test_run_compares_nan_and_infinities_with_the_reference_as_equal(tmp_path: Path, model: Path) -> None:
+    """x * y + x with NaN and infinities in x: where the reference holds the same NaN or infinity
+    the error is 0 (it was reported as nan, with numpy's warning); a wrong NaN is an inf error."""
+    neff = tmp_path / "add_mul.neff"
+    assert ncc("compile", model, "--output", neff).returncode == 0
+    rng = np.random.default_rng(5)
+    x, y = (rng.standard_normal((128, 512)).astype(np.float32) for _ in range(2))
+    x[0, :3] = [np.nan, np.inf, -np.inf]
+    y[0, 1:3] = 1.0
+    with np.errstate(all="ignore"):
+        expected = x * y + x
+    report, out = tmp_path / "report.json", tmp_path / "out.npz"
+    np.savez(tmp_path / "same.npz", arg0=x, arg1=y, out0=expected)
+    result = ncc("run", neff, "--inputs", tmp_path / "same.npz", "--output", out, "--report", report)
+    assert result.returncode == 0 and "Warning" not in result.stderr, result.stderr
+    assert "out0: max |error| vs the reference in same.npz: 0" in result.stdout
+    assert json.loads(report.read_text())["reference_comparison"][0]["max_abs_error"] == 0.0
+    expected[0, 0] = 1.0  # the program's NaN is now wrong
+    np.savez(tmp_path / "wrong.npz", arg0=x, arg1=y, out0=expected)
+    ncc("run", neff, "--inputs", tmp_path / "wrong.npz", "--output", out, "--report", report)
+    assert json.loads(report.read_text())["reference_comparison"][0]["max_abs_error"] == float("inf")
+
+
 @pytest.mark.slow
 def test_compile_error_in_the_input_is_the_tools_diagnostic(tmp_path: Path) -> None:
     broken = tmp_path / "broken.hlo"

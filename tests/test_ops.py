@@ -503,6 +503,41 @@ ENTRY main {
     _scatter_reference,
 )
 
+# constant row numbers (one value, or one value repeated): the index tensor is written by a nest
+# of its own, which must come before the gather or scatter that reads it (it once came after,
+# and every such index read row 0: `x.at[3].set(y)`, `jnp.take(x, 3)`, jnp.median's picks)
+CONSTANT_INDICES = Case(
+    "constant_indices",
+    """HloModule constant_indices
+keep_new {
+  a = f32[] parameter(0)
+  ROOT b = f32[] parameter(1)
+}
+ENTRY main {
+  x = f32[6,4] parameter(0)
+  y = f32[4] parameter(1)
+  a = f32[16] parameter(2)
+  three = s32[1] constant({3})
+  set = f32[6,4] scatter(x, three, y), update_window_dims={0}, inserted_window_dims={0},
+    scatter_dims_to_operand_dims={0}, index_vector_dim=0, indices_are_sorted=true, unique_indices=true,
+    to_apply=keep_new
+  two = s32[1] constant({2})
+  column = f32[6] gather(x, two), offset_dims={0}, collapsed_slice_dims={1}, start_index_map={1},
+    index_vector_dim=0, slice_sizes={6,1}
+  eight = s32[] constant(8)
+  eights = s32[9] broadcast(eight), dimensions={}
+  rows = s32[9,1] reshape(eights)
+  picked = f32[9] gather(a, rows), offset_dims={}, collapsed_slice_dims={0}, start_index_map={0},
+    index_vector_dim=1, slice_sizes={1}
+  ROOT out = (f32[6,4], f32[6], f32[9]) tuple(set, column, picked)
+}
+""",
+    lambda rng: [rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal(4).astype(np.float32),
+                 rng.standard_normal(16).astype(np.float32)],
+    lambda x, y, a: (np.concatenate([x[:3], y[None], x[4:]]), x[:, 2], np.full(9, a[8])),
+)
+
+
 def _with_infinities(x: np.ndarray) -> np.ndarray:
     """Row 0 all -inf but two values: top-5 must then pick -inf entries by lowest index."""
     x = x.copy()
@@ -561,6 +596,59 @@ ENTRY main {
     lambda rng: [_with_infinities((np.round(rng.standard_normal((6, 37)) * 2) / 2).astype(np.float32)),
                  rng.integers(0, 3, (6, 37)).astype(np.int32)],
     _sort_reference,
+)
+
+
+def _largest_first(row: np.ndarray) -> list[int]:
+    """Positions of a row from the largest value in total order (NaN first), the lower index
+    first among equals."""
+    nan = np.isnan(row)
+    return sorted(range(len(row)), key=lambda i: (not nan[i], 0.0 if nan[i] else -row[i], i))
+
+
+def _nan_order_reference(x):
+    rows = np.argsort(x, axis=0, kind="stable").astype(np.int32)  # numpy too puts NaN last
+    top = np.array([_largest_first(row) for row in x], dtype=np.int32)
+    return (np.sort(x, axis=-1), rows, np.take_along_axis(x, top[:, :3], -1), top[:, :3],
+            np.take_along_axis(x, top[:, :20], -1), top[:, :20])
+
+
+# JAX's comparators are compare(..., type=TOTALORDER): NaN sorts after +inf (it once landed
+# anywhere), and top-k takes NaN as the largest, by selection (k = 3) and by sorting (k = 20)
+NAN_ORDER = Case(
+    "nan_order",
+    """HloModule nan_order
+total_less {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT lt = pred[] compare(a, b), direction=LT, type=TOTALORDER
+}
+total_less_by_first {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  i = s32[] parameter(2)
+  j = s32[] parameter(3)
+  ROOT lt = pred[] compare(a, b), direction=LT, type=TOTALORDER
+}
+ENTRY main {
+  x = f32[5,37] parameter(0)
+  s = f32[5,37] sort(x), dimensions={1}, is_stable=true, to_apply=total_less
+  rows = s32[5,37] iota(), iota_dimension=0
+  a = (f32[5,37], s32[5,37]) sort(x, rows), dimensions={0}, is_stable=true, to_apply=total_less_by_first
+  ai = s32[5,37] get-tuple-element(a), index=1
+  t = (f32[5,3], s32[5,3]) topk(x), k=3, largest=true
+  tv = f32[5,3] get-tuple-element(t), index=0
+  ti = s32[5,3] get-tuple-element(t), index=1
+  u = (f32[5,20], s32[5,20]) topk(x), k=20, largest=true
+  uv = f32[5,20] get-tuple-element(u), index=0
+  ui = s32[5,20] get-tuple-element(u), index=1
+  ROOT out = (f32[5,37], s32[5,37], f32[5,3], s32[5,3], f32[5,20], s32[5,20]) tuple(s, ai, tv, ti, uv, ui)
+}
+""",
+    lambda rng: [np.where(rng.random((5, 37)) < 0.15, np.nan,
+                          _with_infinities(np.round(rng.standard_normal((5, 37)) * 2) / 2 + 0.25))
+                 .astype(np.float32)],
+    _nan_order_reference,
 )
 
 
@@ -827,7 +915,8 @@ RANDOM = Case(
 )
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, SORTING, BITS, SELECT_AND_SCATTER, ELEMENTS, RANDOM]
+         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, CONSTANT_INDICES, SORTING, NAN_ORDER, BITS,
+         SELECT_AND_SCATTER, ELEMENTS, RANDOM]
 
 
 @pytest.mark.slow

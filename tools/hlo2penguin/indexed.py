@@ -117,8 +117,9 @@ class IndexedOps:
                                        penguin_pb2.INTERNAL, instr.name)
         out = View.whole(name, table.dtype, (count, width))
         tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
+        index = self._index_column(rows, instr.name)  # before the nest: it may need a nest of its own
         nest = self.builder.nest(f"{instr.name}.gather", instr.name, tiling.axes(), self._attributes(instr))
-        index_box = self._index_tile(nest, tiling, rows, instr.name)
+        index_box = self._index_tile(nest, tiling, index, instr.name)
         block = (PARTITIONS, tiling.free_tile)
         tile = self.builder.tile(f"{instr.name}.rows", table.dtype, (count, width), block)
         add_statement(nest, "gather", "dma_gather", POOL, [tiling.box(tile)],
@@ -132,15 +133,24 @@ class IndexedOps:
         return penguin_pb2.Access(tensor=self.builder.view(flat), extents=[flat.shape[0], tiling.free_tile],
                                   starts=starts)
 
-    def _index_tile(self, nest, tiling: Tiling, rows: View, source: str) -> penguin_pb2.Access:
-        """Load the s32 row numbers of the current row tile into SBUF, one per partition."""
-        if isinstance(rows, Splat):  # a constant row number: the DMA reads it from a tensor all the same
+    def _index_column(self, rows: Value, source: str) -> View:
+        """The s32 row numbers as a (count, 1) tensor view an index tile loads from. A constant
+        row number is written to a tensor first (the DMA reads it from one all the same): by a
+        nest of its own, so this must run before the nest that loads it opens, or that nest
+        would come first and read the tensor unwritten (every row 0: `x.at[3].set(u)` wrote
+        row 0)."""
+        if isinstance(rows, Splat):
             rows = self._materialize(rows, source)
-        count = rows.shape[0]
-        index = self.builder.tile(f"{source}.index", common_pb2.S32, (count, 1), (PARTITIONS, 1))
+        return self._reshape(rows, (rows.shape[0], 1), source)
+
+    def _index_tile(self, nest, tiling: Tiling, index: View, source: str) -> penguin_pb2.Access:
+        """Load the s32 row numbers of the current row tile (of `index`, from _index_column) into
+        SBUF, one per partition."""
+        count = index.shape[0]
+        tile = self.builder.tile(f"{source}.index", common_pb2.S32, (count, 1), (PARTITIONS, 1))
         column = Tiling((count, 1), 1, col_axis=tiling.col_axis)
-        box = column.box(index, col_tile=1)
-        source_box = column.box(self.builder.view(self._reshape(rows, (count, 1), source)), col_tile=1)
+        box = column.box(tile, col_tile=1)
+        source_box = column.box(self.builder.view(index), col_tile=1)
         add_statement(nest, "load_index", "dma", SP, [box], [source_box])
         return box
 
@@ -338,9 +348,10 @@ class IndexedOps:
         count = rows.shape[0]
         flat = table.reshape((extent, width))
         tiling = Tiling((count, width), max(1, min(width, FREE_TILE)))
-        nest = self.builder.nest(f"{instr.name}.scatter", instr.name, tiling.axes(), self._attributes(instr))
-        index_box = self._index_tile(nest, tiling, rows, instr.name)
+        index = self._index_column(rows, instr.name)  # before the nest, as in _gather_rows
         source = values if isinstance(values, Splat) else self._reshape(values, (count, width), instr.name)
+        nest = self.builder.nest(f"{instr.name}.scatter", instr.name, tiling.axes(), self._attributes(instr))
+        index_box = self._index_tile(nest, tiling, index, instr.name)
         tile_box = self._load(nest, tiling, source, instr.name, 1)
         add_statement(nest, "scatter", "dma_scatter", POOL, [self._every_row(flat, tiling)],
                       [tile_box, index_box])

@@ -49,6 +49,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
     add_statement,
     canonical_shape,
     ceil_div,
+    unwritten_read,
 )
 from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.sorting import SortOps
@@ -123,6 +124,9 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         outputs = list(result) if isinstance(result, tuple) else [result]
         for index, value in enumerate(outputs):
             self._bind_output(index, value)
+        problem = unwritten_read(self.builder.program)
+        if problem is not None:  # a lowering bug: refuse it rather than compute from garbage
+            raise RuntimeError(f"internal: the lowering's nests are out of order: {problem}")
         return self.builder.program
 
     def _entry(self) -> hlo_pb2.HloComputationProto:
@@ -371,6 +375,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         opcode = instr.opcode
         if opcode == "copy" and into is None:
             return ops[0]  # values are immutable: a copy is the value itself
+        if opcode == "compare" and instr.comparison_type == "TOTALORDER" and is_float(ops[0].dtype):
+            return self._total_order_compare(instr, ops, shape, into)  # sorting.py
         if into is None and (operand := identity_operand(opcode, ops, dtype)) is not None:
             return operand  # x * 1, max(x, -inf), ...: the operand itself (identities.py)
         if all(isinstance(op, Splat) for op in ops):

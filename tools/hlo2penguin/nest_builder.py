@@ -164,3 +164,29 @@ def add_statement(
     for key, value in (attributes or {}).items():
         statement.attributes[key] = value
     return statement
+
+
+def unwritten_read(program: penguin_pb2.Program) -> str | None:
+    """The first nest that reads an internal HBM tensor (directly or through a view) before any
+    nest writes it, as a sentence; None when there is none. Such a read sees memory nothing
+    wrote: the lowering opened a nest, then emitted the nest that fills one of its inputs after
+    it (a constant gather index once did exactly this, silently)."""
+    tensors = {t.name: t for t in program.tensors}
+
+    def base(name: str) -> str:
+        while name in tensors and tensors[name].view_of:
+            name = tensors[name].view_of
+        return name
+
+    internal = {t.name for t in program.tensors
+                if t.memory == common_pb2.HBM and t.role == penguin_pb2.INTERNAL and not t.view_of}
+    written: set[str] = set()
+    for nest in program.nests:
+        writes = {base(a.tensor) for st in nest.statements for a in st.outputs}
+        for st in nest.statements:
+            for access in st.inputs:
+                tensor = base(access.tensor)
+                if tensor in internal and tensor not in written and tensor not in writes:
+                    return f"nest '{nest.name}' reads '{tensor}' before any nest writes it"
+        written |= writes
+    return None

@@ -9,14 +9,53 @@ from __future__ import annotations
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
+from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.hlo2penguin.values import Splat, Value, product
 from ncc.tools.hlo2penguin.views import View
 
 TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
+SIGNED_OF_WIDTH = {2: common_pb2.S16, 4: common_pb2.S32}  # the total-order keys of bf16/f16 and f32
+_NUMPY_FLOAT = {common_pb2.F16: np.float16, common_pb2.F32: np.float32}
 
 
 class SortOps:
+    def _total_order_key(self, instr, x: Value) -> Value:
+        """A float as its bits read as a signed integer with the magnitude bits of negatives
+        flipped: integers in the order of IEEE 754's totalOrder (-NaN < -inf < ... < -0 < +0 <
+        ... < +inf < +NaN), which XLA's TOTALORDER comparisons, JAX's sorts and top-k use (NaN
+        sorts last, not anywhere). Flipping is its own inverse (_from_total_order_key).
+        Integers are their own keys."""
+        if not is_float(x.dtype):
+            return x
+        key_dtype = SIGNED_OF_WIDTH[dtypes.itemsize(x.dtype)]
+        if isinstance(x, Splat):
+            return Splat(float(_key_of_constant(x.value, x.dtype)), key_dtype, x.shape)
+        return self._flip_negatives(instr, self._bitcast_convert(instr, x, x.shape, key_dtype))
+
+    def _from_total_order_key(self, instr, key: Value, dtype: int) -> Value:
+        """The float of dtype `dtype` whose _total_order_key is `key`."""
+        if not is_float(dtype):
+            return key
+        return self._bitcast_convert(instr, self._flip_negatives(instr, key), key.shape, dtype)
+
+    def _flip_negatives(self, instr, bits: Value) -> Value:
+        """Negative integers with every bit but the sign flipped; the rest as they are."""
+        kind, shape = bits.dtype, bits.shape
+        magnitude = Splat(float((1 << (8 * dtypes.itemsize(kind) - 1)) - 1), kind, ())
+        negative = self._synthetic(instr, "compare", [bits, Splat(0.0, kind, ())], shape, common_pb2.PRED,
+                                   comparison_direction="LT")
+        flipped = self._synthetic(instr, "xor", [bits, magnitude], shape, kind)
+        return self._synthetic(instr, "select", [negative, flipped, bits], shape, kind)
+
+    def _total_order_compare(self, instr, ops: list[Value], shape: tuple[int, ...],
+                             into: View | None) -> Value:
+        """compare(..., type=TOTALORDER) of floats: the same direction on their total-order keys."""
+        plain = hlo_pb2.HloInstructionProto(name=instr.name, opcode="compare",
+                                            comparison_direction=instr.comparison_direction)
+        keys = [self._total_order_key(instr, op) for op in ops]
+        return self._elementwise(plain, keys, shape, common_pb2.PRED, into)
+
     def _sort(self, instr, ops: list[Value]) -> Value:
         """Sort along `dimensions[0]` with the comparator computation, stably (ties keep their order)."""
         comparator = self.computations[instr.called_computation_ids[0]]
@@ -33,21 +72,24 @@ class SortOps:
         """The k largest (or smallest) along the last dimension, in order, with their indices (the
         lower index first among equals). Small k: k rounds of a pairwise (value, index) tree that
         finds the best, then masks it out; large k: a stable sort of (values, iota), cut to k."""
-        operand = ops[0]
+        dtype = ops[0].dtype
+        operand = self._total_order_key(instr, ops[0])  # floats in total order: NaN is the largest
         rank, k = len(operand.shape), int(instr.k)
         index = self._iota(hlo_pb2.HloInstructionProto(name=f"{instr.name}.index", opcode="iota",
                                                        dimensions=[rank - 1]), operand.shape, common_pb2.S32)
         direction = "GT" if instr.largest else "LT"
         if k <= TOPK_BY_SELECTION or isinstance(operand, Splat):
-            return self._topk_by_selection(instr, self._materialize(operand, instr.name)
-                                           if isinstance(operand, Splat) else operand, index, k, direction)
+            values, indices = self._topk_by_selection(instr, self._materialize(operand, instr.name)
+                                                      if isinstance(operand, Splat) else operand, index, k,
+                                                      direction)
+        else:
+            def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+                return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
+                                       comparison_direction=direction)
 
-        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
-            return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
-                                   comparison_direction=direction)
-
-        values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
-        return (self._cut(values, 0, k), self._cut(indices, 0, k))
+            values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
+            values, indices = self._cut(values, 0, k), self._cut(indices, 0, k)
+        return self._from_total_order_key(instr, values, dtype), indices
 
     def _topk_by_selection(self, instr, operand: View, index: View, k: int, direction: str) -> tuple:
         pred = common_pb2.PRED
@@ -70,8 +112,9 @@ class SortOps:
                     zip(first, second, strict=True)]
 
         # a taken element loses to every other: the worst value, and an index after every real one
-        worst = (-np.inf if direction == "GT" else np.inf) if is_float(operand.dtype) else \
-            float(np.iinfo(np.int32).min if direction == "GT" else np.iinfo(np.int32).max)
+        limits = np.iinfo(dtypes.storage_dtype(operand.dtype)) if not is_float(operand.dtype) else None
+        worst = (-np.inf if direction == "GT" else np.inf) if limits is None else \
+            float(limits.min if direction == "GT" else limits.max)
         exhausted = Splat(worst, operand.dtype, ())
         never = Splat(float(np.iinfo(np.int32).max), common_pb2.S32, ())
         remaining, positions = operand, index
@@ -175,3 +218,14 @@ class SortOps:
         earlier = op("compare", [first[-1], second[-1]], comparison_direction="LT")
         tie_break = op("and", [op("not", [behind]), earlier])
         return op("and", [real_first, op("or", [padding_second, op("or", [ahead, tie_break])])])
+
+
+def _key_of_constant(value: float, dtype: int) -> int:
+    """_total_order_key of one constant, computed here."""
+    if dtype in _NUMPY_FLOAT:
+        width = dtypes.itemsize(dtype)
+        bits = int(np.array(value, dtype=_NUMPY_FLOAT[dtype]).view(f"<i{width}"))
+    else:  # bf16: the top half of the f32 (a bf16 constant is exactly an f32)
+        bits = int(np.array(value, dtype=np.float32).view("<i4")) >> 16
+        width = 2
+    return bits ^ ((1 << (8 * width - 1)) - 1) if bits < 0 else bits
