@@ -10,6 +10,7 @@ floats within 1e-5 relative.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,13 +56,15 @@ FLOAT_UNARY = Case(
         f"re = {F} round-nearest-even(p0)",
         f"ra = {F} round-nearest-afz(p0)",
         f"sg = {F} sign(p0)",
+        f"er = {F} erf(p0)",
     ], [f"{F} e", f"{F} l", f"{F} s", f"{F} c", f"{F} t", f"{F} r", f"{F} fl", f"{F} ce", f"{F} re",
-        f"{F} ra", f"{F} a", f"{F} sg"]),
+        f"{F} ra", f"{F} a", f"{F} sg", f"{F} er"]),
     # halves exercise both rounding modes' ties
     lambda rng: [np.round(rng.standard_normal((130, 2100)) * 6, 1).astype(np.float32) / 2],
     lambda x: (np.expm1(x), np.log1p(np.abs(x)), np.sin(x), np.cos(x), np.tan(x), np.cbrt(x), np.floor(x),
                np.ceil(x), np.rint(x), np.where(np.abs(x - np.trunc(x)) == 0.5, np.trunc(x) + np.sign(x),
-                                               np.rint(x)), np.abs(x), np.sign(x)),
+                                               np.rint(x)), np.abs(x), np.sign(x),
+               np.vectorize(math.erf)(x.astype(np.float64))),
 )
 
 G = "f32[65,301]"

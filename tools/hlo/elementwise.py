@@ -22,6 +22,7 @@ FLOAT_UNARY: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "log": np.log,
     "log-plus-one": np.log1p,
     "tanh": np.tanh,
+    "erf": numerics.erf,
     "sqrt": np.sqrt,
     "rsqrt": lambda x: np.reciprocal(np.sqrt(x)),
     "cbrt": np.cbrt,

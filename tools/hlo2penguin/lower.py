@@ -83,7 +83,7 @@ BINARY = {"add": "add", "subtract": "subtract", "multiply": "multiply", "divide"
           "atan2": "atan2", "and": "and", "or": "or", "xor": "xor", "shift-left": "shift_left",
           "shift-right-logical": "shift_right_logical", "shift-right-arithmetic": "shift_right_arithmetic"}
 # Float unary ops: one ACT activation each.
-ACTIVATIONS = {"exponential": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
+ACTIVATIONS = {"exponential": "exp", "log": "log", "tanh": "tanh", "erf": "erf", "logistic": "logistic",
                "rsqrt": "rsqrt", "sqrt": "sqrt", "exponential-minus-one": "expm1", "log-plus-one": "log1p",
                "sine": "sin", "cosine": "cos", "tan": "tan", "cbrt": "cbrt", "floor": "floor", "ceil": "ceil",
                "round-nearest-even": "round_even", "round-nearest-afz": "round_afz", "abs": "abs",

@@ -55,6 +55,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "identity": lambda x: x,
     "exp": np.exp,
     "tanh": np.tanh,
+    "erf": numerics.erf,
     "logistic": lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
     "log": np.log,
     "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
