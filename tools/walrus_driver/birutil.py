@@ -7,6 +7,7 @@ range hull for HBM. Dependence analysis, allocation and the verifier all reason 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
@@ -380,6 +381,44 @@ def touched_buffers(instr: bir_pb2.Instruction, cache: dict[int, Any] | None = N
     if isinstance(cached, Footprints):
         return set(cached.touched)
     return {ap.tensor for ap in [*instr.inputs, *instr.outputs] if ap.memory in ONCHIP}
+
+
+def live_ranges(instructions: Iterable[bir_pb2.Instruction], cache: dict[int, Any] | None = None
+                ) -> dict[str, tuple[int, int]]:
+    """Each on-chip buffer's live range in this order: the positions of the first and last
+    instructions that name it (touched_buffers)."""
+    live: dict[str, tuple[int, int]] = {}
+    for position, instr in enumerate(instructions):
+        for name in touched_buffers(instr, cache):
+            first, _ = live.get(name, (position, position))
+            live[name] = (first, position)
+    return live
+
+
+def live_together(
+    buffers: list[bir_pb2.Buffer], live: dict[str, tuple[int, int]]
+) -> list[tuple[bir_pb2.Buffer, bir_pb2.Buffer, int]]:
+    """Pairs of allocated buffers (of one memory) that share bytes while both are `live` (first,
+    last position), as (the one at the lower address, the other, the end of the shared bytes):
+    what allocation must never produce for the order it allocated. A sweep over live ranges,
+    comparing each buffer only with the buffers live when it starts (a set bounded by the
+    memory's size)."""
+    used = sorted(
+        ((live[b.name][0], live[b.name][1], b) for b in buffers if b.name in live and b.bytes_per_partition),
+        key=lambda entry: entry[:2],  # (buffers do not compare: ties keep the given order)
+    )
+    found = []
+    active: list[tuple[int, int, int, bir_pb2.Buffer]] = []  # (last use, address, end address, buffer)
+    for start, end, b in used:
+        active = [entry for entry in active if entry[0] >= start]
+        b_address = b.address
+        b_end = b_address + b.bytes_per_partition
+        for _, a_address, a_end, a in active:
+            if a_address < b_end and b_address < a_end:
+                first, second = (a, b) if a_address <= b_address else (b, a)
+                found.append((first, second, min(a_end, b_end)))
+        active.append((end, b_address, b_end, b))
+    return found
 
 
 def dma_direction(instr: bir_pb2.Instruction) -> str:

@@ -415,26 +415,13 @@ def _check_buffers(
 
 
 def _check_overlap(buffers: list[bir_pb2.Buffer], live: dict[str, tuple[int, int]], report: _Report) -> None:
-    """No two buffers share bytes while both are live: a sweep over live ranges, comparing each
-    buffer only with the buffers live when it starts (a set bounded by the memory's size)."""
-    used = sorted(
-        (live[b.name][0], live[b.name][1], b) for b in buffers if b.name in live and b.bytes_per_partition
-    )
-    active: list[tuple[int, int, int, bir_pb2.Buffer]] = []  # (last use, address, end address, buffer)
-    for start, end, b in used:
-        active = [entry for entry in active if entry[0] >= start]
-        b_address = b.address
-        b_end = b_address + b.bytes_per_partition
-        for _, a_address, a_end, a in active:
-            if a_address < b_end and b_address < a_end:
-                first, second = (a, b) if a_address <= b_address else (b, a)
-                shared_end = min(a_end, b_end)
-                report.fail(
-                    "allocation_overlap",
-                    first.name,
-                    f"shares bytes [{second.address}, {shared_end}) with {second.name!r} while both are live",
-                )
-        active.append((end, b_address, b_end, b))
+    """No two buffers share bytes while both are live (birutil.live_together)."""
+    for first, second, shared_end in birutil.live_together(buffers, live):
+        report.fail(
+            "allocation_overlap",
+            first.name,
+            f"shares bytes [{second.address}, {shared_end}) with {second.name!r} while both are live",
+        )
 
 
 def _sync_of(instr: bir_pb2.Instruction) -> _Sync:

@@ -7,10 +7,17 @@ buffer has an address, the dependence graph computed for those addresses (the an
 allocation) holds every constraint the allocation adds, a reused address being a WAR or WAW
 edge, so any order that graph admits is valid for this allocation. This pass runs pre_sched's
 list scheduler once more over it, with no live-bytes limit (the memory is placed already), and
-keeps the new order only if the cost model says it is faster; dma queues and trigger engines
+keeps the new order only if the cost model says it is faster and allocation still holds for it;
+dma queues and trigger engines
 are chosen again on the way, as pre_sched chooses them. A store that pre_sched let take any
 queue keeps that freedom only if nothing depends on it now (allocation may have reused its
 buffer, so the next writer there waits for it: its thread then needs a semaphore).
+
+The graph orders every access to a reused byte, but not the buffers as wholes: moving a read of a
+buffer's other bytes past the first write of the next buffer placed over part of it is safe, yet
+it leaves two buffers live at once on the same bytes, which birverifier refuses (a convnet's
+training step at -O3: `allocation_overlap`). Such a schedule is dropped (`schedules_refused`)
+and the order stays.
 
 It costs one more run of the scheduler, which at 100k instructions is seconds, so --optlevel 3
 runs it and 2 does not. Needs allocated addresses and the graph for them; must run before
@@ -20,8 +27,12 @@ run, kept_input_order when the order stays).
 
 from __future__ import annotations
 
+import functools
+from collections import defaultdict
 from dataclasses import dataclass
 
+from ncc.schemas import bir_pb2
+from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.passes import pre_sched
 from ncc.tools.walrus_driver.registry import register
@@ -50,4 +61,14 @@ def run(ctx: PassContext) -> None:
         spread_to_act=options.spread_to_act,
         choose_triggers=options.choose_triggers,
     )
-    pre_sched.schedule(ctx, settings, deps, unpooled)
+    pre_sched.schedule(ctx, settings, deps, unpooled, functools.partial(_allocation_holds, ctx))
+
+
+def _allocation_holds(ctx: PassContext, order: list[bir_pb2.Instruction]) -> bool:
+    """Does no pair of buffers that share bytes stay live at once in this order?"""
+    live = birutil.live_ranges(order, ctx.footprint_cache)
+    placed: dict[int, list[bir_pb2.Buffer]] = defaultdict(list)
+    for buffer in ctx.program.buffers:
+        if buffer.memory in birutil.ONCHIP and buffer.address >= 0:
+            placed[buffer.memory].append(buffer)
+    return not any(birutil.live_together(buffers, live) for buffers in placed.values())

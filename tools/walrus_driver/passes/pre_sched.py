@@ -295,9 +295,16 @@ def run(ctx: PassContext) -> None:
     schedule(ctx, ctx.options or Options(), ctx.require_deps(), ctx.unpooled_dmas)
 
 
-def schedule(ctx: PassContext, options: Options, deps: DepGraph, unpooled: set[int]) -> None:
+def schedule(
+    ctx: PassContext,
+    options: Options,
+    deps: DepGraph,
+    unpooled: set[int],
+    acceptable: Callable[[list[bir_pb2.Instruction]], bool] | None = None,
+) -> None:
     """Reorder ctx.program by the list scheduler over `deps` (or keep its order, if the model says
-    that is faster); `unpooled`: the dmas that may take any queue. post_sched calls it too."""
+    that is faster); `unpooled`: the dmas that may take any queue. post_sched calls it too, with
+    `acceptable`: a schedule whose order it refuses is dropped, as an abandoned one is."""
     program = ctx.program
     instructions = list(program.instructions)
     input_order = [instr.id for instr in instructions]  # ids read once: each read is a lookup
@@ -369,7 +376,7 @@ def schedule(ctx: PassContext, options: Options, deps: DepGraph, unpooled: set[i
     # More effort (tries > 1): schedule again under other pressure limits, keep the fastest.
     fractions = [options.pressure_fraction] + [f for f in EXTRA_FRACTIONS if f != options.pressure_fraction]
     best: _Schedule | None = None
-    abandoned = 0
+    abandoned = refused = 0
     for fraction in fractions[: max(1, options.tries)]:
         made = _list_schedule(
             ctx,
@@ -384,6 +391,8 @@ def schedule(ctx: PassContext, options: Options, deps: DepGraph, unpooled: set[i
             # (a fraction over 1 turns the pressure term off, and this with it)
             (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
         )
+        if made is not None and acceptable is not None and not acceptable([by_id[n] for n in made.order]):
+            made, refused = None, refused + 1
         if made is None:
             abandoned += 1
         elif best is None or made.makespan < best.makespan:
@@ -438,6 +447,7 @@ def schedule(ctx: PassContext, options: Options, deps: DepGraph, unpooled: set[i
     ctx.set_stat("instructions_moved", moved)
     ctx.set_stat("schedules_tried", min(len(fractions), max(1, options.tries)))
     ctx.set_stat("schedules_abandoned", abandoned)
+    ctx.set_stat("schedules_refused", refused)
     ctx.set_stat("pressure_fraction_kept", best.fraction)
     ctx.set_stat("pressured_picks", best.pressured_picks)
     ctx.set_stat("moved_to_act", sum(1 for form in best.chosen.values() if not form.dma))
