@@ -506,6 +506,25 @@ ENTRY main {
     _scatter_reference,
 )
 
+# jax.checkpoint (remat) wraps what a gradient recomputes in opt-barrier: a tuple or an array,
+# passed through unchanged
+OPT_BARRIER = Case(
+    "opt_barrier",
+    _module("opt_barrier", ["f32[16,64]", "f32[64,48]"], [
+        "t = (f32[16,64], f32[64,48]) tuple(p0, p1)",
+        "b = (f32[16,64], f32[64,48]) opt-barrier(t)",
+        "x = f32[16,64] get-tuple-element(b), index=0",
+        "w = f32[64,48] get-tuple-element(b), index=1",
+        "d = f32[16,48] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "e = f32[16,48] opt-barrier(d)",
+        "y = f32[16,48] tanh(e)",
+    ], ["f32[16,48] y"]),
+    lambda rng: [rng.standard_normal((16, 64)).astype(np.float32),
+                 rng.standard_normal((64, 48)).astype(np.float32)],
+    lambda x, w: np.tanh(x.astype(np.float64) @ w),
+)
+
+
 # constant row numbers (one value, or one value repeated): the index tensor is written by a nest
 # of its own, which must come before the gather or scatter that reads it (it once came after,
 # and every such index read row 0: `x.at[3].set(y)`, `jnp.take(x, 3)`, jnp.median's picks)
@@ -918,7 +937,7 @@ RANDOM = Case(
 )
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, CONSTANT_INDICES, SORTING, NAN_ORDER, BITS,
+         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, BITS,
          SELECT_AND_SCATTER, ELEMENTS, RANDOM]
 
 

@@ -47,7 +47,7 @@ SUPPORTED_OPCODES = frozenset({
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
     "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter", "sort", "topk",
-    "bitcast-convert", "select-and-scatter", "rng-bit-generator",
+    "bitcast-convert", "select-and-scatter", "rng-bit-generator", "opt-barrier",
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -456,6 +456,13 @@ class _Verifier:
         if not is_tuple(instr.shape) or len(subs) != len(ops) or not all(
                 same_shape(sub, op.shape) for sub, op in zip(subs, ops, strict=True)):
             raise _bad(instr, f"tuple of {len(ops)} operands cannot have shape {shape_str(instr.shape)}")
+
+    def _opt_barrier(self, instr: Instr, ops: list[Instr]) -> None:
+        """XLA's optimization barrier (jax.checkpoint's remat): its operand, array or tuple, unchanged."""
+        _count(instr, ops, 1)
+        if not same_shape(ops[0].shape, instr.shape):
+            raise _bad(instr, f"opt-barrier of {shape_str(ops[0].shape)} cannot have shape "
+                              f"{shape_str(instr.shape)}")
 
     def _get_tuple_element(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 1)
@@ -968,6 +975,7 @@ _CHECKS = {
     "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,
     "concatenate": _Verifier._concatenate, "tuple": _Verifier._tuple,
     "get-tuple-element": _Verifier._get_tuple_element, "call": _Verifier._call,
+    "opt-barrier": _Verifier._opt_barrier,
     "parameter": _Verifier._parameter, "constant": _Verifier._constant,
 }
 assert set(_CHECKS) == SUPPORTED_OPCODES

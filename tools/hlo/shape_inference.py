@@ -21,6 +21,10 @@ def infer_shape(instr: hlo_pb2.HloInstructionProto, operands: list[Shape]) -> Sh
         shape = Shape(element_type=T.TUPLE)
         shape.tuple_shapes.extend(operands)
         return shape
+    if opcode == "opt-barrier" and len(operands) == 1:
+        same = Shape()
+        same.CopyFrom(operands[0])
+        return same
     if opcode == "get-tuple-element" and operands and is_tuple(operands[0]):
         if 0 <= instr.tuple_index < len(operands[0].tuple_shapes):
             element = Shape()

@@ -158,6 +158,8 @@ def _fold_instruction(instr: hlo_pb2.HloInstructionProto, ops: list[Folded], arg
         return args[instr.parameter_number] if instr.parameter_number < len(args) else None
     if opcode == "tuple":
         return tuple(ops)
+    if opcode == "opt-barrier":
+        return ops[0]
     if opcode == "get-tuple-element":
         return ops[0][instr.tuple_index] if isinstance(ops[0], tuple) and instr.tuple_index < len(ops[0]) \
             else None

@@ -176,6 +176,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
             return tuple(ops)
         if opcode == "get-tuple-element":
             return ops[0][instr.tuple_index]
+        if opcode == "opt-barrier":  # it only stops XLA's own optimizer: the values pass through
+            return ops[0]
         if opcode in ("call", "fusion"):  # a fusion is XLA's grouping; ncc re-derives its own
             return self._computation(self.computations[instr.called_computation_ids[0]], ops)
         if opcode == "while":

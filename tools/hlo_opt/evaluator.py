@@ -425,6 +425,9 @@ class _Evaluator:
     def _get_tuple_element(self, instr: Instr, ops: list) -> object:
         return ops[0][instr.tuple_index]
 
+    def _opt_barrier(self, instr: Instr, ops: list) -> object:
+        return ops[0]
+
     # ---- arithmetic ------------------------------------------------------------------------------
     def _elementwise(self, instr: Instr, ops: list) -> np.ndarray:
         return apply(instr.opcode, ops, instr.shape.element_type)
@@ -588,6 +591,7 @@ _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
     "iota": _Evaluator._iota,
     "tuple": _Evaluator._tuple,
     "get-tuple-element": _Evaluator._get_tuple_element,
+    "opt-barrier": _Evaluator._opt_barrier,
     "compare": _Evaluator._compare,
     "convert": _Evaluator._convert,
     "dot": _Evaluator._dot,
