@@ -365,8 +365,7 @@ def schedule(
         return all(peak[m] <= fraction * capacity[m] for m in capacity)
 
     # The input order placed as it stands, to compare with: in a forked child while the list
-    # scheduler runs here (its makespan and queue choices come back; the chain at 100k
-    # instructions spent 1.4 s on it after the schedule).
+    # scheduler runs here (its makespan and queue choices come back, a dict cheap to send).
     def place_input_order() -> tuple[float, dict[int, int]]:
         makespan, machine, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
         return makespan, machine.queue_of
