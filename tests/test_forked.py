@@ -45,3 +45,14 @@ def test_without_parallel_the_work_runs_here():
     work = Forked(os.getpid, parallel=False)
     assert work.result() == parent and not work.ran_in_child
 
+
+
+def test_cancel_kills_the_child_and_reaps_it():
+    """The parent's own half failed: the child is stopped, not left blocked on its pipe."""
+    work = Forked(lambda: os.urandom(1 << 22))  # more than a pipe holds: it would block writing
+    pid = work._pid
+    assert pid
+    work.cancel()
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped
+    work.cancel()  # a second cancel does nothing

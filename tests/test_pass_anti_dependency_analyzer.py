@@ -240,3 +240,46 @@ def test_thousands_of_instructions():
     assert len(program.instructions) > 3000
     ctx = run_passes(program, "anti_dependency_analyzer", verify_each=False)
     assert ctx.deps.number_of_edges() > len(program.instructions)
+
+
+def _graph(ctx) -> set[tuple[int, int, str, str]]:
+    return {(a, b, data["kind"], data["memory"]) for a, b, data in ctx.deps.edges(data=True)}
+
+
+@pytest.mark.parametrize("seed", [3, 11])
+def test_the_hbm_walk_in_a_forked_child_gives_the_same_graph(seed: int):
+    """From 20k instructions the HBM conflicts are found in a child while SBUF/PSUM are walked
+    here; forced either way on a program with HBM round trips, the graphs are identical."""
+    in_process = run_passes(random_program(seed, steps=300), "anti_dependency_analyzer{fork=no}")
+    in_child = run_passes(random_program(seed, steps=300), "anti_dependency_analyzer{fork=yes}")
+    assert in_child.stats["anti_dependency_analyzer"]["forked"] == 1
+    assert in_process.stats["anti_dependency_analyzer"]["forked"] == 0
+    assert _graph(in_child) == _graph(in_process)
+    assert any(memory == "HBM" for *_, memory in _graph(in_child))  # the scratch tensor's round trips
+
+
+def test_the_run_after_allocation_reuses_the_hbm_edges_and_equals_a_fresh_walk():
+    """HBM edges depend neither on addresses nor on a dependence-respecting reorder: the second
+    run takes the first run's; a walk from scratch of the scheduled, allocated program agrees."""
+    passes = "anti_dependency_analyzer,dep_reduction,pre_sched,allocation,anti_dependency_analyzer"
+    ctx = run_passes(random_program(5, steps=300), passes)
+    assert ctx.stats["anti_dependency_analyzer#2"]["hbm_edges_reused"] == 1
+    assert ctx.stats["anti_dependency_analyzer#2"]["address_mode"] == 1
+    reused = _graph(ctx)
+    ctx.hbm_edges = None
+    fresh = run_passes(ctx.program, "anti_dependency_analyzer")
+    assert fresh.stats["anti_dependency_analyzer"]["hbm_edges_reused"] == 0
+    assert _graph(fresh) == reused
+
+
+def test_instructions_that_change_drop_the_kept_hbm_edges():
+    ctx = run_passes(random_program(5, steps=60), "anti_dependency_analyzer")
+    assert ctx.hbm_edges is not None
+    ctx.instructions_changed()
+    assert ctx.hbm_edges is None
+
+
+def test_an_unknown_fork_setting_is_refused():
+    with pytest.raises(CompileError) as err:
+        run_passes(chain_program(tiles=1), "anti_dependency_analyzer{fork=maybe}")
+    assert err.value.code == "E400" and "fork" in err.value.message

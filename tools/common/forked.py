@@ -22,6 +22,7 @@ from __future__ import annotations
 import gc
 import os
 import pickle
+import signal
 import sys
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -91,6 +92,19 @@ class Forked(Generic[T]):
                     raise value
                 return value
         return self._fn()
+
+    def cancel(self) -> None:
+        """Stop the child, if one runs, and reap it: its answer is no longer wanted (the parent's
+        own half raised), and a child blocked on a full pipe would otherwise wait forever."""
+        if not self._pid:
+            return
+        try:
+            os.kill(self._pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self._pid, 0)
+        os.close(self._read_end)
+        self._pid = 0
 
     def _collect(self) -> tuple[str, object] | None:
         """Read the child's message and reap it; None when it died or sent nothing whole."""

@@ -71,6 +71,9 @@ class PassContext:
     # instruction id -> its footprints relative to its buffers (anti_dependency_analyzer's memo)
     footprint_cache: dict[int, Any] = field(default_factory=dict)
     hbm_widths: dict[str, int] | None = None  # the row view of each HBM tensor the cached footprints use
+    # the analyzer's HBM edges, which neither addresses nor a dependence-respecting reorder
+    # change: kept for its next run for as long as the instructions stay as they are
+    hbm_edges: Any = None
     # How to rebuild a graph made stale by a pass that changed instructions, run only when a later
     # pass asks for it (require_deps) before the analyzer runs again (allocation's spills)
     deps_rebuild: Callable[[], None] | None = None
@@ -187,6 +190,7 @@ class PassContext:
         self._cost_table = None
         self.footprint_cache = {}
         self.hbm_widths = None
+        self.hbm_edges = None
         self.order_before_schedule = self.triggers_before_schedule = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
         self.scheduled = False

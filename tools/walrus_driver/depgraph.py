@@ -90,6 +90,19 @@ class DepGraph:
             incoming[pred] = code
             succ[pred][node] = code
 
+    def merge_predecessors(self, node: int, preds: dict[int, int]) -> None:
+        """Add edges into an existing `node` ({pred: code}); a pair it already has keeps the
+        stronger kind, its own on a tie."""
+        incoming, succ = self._pred[node], self._succ
+        for pred, code in preds.items():
+            old = incoming.get(pred)
+            if old is None:
+                self._edges += 1
+            elif old >> 2 >= code >> 2:
+                continue
+            incoming[pred] = code
+            succ[pred][node] = code
+
     def add_edge(self, src: int, dst: int, kind: str = "ORDERED", memory: int = 0) -> None:
         self.add_node(src)
         self.add_node(dst)
@@ -151,6 +164,14 @@ class DepGraph:
 
     def out_degree(self, node: int) -> int:
         return len(self._succ[node])
+
+    def kind_counts(self) -> dict[str, int]:
+        """{kind: number of edges of that kind}, every kind present."""
+        counts = [0] * len(KINDS)
+        for preds in self._pred.values():
+            for code in preds.values():
+                counts[code >> 2] += 1
+        return dict(zip(KINDS, counts, strict=True))
 
     def edge_attributes(self, src: int, dst: int) -> dict[str, str]:
         return edge_data(self._succ[src][dst])

@@ -141,6 +141,7 @@ def run(ctx: PassContext) -> None:
     # Nothing may change addresses or order from here on, so no analysis runs again: the
     # analyzer's footprint memo (hundreds of MB at a million instructions) can go.
     ctx.footprint_cache = {}
+    ctx.hbm_edges = None
     ctx.sync_walk = walk  # the clocks of exactly this order (semaphore_reset reads them)
     ctx.set_stat("dependence_edges", deps.number_of_edges())
     ctx.set_stat("edges_same_thread", same_thread)

@@ -26,13 +26,15 @@ Edge attributes: kind (strongest of FLOW > OUTPUT > ANTI > ORDERED) and memory (
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
+from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver import birutil
 from ncc.tools.walrus_driver.context import ANTI, FLOW, ORDERED, OUTPUT, PassContext
-from ncc.tools.walrus_driver.depgraph import KIND_CODE, KINDS, DepGraph, edge_code
+from ncc.tools.walrus_driver.depgraph import KIND_CODE, DepGraph, edge_code
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "anti_dependency_analyzer"
@@ -43,6 +45,9 @@ class Options:
     sbuf_page_bytes: int = 4096  # region page size for SBUF lookups
     psum_page_bytes: int = 2048  # one PSUM bank
     hbm_page_rows: int = 16  # rows of an HBM tensor (its last dimension) per lookup page
+    # yes | no | auto (= from forked.MIN_INSTRUCTIONS up): the HBM walk runs in a forked child
+    # while this process walks SBUF and PSUM
+    fork: str = "auto"
 
 
 def _page_size(options: Options, memory: int) -> int:
@@ -56,6 +61,8 @@ def _page_size(options: Options, memory: int) -> int:
 @register(NAME, Options)
 def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
+    if options.fork not in ("yes", "no", "auto"):
+        raise CompileError("E400", f"{NAME}: option fork={options.fork!r} is not yes, no or auto")
     program = ctx.program
     use_addresses = ctx.allocated and all(
         b.address >= 0 for b in program.buffers if b.memory in birutil.ONCHIP
@@ -63,27 +70,78 @@ def run(ctx: PassContext) -> None:
     analyze(ctx, use_addresses, options)
 
 
+# The HBM half of a walk: (instruction id, {earlier instruction id: edge code}) for every
+# instruction with an HBM conflict, in program order; and the count of retired entries.
+HbmEdges = tuple[list[tuple[int, dict[int, int]]], int]
+
+
 def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = None) -> None:
     """Build ctx.deps for the current program: between buffers' final addresses (use_addresses)
-    or between virtual buffers. allocation calls it too, after adding spill instructions."""
+    or between virtual buffers. allocation calls it too, after adding spill instructions.
+
+    Two walks: SBUF and PSUM here, HBM in a forked child from 20k instructions (the memories
+    never conflict with each other, so the walks are independent; a pair that conflicts in both
+    keeps the stronger kind, the on-chip memory on a tie). HBM edges do not depend on addresses
+    and, for the same instructions, not on the order either (a reorder that respects the
+    dependences keeps every conflicting pair in its order, and the edges of a region follow
+    from the order of its own accesses), so the run after allocation takes the first run's
+    (ctx.hbm_edges, dropped whenever instructions change)."""
     options = options or Options()
     program = ctx.program
-    buffers: dict[str, bir_pb2.Buffer] | None = None  # read only for footprints not cached yet
     if ctx.hbm_widths is None:  # one view per tensor for as long as footprints stay cached
         ctx.hbm_widths = birutil.hbm_widths(program)
+    hbm_edges = ctx.hbm_edges
+    hbm_walk = None
+    if hbm_edges is None:
+        fork = options.fork == "yes" or (
+            options.fork == "auto" and len(program.instructions) >= forked.MIN_INSTRUCTIONS
+        )
+        page_rows = _page_size(options, birutil.HBM)
+        hbm_walk = forked.Forked(
+            functools.partial(_walk_hbm, program, ctx.hbm_widths, page_rows), parallel=fork
+        )
+    try:
+        graph, onchip_retired = _walk_onchip(ctx, use_addresses, options)
+    except BaseException:
+        if hbm_walk is not None:
+            hbm_walk.cancel()
+        raise
+    if hbm_walk is not None:
+        hbm_edges = ctx.hbm_edges = hbm_walk.result()
+    edges, hbm_retired = hbm_edges
+    for node, incoming in edges:
+        graph.merge_predecessors(node, incoming)
+
+    ctx.deps = graph
+    ctx.deps_rebuild = None
+    ctx.deps_valid = True
+    ctx.deps_valid_for_addresses = use_addresses
+    ctx.deps_reduced = False
+    ctx.set_stat("nodes", graph.number_of_nodes())
+    ctx.set_stat("edges", graph.number_of_edges())
+    by_kind = graph.kind_counts()
+    for kind in (FLOW, ANTI, OUTPUT, ORDERED):
+        ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
+    ctx.set_stat("address_mode", 1 if use_addresses else 0)
+    ctx.set_stat("retired_entries", onchip_retired + hbm_retired)
+    ctx.set_stat("hbm_edges_reused", int(hbm_walk is None))
+    ctx.set_stat("forked", int(hbm_walk is not None and hbm_walk.ran_in_child))
+
+
+def _walk_onchip(ctx: PassContext, use_addresses: bool, options: Options) -> tuple[DepGraph, int]:
+    """Every instruction a node, its ORDERED edges and its SBUF/PSUM conflicts; the footprints
+    it computes stay in ctx.footprint_cache (HBM boxes included) for the next run and the passes
+    after it. Returns the graph and the count of retired entries."""
+    program = ctx.program
+    buffers: dict[str, bir_pb2.Buffer] | None = None  # read only for footprints not cached yet
     widths = ctx.hbm_widths
-    address = {b.name: b.address for b in program.buffers} if use_addresses else {}
+    address = {b.name: b.address for b in program.buffers} if use_addresses else None
     cache = ctx.footprint_cache
     costs = ctx.costs()
-    page_size = {memory: _page_size(options, memory) for memory in (birutil.SBUF, birutil.PSUM, birutil.HBM)}
-    hbm = birutil.HBM
-    # (memory, region, page) -> [reads, writes], each a list of (p0, p1, b0, b1, instruction id)
-    pages: dict[tuple[int, str, int], tuple[list, list]] = {}
+    active = _Active({memory: _page_size(options, memory) for memory in birutil.ONCHIP})
     graph = DepGraph()
     names: dict[str, int] = {}
-    retired = 0
-    by_kind = dict.fromkeys(KIND_CODE, 0)
-    flow, output, anti = KIND_CODE[FLOW] * 4, KIND_CODE[OUTPUT] * 4, KIND_CODE[ANTI] * 4
+    hbm = birutil.HBM
     for instr in program.instructions:
         node = instr.id
         if node in graph:
@@ -109,31 +167,74 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
             if boxes.operands is not None:  # read in the same walk: the cost model need not
                 costs.seed(instr, boxes.operands)
                 boxes.operands = None
-        # (p0, p1, b0, b1, write, memory, the active lists of the pages it touches) per box;
-        # with addresses an on-chip box moves into its memory's one address space
+        if address is None:
+            active.access(node, [box for box in boxes if box[0] != hbm], incoming)
+        else:  # with addresses an on-chip box moves into its memory's one address space
+            onchip = []
+            for memory, region, p0, p1, b0, b1, write in boxes:
+                if memory != hbm:
+                    base = address[region]
+                    onchip.append((memory, "", p0, p1, b0 + base, b1 + base, write))
+            active.access(node, onchip, incoming)
+        graph.set_predecessors(node, incoming)
+    return graph, active.retired
+
+
+def _walk_hbm(program: bir_pb2.Program, widths: dict[str, int], page_rows: int) -> HbmEdges:
+    """The HBM conflicts of every instruction, from its HBM operands alone (so that a forked child
+    can walk them beside _walk_onchip, which computes the footprints)."""
+    active = _Active({birutil.HBM: page_rows})
+    edges: list[tuple[int, dict[int, int]]] = []
+    hbm = birutil.HBM
+    for instr in program.instructions:
+        boxes = []
+        for write, operands in ((False, instr.inputs), (True, instr.outputs)):
+            for ap in operands:
+                if ap.memory == hbm:
+                    box = birutil.hbm_box(ap, widths.get(ap.tensor, 0) or (1 << 62))
+                    if box is not None:
+                        boxes.append((hbm, ap.tensor, *box, write))
+        if boxes:
+            node = instr.id
+            incoming: dict[int, int] = {}
+            active.access(node, boxes, incoming)
+            if incoming:
+                edges.append((node, incoming))
+    return edges, active.retired
+
+
+class _Active:
+    """The accesses of one walk that later ones can conflict with, per (memory, region, page):
+    for each page a list of reads and a list of writes, each entry (p0, p1, b0, b1, instruction id)."""
+
+    __slots__ = ("pages", "page_size", "retired")
+
+    def __init__(self, page_size: dict[int, int]) -> None:
+        self.pages: dict[tuple[int, str, int], tuple[list, list]] = {}
+        self.page_size = page_size
+        self.retired = 0
+
+    def access(self, node: int, boxes: list, incoming: dict[int, int]) -> None:
+        """Record in `incoming` ({earlier instruction: code}) the strongest conflict of every active
+        access with the instruction's `boxes` ((memory, region, p0, p1, b0, b1, write) each), reads
+        checked before writes; then make the boxes active, each write retiring what it covers."""
+        pages, page_size = self.pages, self.page_size
         touched = []
         for memory, region, p0, p1, b0, b1, write in boxes:
-            if use_addresses and memory != hbm:
-                base = address[region]
-                region, b0, b1 = "", b0 + base, b1 + base
             size = page_size[memory]
             lists = []
             for page in range(b0 // size, (b1 - 1) // size + 1):
                 key = (memory, region, page)
-                active = pages.get(key)
-                if active is None:
-                    active = pages[key] = ([], [])
-                lists.append(active)
+                entries = pages.get(key)
+                if entries is None:
+                    entries = pages[key] = ([], [])
+                lists.append(entries)
             touched.append((p0, p1, b0, b1, write, memory, lists))
-        # Reads first (conflicts with earlier writes), then writes (earlier reads and writes).
         for p0, p1, b0, b1, write, memory, lists in touched:
-            if write:
-                checks = ((1, output + memory), (0, anti + memory))
-            else:
-                checks = ((1, flow + memory),)
+            checks = ((1, _OUTPUT + memory), (0, _ANTI + memory)) if write else ((1, _FLOW + memory),)
             for which, code in checks:
-                for active in lists:
-                    for q0, q1, c0, c1, src in active[which]:
+                for entries in lists:
+                    for q0, q1, c0, c1, src in entries[which]:
                         if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1 and src != node:
                             old = incoming.get(src)
                             if old is None or old >> 2 < code >> 2:
@@ -141,33 +242,21 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
         for p0, p1, b0, b1, write, _, lists in touched:
             entry = (p0, p1, b0, b1, node)
             if not write:
-                for active in lists:
-                    active[0].append(entry)
+                for entries in lists:
+                    entries[0].append(entry)
                 continue
-            for active in lists:  # a write retires what it covers of every access
-                for entries in active:
-                    for q0, q1, c0, c1, _ in entries:
+            for entries in lists:  # a write retires what it covers of every access
+                for accesses in entries:
+                    for q0, q1, c0, c1, _ in accesses:
                         if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1:
-                            kept = _uncovered(entries, p0, p1, b0, b1)
-                            retired += len(entries) - len(kept)
-                            entries[:] = kept
+                            kept = _uncovered(accesses, p0, p1, b0, b1)
+                            self.retired += len(accesses) - len(kept)
+                            accesses[:] = kept
                             break
-                active[1].append(entry)
-        graph.set_predecessors(node, incoming)
-        for code in incoming.values():
-            by_kind[KINDS[code >> 2]] += 1
+                entries[1].append(entry)
 
-    ctx.deps = graph
-    ctx.deps_rebuild = None
-    ctx.deps_valid = True
-    ctx.deps_valid_for_addresses = use_addresses
-    ctx.deps_reduced = False
-    ctx.set_stat("nodes", graph.number_of_nodes())
-    ctx.set_stat("edges", graph.number_of_edges())
-    for kind in (FLOW, ANTI, OUTPUT, ORDERED):
-        ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
-    ctx.set_stat("address_mode", 1 if use_addresses else 0)
-    ctx.set_stat("retired_entries", retired)
+
+_FLOW, _OUTPUT, _ANTI = KIND_CODE[FLOW] * 4, KIND_CODE[OUTPUT] * 4, KIND_CODE[ANTI] * 4
 
 
 def _uncovered(entries: list, p0: int, p1: int, b0: int, b1: int) -> list:

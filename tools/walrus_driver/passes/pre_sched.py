@@ -397,17 +397,21 @@ def schedule(
         elif best is None or made.makespan < best.makespan:
             best = made
 
-    makespan_before, in_order_queues = as_it_stands.result()
-    in_order_makespan, in_order_chosen = makespan_before, {}
+    with_act = None
     if best is None and alternatives:
         # Every schedule was abandoned: the input order is kept, and its DVE instructions may
         # still run on ACT, chosen in that order by earliest finish (allocation's fallback after
         # a schedule PSUM cannot hold keeps such choices too). Not the stores' trigger engines:
         # chosen in program order they made the D = 2048 MLP's estimate 1072 -> 1307 µs.
+        # Placed here while the child may still place the plain input order (a schedule is
+        # mostly abandoned early: stacked attention's at step 598 of 115k).
         act_forms = {node: [f for f in forms if not f.dma] for node, forms in alternatives.items()}
-        with_act, machine, chosen = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
-        if with_act < makespan_before:
-            in_order_makespan, in_order_queues, in_order_chosen = with_act, machine.queue_of, chosen
+        with_act = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
+    makespan_before, in_order_queues = as_it_stands.result()
+    in_order_makespan, in_order_chosen = makespan_before, {}
+    if with_act is not None and with_act[0] < makespan_before:
+        in_order_makespan, machine, in_order_chosen = with_act
+        in_order_queues = machine.queue_of
     if best is None or in_order_makespan < best.makespan:
         # The list scheduler is a heuristic: keep the input order when the model says it is
         # faster, unless it holds more on chip than the schedule does (the model does not count
