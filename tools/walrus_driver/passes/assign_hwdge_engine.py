@@ -252,9 +252,6 @@ def _bind(
     size = len(pool)
     budget = max(len(engines), min(budget if budget is not None else size, size * len(engines)))
     share = {e: 1 for e in engines}
-    import os
-    if os.environ.get("XFULL") and budget >= size + len(engines) - 1:
-        share[engines[0]] = size
     for _ in range(budget - sum(share.values())):
         # the next queue goes to the engine with the most demand per queue that can take one
         open_ = [e for e in engines if share[e] < size]
