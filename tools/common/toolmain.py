@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import errno
 import gc
+import os
 import sys
 import traceback
 from collections.abc import Callable
@@ -41,6 +42,18 @@ EXIT_OK, EXIT_COMPILE_ERROR, EXIT_USAGE, EXIT_INTERNAL, EXIT_NO_SPACE = 0, 1, 2,
 # 5,912 collections (22 full); with these, 0.8 s in 77 (none full), peak RSS +3 % (mypy raises
 # its thresholds for the same reason).
 GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def exit_now(code: int) -> None:
+    """End a stage tool with `code` without tearing its heap down: its outputs are written and
+    closed by then, and freeing millions of objects one by one at exit took 0.17 s of the
+    100k-instruction walrus job (more in the frontend's). Only the standard streams need a flush."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken stream: nothing more can be said on it
+            pass
+    os._exit(code)
 
 
 def run_tool(tool: str, parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], None]) -> int:

@@ -7,10 +7,9 @@ evaluator reads, whatever the input format was) and the Penguin program (--outpu
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ncc.tools.common.protoio import write_proto
-from ncc.tools.common.toolmain import run_tool
+from ncc.tools.common.toolmain import exit_now, run_tool
 
 
 def _body(args: argparse.Namespace) -> None:
@@ -36,7 +35,7 @@ def main() -> None:
     parser.add_argument("--input", required=True, help="HloModuleProto (.hlo.pb) or HLO text (.hlo)")
     parser.add_argument("--output", required=True, help="Penguin program to write")
     parser.add_argument("--module-output", help="verified HloModuleProto to write")
-    sys.exit(run_tool("hlo2penguin", parser, _body))
+    exit_now(run_tool("hlo2penguin", parser, _body))
 
 
 if __name__ == "__main__":

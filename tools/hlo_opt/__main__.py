@@ -9,10 +9,9 @@ the program as written.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ncc.tools.common.protoio import write_proto
-from ncc.tools.common.toolmain import run_tool
+from ncc.tools.common.toolmain import exit_now, run_tool
 
 
 def _body(args: argparse.Namespace) -> None:
@@ -48,7 +47,7 @@ def main() -> None:
     parser.add_argument("--num-stages", type=int, default=0, metavar="N",
                         help="software-pipeline every eligible loop in N stages (where the pipeline pass "
                         "runs; annotated loops keep their own count; 0 or 1: only annotated loops)")
-    sys.exit(run_tool("hlo_opt", parser, _body))
+    exit_now(run_tool("hlo_opt", parser, _body))
 
 
 if __name__ == "__main__":

@@ -9,11 +9,10 @@ program could not be read, E503 it cannot be packaged); exit 2 on a bad command 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.protoio import read_proto
-from ncc.tools.common.toolmain import run_tool
+from ncc.tools.common.toolmain import exit_now, run_tool
 from ncc.tools.packager.neff import build_neff, write_neff
 
 
@@ -46,7 +45,7 @@ def body(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    sys.exit(run_tool("packager", build_parser(), body))
+    exit_now(run_tool("packager", build_parser(), body))
 
 
 if __name__ == "__main__":

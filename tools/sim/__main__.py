@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_bytes_atomic, write_proto
-from ncc.tools.common.toolmain import run_tool
+from ncc.tools.common.toolmain import exit_now, run_tool
 from ncc.tools.packager.neff import read_neff
 from ncc.tools.sim.api import SimResult, simulate_neff
 from ncc.tools.sim.check import ATOL, Comparison, compare, default_rtol, read_tensors
@@ -114,7 +113,7 @@ def body(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    sys.exit(run_tool("sim", build_parser(), body))
+    exit_now(run_tool("sim", build_parser(), body))
 
 
 if __name__ == "__main__":

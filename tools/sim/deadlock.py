@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import networkx as nx
-
 
 @dataclass(frozen=True)
 class BlockedWait:
@@ -50,6 +48,8 @@ def describe_deadlock(
     blocked: list[BlockedWait], pending: list[PendingUpdate], ports: list[BlockedPort] = ()
 ) -> str:
     """One paragraph naming the wait cycle, or the waits that nothing remaining can satisfy."""
+    import networkx as nx  # only a deadlock needs it: importing networkx costs every `ncc run` 0.16 s
+
     graph = nx.MultiDiGraph()
     for wait in blocked:
         graph.add_node(wait.engine)

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import read_proto, write_bytes_atomic, write_proto
-from ncc.tools.common.toolmain import run_tool
+from ncc.tools.common.toolmain import exit_now, run_tool
 from ncc.tools.target import Target, load_target
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.pass_manager import Instruments, PassManager, default_pipeline, parse_pipeline
@@ -145,7 +144,7 @@ def _write_stats(path: str, report: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    sys.exit(run_tool(TOOL, build_parser(), body))
+    exit_now(run_tool(TOOL, build_parser(), body))
 
 
 if __name__ == "__main__":

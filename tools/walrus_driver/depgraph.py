@@ -15,10 +15,12 @@ DiGraph for tests that want networkx's algorithms.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from ncc.tools.walrus_driver import birutil
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 # Kinds by strength: the code of an edge is rank * 4 + memory (memory enum 0..3).
 KINDS = ("ORDERED", "ANTI", "OUTPUT", "FLOW")
@@ -192,6 +194,8 @@ class DepGraph:
         return order
 
     def to_networkx(self) -> nx.DiGraph:
+        import networkx as nx  # only tests ask for it: importing networkx costs a tool 0.16 s
+
         graph = nx.DiGraph()
         graph.add_nodes_from(self._succ)
         graph.add_edges_from((src, dst, data) for src, dst, data in self.edges(data=True))

@@ -90,12 +90,13 @@ def run(ctx: PassContext) -> None:
                 dma.engine = latest.engine
                 followed += 1
 
-    spread = _spread(program, hardware, engines, default, options.min_trigger_engines, ctx.costs())
+    work = _engine_work(program, ctx.costs())  # each engine's ns, kept up to date as dmas move
+    spread = _spread(hardware, engines, default, options.min_trigger_engines, work, ctx.costs())
     # Semaphores: one per engine that others wait for, one per (queue, trigger engine) pair.
     budget = max(1, min(options.max_transfer_threads, target.num_semaphores - len(ENGINES) - 1))
     # Wide bursts matter where transfers are latency on the critical path, not where the queues'
     # throughput is the bound (there every queue an engine gives up slows the whole program).
-    widen = not _dma_bound(program, ctx.costs(), target)
+    widen = not _dma_bound(program, ctx.costs(), target, work)
     # A dma nothing waits for (a final store) needs no semaphore, unless allocation reuses the
     # space it reads (the next writer there must wait for it). When every SBUF buffer fits at
     # once nothing is reused, and such dmas take any queue outside the pools' budget.
@@ -124,18 +125,18 @@ def run(ctx: PassContext) -> None:
 
 
 def _spread(
-    program: bir_pb2.Program,
     dmas: list[bir_pb2.Instruction],
     engines: list[int],
     default: int,
     wanted: int,
+    work: Counter[int],
     table: costs.CostTable,
 ) -> int:
-    """Move some dmas off the only trigger engine so at least `wanted` engines issue dmas."""
+    """Move some dmas off the only trigger engine so at least `wanted` engines issue dmas, to the
+    one of the others with the least `work` (ns per engine, updated for the dmas moved)."""
     alternatives = [e for e in engines if e != default]
     if len(dmas) < 2 or wanted < 2 or not alternatives or len({d.engine for d in dmas}) >= wanted:
         return 0
-    work = _engine_work(program, table)
     used = next(iter({d.engine for d in dmas}))
     other = min((e for e in alternatives if e != used), key=lambda e: work[e], default=default)
     if other == used:
@@ -143,7 +144,9 @@ def _spread(
     stores = [d for d in dmas if birutil.dma_direction(d) == "store"]
     movers = stores if stores and len(stores) < len(dmas) else dmas[1::2]
     for dma in movers:
+        work[used] -= table(dma).engine_ns
         dma.engine = other
+        work[other] += table(dma).engine_ns  # (a dma's issue time depends on its engine's clock)
     return len(movers)
 
 
@@ -155,11 +158,11 @@ def _engine_work(program: bir_pb2.Program, table: costs.CostTable) -> Counter[in
     return work
 
 
-def _dma_bound(program: bir_pb2.Program, table: costs.CostTable, target: Target) -> bool:
+def _dma_bound(program: bir_pb2.Program, table: costs.CostTable, target: Target, work: Counter[int]) -> bool:
     """Do the program's transfers at the core's full DMA bandwidth take at least as long as the
-    busiest engine's work?"""
+    busiest engine's `work` (ns per engine)?"""
     moved = sum(table(instr).moved_bytes for instr in program.instructions)
-    busiest = max(_engine_work(program, table).values(), default=0.0)
+    busiest = max(work.values(), default=0.0)
     return moved / costs.dma_bandwidth_bytes_per_ns(target) >= busiest
 
 
