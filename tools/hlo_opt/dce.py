@@ -35,8 +35,17 @@ def eliminate_dead_code(program: penguin_pb2.Program) -> DceStats:
         changed = False
         live_hbm = outputs | {base(a.tensor) for nest in program.nests for st in nest.statements
                               for a in st.inputs if not on_chip(a.tensor)}
-        for nest in program.nests:
-            live_tiles = _live_tiles(nest, live_hbm, base, on_chip)
+        # an on-chip tile another nest reads (forwarding.py) is live in the nest that writes it
+        read_on_chip = [{a.tensor for st in nest.statements for a in st.inputs if on_chip(a.tensor)}
+                        for nest in program.nests]
+        read_anywhere: dict[str, int] = {}
+        for names in read_on_chip:
+            for name in names:
+                read_anywhere[name] = read_anywhere.get(name, 0) + 1
+        for nest, names in zip(program.nests, read_on_chip, strict=True):
+            written = {a.tensor for st in nest.statements for a in st.outputs if on_chip(a.tensor)}
+            elsewhere = {name for name in written if read_anywhere.get(name, 0) > (name in names)}
+            live_tiles = _live_tiles(nest, live_hbm, base, on_chip, elsewhere)
             kept = [st for st in nest.statements
                     if any(base(a.tensor) in live_hbm if not on_chip(a.tensor) else a.tensor in live_tiles
                            for a in st.outputs)]
@@ -57,18 +66,22 @@ def eliminate_dead_code(program: penguin_pb2.Program) -> DceStats:
     return stats
 
 
-def _live_tiles(nest: penguin_pb2.LoopNest, live_hbm: set[str], base, on_chip) -> set[str]:
+def _live_tiles(nest: penguin_pb2.LoopNest, live_hbm: set[str], base, on_chip,
+                elsewhere: set[str] = frozenset()) -> set[str]:
     """The on-chip tiles some statement that matters reads, by a worklist over the nest's
-    writers (linear: a tile may be read before, in statement order, it is written)."""
+    writers (linear: a tile may be read before, in statement order, it is written); tiles in
+    `elsewhere` are read by another nest, so they and what feeds them matter too."""
     writers: dict[str, list[penguin_pb2.Statement]] = {}
     pending: list[penguin_pb2.Statement] = []
     for st in nest.statements:
         for access in st.outputs:
             if on_chip(access.tensor):
                 writers.setdefault(access.tensor, []).append(st)
+                if access.tensor in elsewhere:
+                    pending.append(st)
             elif base(access.tensor) in live_hbm:
                 pending.append(st)
-    live: set[str] = set()
+    live: set[str] = set(elsewhere)
     while pending:
         for access in pending.pop().inputs:
             if on_chip(access.tensor) and access.tensor not in live:

@@ -10,8 +10,10 @@ several row tiles;
 `pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
 loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
 broadcast bias or norm weight), or a tile the loop does not change (a dot's kept stationary and moving
-tiles), once. The default list is all eight, in that order, at --optlevel 1
-and above; -O0 runs none.
+tiles), once; `forward` makes a load of an intermediate that an earlier nest stored from an SBUF
+tile read that tile (a copy, or a PE transpose), and `dce` then drops the stores nobody reads.
+The default list is all of these, in that order (dce twice), at --optlevel 1 and above; -O0 runs
+none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
 changed, one line on stderr (the Frontend job's log).
 """
@@ -27,6 +29,7 @@ from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.hlo_opt.act_functions import select_act_functions
 from ncc.tools.hlo_opt.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.dce import eliminate_dead_code
+from ncc.tools.hlo_opt.forwarding import forward_tiles
 from ncc.tools.hlo_opt.fusion import fuse_nests
 from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.pipelining import pipeline_loops
@@ -42,19 +45,21 @@ PASSES: dict[str, Callable[..., object]] = {
     "tile_order": order_tiles,
     "pipeline": pipeline_loops,
     "invariant_loads": hoist_invariant_loads,
+    "forward": forward_tiles,
 }
 # Each pass's options and their types (a bool is written 0/1 or false/true).
 OPTIONS: dict[str, dict[str, type]] = {
     "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
     "retile": {"min_tiles": int, "min_width": int},
     "tile_order": {"max_row_block": int},
+    "forward": {"max_bytes": int},
 }
 # The least value an int option accepts: retile's tiles below 32 elements a partition multiply
 # the instruction count for no overlap (one-element tiles took gelu's compile from 2 s to 6 min).
 MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
                                         ("tile_order", "max_row_block"): 1}
 DEFAULT_PASSES = ("fusion", "cse", "act_functions", "dce", "retile", "tile_order", "pipeline",
-                  "invariant_loads")
+                  "invariant_loads", "forward", "dce")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

@@ -38,6 +38,7 @@ SPECS: dict[str, OpSpec] = {
     "dma_gather": OpSpec(frozenset({common_pb2.POOL}), 2, 1),  # (HBM table, SBUF s32 indices) -> rows
     "dma_scatter": OpSpec(frozenset({common_pb2.POOL}), 2, 1),  # (rows, SBUF s32 indices) -> HBM table
     "matmul": OpSpec(frozenset({common_pb2.PE}), 2, 1),
+    "transpose": OpSpec(frozenset({common_pb2.PE}), 1, 1),  # PE's transpose mode: data, no arithmetic
     "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1),
     "tensor_tensor": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 2, 1),
     "tensor_scalar": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 1, 1),
@@ -209,6 +210,22 @@ def _check_matmul(op: Op, target: Target) -> None:
         raise _fail(op, f"output is {list(out.shape)} but [K={k},M={m}]ᵀ·[K={k},N={n}] is [{m},{n}]")
 
 
+def _check_transpose(op: Op, target: Target) -> None:
+    source, out = op.inputs[0], op.outputs[0]
+    if out.memory != common_pb2.PSUM:
+        raise _fail(op, "transpose must write PSUM")
+    if source.memory not in (common_pb2.SBUF, common_pb2.PSUM):
+        raise _fail(op, "transpose reads an on-chip tile")
+    if out.dtype != source.dtype:
+        raise _fail(op, f"transpose converts {dtypes.name(source.dtype)} to {dtypes.name(out.dtype)}")
+    p = source.partitions
+    f = source.size // max(p, 1)
+    if p > target.partitions or f > target.partitions:
+        raise _fail(op, f"a [{p},{f}] tile: both sides must be at most {target.partitions}")
+    if out.partitions != f or out.size != p * f:
+        raise _fail(op, f"output is {list(out.shape)} but the transpose of [{p},{f}] is [{f},{p}]")
+
+
 def _check_activation(op: Op, _target: Target) -> None:
     if op.func not in ACTIVATIONS:
         raise _fail(op, f"unknown activation function {op.func!r}")
@@ -235,6 +252,7 @@ def _check_reduce(op: Op, _target: Target) -> None:
 
 _CHECKS: dict[str, Callable[[Op, Target], None]] = {
     "matmul": _check_matmul,
+    "transpose": _check_transpose,
     "activation": _check_activation,
     "tensor_tensor": _check_binary,
     "tensor_scalar": _check_binary,
@@ -290,6 +308,17 @@ def _matmul(op: Op) -> None:
     if op.accumulate:
         product = out.read_compute().astype(np.float32, copy=False).reshape(product.shape) + product
     out.write_compute(product)
+
+
+def _transpose(op: Op) -> None:
+    """out[f, p] = in0[p, f], computed as NeuronCore-v2's PE computes it: the matmul of the tile
+    (stationary) against an identity (moving) in fp32. Finite values arrive exactly; a NaN or an
+    infinity spreads NaN along its column (inf x 0), and -0.0 may arrive as +0.0 (NKI's
+    nc_transpose: not bit-accurate for NaN/Inf on NeuronCore-v2)."""
+    source, out = op.inputs[0], op.outputs[0]
+    p = source.partitions
+    tile = source.read_compute().astype(np.float32, copy=False).reshape(p, -1)
+    out.write_compute(tile.T @ np.eye(p, dtype=np.float32))
 
 
 def _activation(op: Op) -> None:
@@ -405,6 +434,7 @@ _EXECUTE: dict[str, Callable[[Op], None]] = {
     "dma_gather": _dma_gather,
     "dma_scatter": _dma_scatter,
     "matmul": _matmul,
+    "transpose": _transpose,
     "activation": _activation,
     "tensor_tensor": _tensor_tensor,
     "tensor_scalar": _tensor_scalar,

@@ -24,15 +24,19 @@ class CostModel:
 
     def engine_cycles(self, op: Op) -> float:
         operands = [*op.inputs, *op.outputs]
-        moving = op.inputs[1] if op.op == "matmul" else None
+        moving_free = 0
+        if op.op == "matmul":
+            moving_free = op.inputs[1].size // max(op.inputs[1].partitions, 1)
+        elif op.op == "transpose":  # the identity it streams is as wide as the tile has partitions
+            moving_free = op.inputs[0].partitions
         return costs.engine_cycles(
             self.target,
             op=op.op,
             engine=op.engine,
             inputs=len(op.inputs),
             free=max((a.size // max(a.partitions, 1) for a in operands), default=0),
-            moving_free=moving.size // max(moving.partitions, 1) if moving is not None else 0,
-            fp32=op.op == "matmul" and any(a.dtype == common_pb2.F32 for a in op.inputs),
+            moving_free=moving_free,
+            fp32=op.op in costs.PE_OPS and any(a.dtype == common_pb2.F32 for a in op.inputs),
         )
 
     def transfer_ns(self, op: Op) -> float:

@@ -45,11 +45,17 @@ _PER_ELEMENT_KEY = {
 }
 
 
+# The tensor engine's ops: a matmul, and a transpose (the matmul of a tile, stationary, against an
+# identity as wide as its partitions, moving): an fp32 operand takes `fp32_matmul_factor` passes.
+PE_OPS = ("matmul", "transpose")
+
+
 def engine_cycles(
     target: Target, *, op: str, engine: int, inputs: int, free: int, moving_free: int = 0, fp32: bool = False
 ) -> float:
     """Cycles `op` occupies `engine` (a dma: only its trigger's issue). `free`: the largest operand's
-    free elements per partition; `moving_free` and `fp32` matter for matmul only."""
+    free elements per partition; `moving_free` (a matmul's moving free size; a transpose's
+    partitions) and `fp32` matter for PE_OPS only."""
     costs = target.costs
     if op in INDIRECT_DMA_OPS:  # POOL reads the index tile and writes one descriptor per partition
         return float(target.dma_issue_cycles) + float(costs.get("pool_start_cycles", 150)) + free
@@ -58,8 +64,9 @@ def engine_cycles(
     if op in ("nop", "sem_reset", "drain"):
         return float(costs.get("nop_cycles", 4))
     access = float(costs.get("onchip_access_cycles", 60))
-    if op == "matmul":
+    if op in PE_OPS:
         factor = float(costs.get("fp32_matmul_factor", 4)) if fp32 else 1.0
+        # (a transpose's moving operand is the identity: as wide as the tile has partitions)
         return max(moving_free, float(costs.get("matmul_min_cycles", 64))) * factor + access
     per_element = float(costs.get(_PER_ELEMENT_KEY.get(engine, ""), 1.0))
     if op == "activation" or engine == common_pb2.ACT:

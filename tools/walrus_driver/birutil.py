@@ -27,6 +27,7 @@ OP_ENGINES: dict[str, frozenset[int] | None] = {
     "dma_gather": frozenset({POOL}),  # software DGE: descriptors made from run-time indices
     "dma_scatter": frozenset({POOL}),
     "matmul": frozenset({PE}),
+    "transpose": frozenset({PE}),  # out[f, p] = in0[p, f], into PSUM
     "activation": frozenset({ACT}),
     "tensor_tensor": frozenset({DVE, POOL}),
     "tensor_scalar": frozenset({DVE, POOL}),
@@ -45,6 +46,7 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "dma_gather": (2, 1),  # (HBM table, SBUF indices) -> SBUF rows
     "dma_scatter": (2, 1),  # (SBUF rows, SBUF indices) -> HBM table
     "matmul": (2, 1),
+    "transpose": (1, 1),
     "activation": (1, 1),
     "tensor_tensor": (2, 1),
     "tensor_scalar": (1, 1),
@@ -369,9 +371,19 @@ def footprints(
     result.touched = tuple(touched)
     if free >= 0:
         count = len(inputs)
-        moving = free_elements(inputs[1]) if op == "matmul" and count > 1 else 1
+        moving = moving_free(op, inputs)
         result.operands = Operands(count, free, moving, fp32, memory_set(mask))
     return result
+
+
+def moving_free(op: str, inputs) -> int:
+    """What a PE op streams through the array: a matmul's moving free elements, a transpose's
+    identity (its input's partitions); 1 for every other op (costs.Operands.moving_free)."""
+    if op == "matmul" and len(inputs) > 1:
+        return free_elements(inputs[1])
+    if op == "transpose" and inputs:
+        return inputs[0].partition_count
+    return 1
 
 
 def touched_buffers(instr: bir_pb2.Instruction, cache: dict[int, Any] | None = None) -> set[str]:

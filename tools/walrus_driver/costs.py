@@ -120,9 +120,7 @@ def _operands(instr: bir_pb2.Instruction) -> Operands:
         memories.add(ap.memory)
         if position < count and ap.dtype == common_pb2.F32:  # inputs decide fp32
             fp32 = True
-    moving = inputs[1] if instr.op == "matmul" and len(inputs) > 1 else None
-    moving_free = birutil.free_elements(moving) if moving is not None else 1
-    return Operands(count, free, moving_free, fp32, frozenset(memories))
+    return Operands(count, free, birutil.moving_free(instr.op, inputs), fp32, frozenset(memories))
 
 
 def _compute_cost(op: str, engine: int, operands: Operands, target: Target) -> Cost:
@@ -141,6 +139,28 @@ def _compute_cost(op: str, engine: int, operands: Operands, target: Target) -> C
 
 
 _QUEUES = ("dma queues",)  # the DMA queues' key among the resources of lower_bound_ns
+# Instructions that only carry semaphore waits or end the inference: alloc_semaphores' wait
+# nops have no dependence edges, so counted with their engine they would set its earliest start
+# and least tail to 0 (a few cycles of their own work are left out with them).
+_SYNC_ONLY = frozenset({"nop", "drain", "sem_reset"})
+
+
+def _release_bound(jobs: list[tuple[float, float, float]]) -> float:
+    """The least time a resource needs for `jobs` ((head, tail, work) each: the earliest it can
+    start, the least that must follow it, its work on the resource, run one at a time): for every
+    t, the jobs that cannot start before t run after it one by one, and the one that ends last has
+    at least the smallest of their tails behind it; likewise the jobs whose tails are at least t
+    end t before the end at the latest, and the first of them starts no earlier than their
+    smallest head. Taking every job (t = 0) is head + work + tail of the whole resource; a later
+    t counts the work that only becomes ready late (the matmuls after a block's softmax)."""
+    best = 0.0
+    for key, near, far in ((0, 0, 1), (1, 1, 0)):  # by head then tail, and the mirror image
+        after, closest = 0.0, float("inf")
+        for job in sorted(jobs, key=lambda j: j[key], reverse=True):
+            after += job[2]
+            closest = min(closest, job[far])
+            best = max(best, job[near] + after + closest)
+    return best
 
 
 def dma_bandwidth_bytes_per_ns(target: Target) -> float:
@@ -158,15 +178,18 @@ def lower_bound_ns(
     the critical path follows only FLOW (true data) edges: after allocation the graph also holds
     WAR/WAW edges that address reuse made, which bind this allocation, not every schedule.
 
-    An engine (or shared port) bound is head + work + tail: no instruction on it can start before
+    An engine (or shared port) bound is head + work + tail, over the instructions that move data
+    (not the nops, drains and reset that carry synchronization): no instruction on it can start before
     the earliest any of them can (the longest dependence path into it), all its work runs one
     instruction at a time, and whichever finishes last still has at least the shortest remaining
-    path to the end of the program behind it. The DMA queues are one such resource, `dma_queues`
-    of them: a transfer holds its queue for at least its fixed latency and its bytes at the
-    queue's bandwidth, so the queues' work is the sum of that over every transfer, shared by all
-    of them (a program of many small transfers pays the fixed latency of each)."""
+    path to the end of the program behind it; and the same over the instructions that cannot start
+    before any given time, or must end a given time before the end (`_release_bound`). The DMA
+    queues are one such resource, `dma_queues` of them: a transfer holds its queue for at least
+    its fixed latency and its bytes at the queue's bandwidth, so the queues' work is the sum of
+    that over every transfer, shared by all of them (a program of many small transfers pays the
+    fixed latency of each)."""
     table = table or CostTable(target)
-    users: dict[object, list[int]] = defaultdict(list)  # engine or port -> instruction ids
+    users: dict[object, list[tuple[int, float]]] = defaultdict(list)  # resource -> (id, its work there)
     work: dict[object, float] = defaultdict(float)
     latency: dict[int, float] = {}
     moved = 0
@@ -174,15 +197,17 @@ def lower_bound_ns(
     for instr in instructions:
         cost = table(instr)
         node, engine_ns = instr.id, cost.engine_ns
+        latency[node] = cost.latency_ns
+        if instr.op in _SYNC_ONLY:  # carries waits, moves no data: it bounds nothing
+            continue
         work[instr.engine] += engine_ns
-        users[instr.engine].append(node)
+        users[instr.engine].append((node, engine_ns))
         for port in cost.ports:
             work[port] += engine_ns
-            users[port].append(node)
+            users[port].append((node, engine_ns))
         if cost.transfer_ns:  # the queues' work, shared by all of them
             work[_QUEUES] += cost.transfer_ns / queue_count
-            users[_QUEUES].append(node)
-        latency[node] = cost.latency_ns
+            users[_QUEUES].append((node, cost.transfer_ns / queue_count))
         moved += cost.moved_bytes
     critical = 0.0
     head: dict[int, float] = {}
@@ -205,8 +230,7 @@ def lower_bound_ns(
     critical = max(critical, max(latency.values(), default=0.0))
 
     def bound(resource: object) -> float:
-        ids = users[resource]
-        return min(head.get(i, 0.0) for i in ids) + work[resource] + min(tail.get(i, 0.0) for i in ids)
+        return _release_bound([(head.get(i, 0.0), tail.get(i, 0.0), w) for i, w in users[resource]])
 
     busiest = max((bound(r) for r in work if isinstance(r, int)), default=0.0)
     port = max((bound(r) for r in work if isinstance(r, str)), default=0.0)

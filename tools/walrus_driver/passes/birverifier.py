@@ -343,6 +343,21 @@ def _check_op_shapes(
                 f"K={k} M={m} N={n} exceed K<={target.partitions} M<={target.matmul_max_stationary_free} "
                 f"N<={target.matmul_max_moving_free}",
             )
+    elif op == "transpose":
+        source = inputs[0]
+        if out.memory != birutil.PSUM:
+            report.fail("transpose_psum", where,
+                        f"transpose writes {birutil.memory_name(out.memory)}, not PSUM")
+        if out.dtype != source.dtype:
+            report.fail("dtype", where,
+                        f"transpose converts {dtypes.name(source.dtype)} to {dtypes.name(out.dtype)}")
+        p, f = source.partition_count, birutil.free_elements(source)
+        if out.partition_count != f or birutil.free_elements(out) != p:
+            report.fail("element_count", where,
+                        f"transpose of [{p},{f}] writes [{out.partition_count},{birutil.free_elements(out)}]")
+        if max(p, f) > target.partitions:
+            report.fail("transpose_shape", where,
+                        f"a [{p},{f}] tile: both sides must be at most {target.partitions}")
     elif op == "tensor_reduce":
         source = inputs[0]
         if out.partition_count != source.partition_count or count(out) != source.partition_count:

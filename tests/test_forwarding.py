@@ -1,0 +1,158 @@
+"""The Penguin pass `forward`: a load of an intermediate another nest stored from an SBUF tile reads
+that tile (a copy, or a PE transpose into PSUM and a copy), and the store goes when nobody else
+reads the intermediate; refused where the tile cannot serve the load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_ncc
+
+from ncc.schemas import bir_pb2, penguin_pb2
+from ncc.tools.common.hbm_traffic import hbm_bytes
+from ncc.tools.hlo.hlo_text import parse_hlo_text
+from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo_opt.forwarding import forward_tiles
+from ncc.tools.hlo_opt.optimizer import DEFAULT_PASSES, optimize
+
+BEFORE_FORWARD = list(DEFAULT_PASSES[: DEFAULT_PASSES.index("forward")])
+
+# tanh(x) feeds a dot as its stationary operand (transposed: the contraction dim on partitions),
+# the dot's result feeds an elementwise epilogue (same layout), and the dot's weights come in.
+DOT_EPILOGUE = """HloModule dot_epilogue
+ENTRY main {
+  x = f32[128,256] parameter(0)
+  w = f32[256,192] parameter(1)
+  t = f32[128,256] tanh(x)
+  d = f32[128,192] dot(t, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT e = f32[128,192] exponential(d)
+}
+"""
+
+# One activation read by two dots: the second copies the first one's transposed tile.
+TWO_DOTS = """HloModule two_dots
+ENTRY main {
+  x = f32[128,256] parameter(0)
+  w = f32[256,128] parameter(1)
+  v = f32[256,128] parameter(2)
+  t = f32[128,256] tanh(x)
+  a = f32[128,128] dot(t, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  b = f32[128,128] dot(t, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT s = f32[128,128] add(a, b)
+}
+"""
+
+
+def _optimized(text: str, **forward_options: int) -> tuple[penguin_pb2.Program, object]:
+    program = lower_module(parse_hlo_text(text))
+    optimize(program, BEFORE_FORWARD)
+    stats = forward_tiles(program, **forward_options)
+    optimize(program, ["dce"])
+    return program, stats
+
+
+def _ops(program: penguin_pb2.Program) -> list[str]:
+    return [st.op for nest in program.nests for st in nest.statements]
+
+
+def test_a_dot_reads_its_stationary_tile_transposed_on_chip_and_its_epilogue_reads_its_result():
+    program, stats = _optimized(DOT_EPILOGUE)
+    assert stats.transposes == 1 and stats.copies >= 1 and stats.loads_forwarded >= 2
+    tensors = {t.name: t for t in program.tensors}
+    # t and d are no longer stored to HBM: only x, w and e remain there
+    stored = {tensors[a.tensor].view_of or a.tensor for nest in program.nests for st in nest.statements
+              for a in st.outputs if tensors[a.tensor].memory == 1}
+    assert stored == {"e"}
+    assert "transpose" in _ops(program)
+
+
+def test_two_dots_of_one_activation_transpose_it_once():
+    program, stats = _optimized(TWO_DOTS)
+    assert stats.transposes == 1 and stats.loads_forwarded == 4  # two lhsT, and the add's a and b
+    assert _ops(program).count("transpose") == 1
+
+
+def test_a_tile_larger_than_the_limit_keeps_its_round_trip():
+    _, stats = _optimized(DOT_EPILOGUE, max_bytes=512)
+    assert stats.loads_forwarded == 0 and stats.refused.get("size", 0) >= 2
+
+
+def test_an_intermediate_written_twice_is_not_forwarded():
+    text = """HloModule twice
+ENTRY main {
+  x = f32[128,256] parameter(0)
+  u = f32[64,256] parameter(1)
+  t = f32[128,256] tanh(x)
+  z = s32[] constant(0)
+  p = f32[128,256] dynamic-update-slice(t, u, z, z)
+  ROOT e = f32[128,256] exponential(p)
+}
+"""
+    program = lower_module(parse_hlo_text(text))
+    optimize(program, BEFORE_FORWARD)
+    tensors = {t.name: t for t in program.tensors}
+
+    def base(name: str) -> str:
+        return tensors[name].view_of or name
+
+    writers: dict[str, int] = {}
+    for nest in program.nests:
+        for st in nest.statements:
+            for a in st.outputs:
+                writers[base(a.tensor)] = writers.get(base(a.tensor), 0) + 1
+    twice = {name for name, count in writers.items() if count > 1 and tensors[name].memory == 1}
+    assert twice, "the test needs an intermediate with two writers"
+    forward_tiles(program)
+    readers = [st for nest in program.nests for st in nest.statements
+               if any(base(a.tensor) in twice for a in st.inputs)]
+    assert readers and all(st.op == "dma" for st in readers)  # they still load it from HBM
+
+
+def _compile(tmp_path: Path, text: str, name: str, *flags: str) -> tuple[bir_pb2.Program, np.ndarray]:
+    model = tmp_path / f"{name}.hlo"
+    model.write_text(text)
+    neff = tmp_path / f"{name}.neff"
+    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+    bir = bir_pb2.Program()
+    bir.ParseFromString(next((tmp_path / f"{name}.ncc-work").glob("*_Frontend/bir.pb")).read_bytes())
+    inputs = tmp_path / f"{name}.inputs.npz"
+    rng = np.random.default_rng(0)
+    np.savez(inputs, arg0=rng.standard_normal((128, 256), dtype=np.float32),
+             arg1=rng.standard_normal((256, 192), dtype=np.float32) / 16)
+    out = tmp_path / f"{name}.out.npz"
+    ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    return bir, np.load(out)["out0"]
+
+
+@pytest.mark.slow
+def test_forwarded_code_verifies_from_the_cli_moves_fewer_bytes_and_computes_the_same_bits(tmp_path: Path):
+    without = ",".join(p for p in DEFAULT_PASSES if p != "forward")
+    forwarded, out = _compile(tmp_path, DOT_EPILOGUE, "forwarded")
+    kept, reference = _compile(tmp_path, DOT_EPILOGUE, "kept", f"--penguin-passes={without}")
+    assert out.tobytes() == reference.tobytes()  # a copy and a transpose of finite values are exact
+    assert sum(hbm_bytes(forwarded).values()) < sum(hbm_bytes(kept).values())
+    assert any(i.op == "transpose" for i in forwarded.instructions)
+    assert not any(i.op == "transpose" for i in kept.instructions)
+
+
+def test_a_bitcast_load_is_not_turned_into_a_converting_copy():
+    """A dma from an f32 view into an s32 tile moves bytes (bitcast-convert); a tensor_copy would
+    convert the values, so such a load keeps its round trip."""
+    text = """HloModule bits
+ENTRY main {
+  x = f32[128,64] parameter(0)
+  t = f32[128,64] tanh(x)
+  b = s32[128,64] bitcast-convert(t)
+  ROOT r = s32[128,64] add(b, b)
+}
+"""
+    program, stats = _optimized(text)
+    tensors = {t.name: t for t in program.tensors}
+    reads_of_t = [st for nest in program.nests for st in nest.statements
+                  if any((tensors[a.tensor].view_of or a.tensor) == "t" for a in st.inputs)]
+    assert reads_of_t and all(st.op == "dma" for st in reads_of_t)
+    assert stats.copies == 0 and stats.transposes == 0

@@ -1,0 +1,429 @@
+"""On-chip forwarding: a load of an intermediate that an earlier nest stored from an SBUF tile reads
+that tile instead of HBM, through PE's transpose when the consumer wants it the other way round.
+
+Why: fusion joins only neighbouring nests over one iteration space, so between nests of different
+shapes (a dot and the elementwise epilogue after it, an RMSNorm and the dots that read its output
+transposed as their stationary operand) every intermediate still went to HBM and back: a store
+and a load, each a DMA with its fixed latency, on the critical path. In a transformer block that
+was 13 round trips, 46 of its 57 µs of critical path.
+
+When. An internal HBM tensor T is written by exactly one statement of the program: an unconditional
+(or single-point) tile store `dma(T-view box <- L box)` in nest A, whose SBUF tile L has the same box
+and is written only by statements of A with that box and those predicates, so every block of L
+holds, once A is done, the part of T it stored (a different block at every point of A). A later
+nest B's load `dma(tile box <- T-view box)` then maps, dimension by dimension, onto L's coordinates
+(the two views' strides match one to one, offsets equal), within one block of L at every point of
+B (checked by enumerating the starts), and:
+  * in the same layout (partitions to partitions): the load becomes a `tensor_copy` from L;
+  * transposed (B's partition dimension is A's free one and the other way round, each at most 128):
+    a PE `transpose` of L's box into a PSUM tile, and a `tensor_copy` of that into B's tile.
+Both are exact: the values are the bytes the load would have read. Pipelined nests (their tiles
+are rings) and tiles with replicated dimensions keep their loads, and so does L whose blocks
+together pass `max_bytes` a partition: L then stays on chip from A to B, and a large one would
+crowd SBUF into spills. `dce` (run again after this pass) removes stores nobody reads any more.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common import affine
+from ncc.tools.common.access_keys import box_key
+from ncc.tools.common.dtypes import itemsize
+
+PARTITIONS = 128
+MAX_BYTES = 16 * 1024  # a forwarded tile's blocks together, per partition
+MAX_POINTS = 1 << 16  # points of a nest enumerated when checking the one-block rule
+# Element types the PE carries exactly through its fp32 matmul against an identity (integers
+# wider than 24 bits would round).
+_PE_EXACT = frozenset({common_pb2.F32, common_pb2.BF16, common_pb2.F16})
+
+
+@dataclass
+class ForwardStats:
+    loads_forwarded: int = 0
+    copies: int = 0
+    transposes: int = 0
+    refused: dict[str, int] = field(default_factory=dict)  # why a candidate load kept its DMA
+
+    def refuse(self, why: str) -> None:
+        self.refused[why] = self.refused.get(why, 0) + 1
+
+
+@dataclass(frozen=True)
+class _Source:
+    """The tile store that wrote an intermediate: its nest, its view of T and its SBUF tile."""
+
+    nest: int
+    view: penguin_pb2.TensorDecl
+    tile: penguin_pb2.TensorDecl
+    access: penguin_pb2.Access  # the store's tile access (the same box as its view access)
+
+
+def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> ForwardStats:
+    """Rewrite, in place, the loads of intermediates whose producer's tile can serve them."""
+    tensors = {t.name: t for t in program.tensors}
+    stats = ForwardStats()
+    sources = _sources(program, tensors)
+    pipelined = {k for k, nest in enumerate(program.nests) if _pipelined(nest)}
+    writes: dict[str, int] = {}  # on-chip tensor -> statements writing it
+    for nest in program.nests:
+        for st in nest.statements:
+            for access in st.outputs:
+                writes[access.tensor] = writes.get(access.tensor, 0) + 1
+    transposed = _Transposed(writes)
+    for k, nest in enumerate(program.nests):
+        statements: list[penguin_pb2.Statement] = []
+        changed = False
+        for st in nest.statements:
+            source = _candidate(st, tensors, sources)
+            rewritten = None
+            if source is not None:
+                why = _why_not(source, k, pipelined, max_bytes)
+                rewritten = None if why else _rewrite(st, source, nest, tensors, program, stats, transposed)
+                if why or rewritten is None:
+                    stats.refuse(why or "layout")
+            if rewritten is None:
+                statements.append(st)
+                continue
+            statements += rewritten
+            changed = True
+            stats.loads_forwarded += 1
+        if changed:
+            del nest.statements[:]
+            nest.statements.extend(statements)
+    return stats
+
+
+def _pipelined(nest: penguin_pb2.LoopNest) -> bool:
+    return any("pipelined" in axis.attributes or "num_stages" in axis.attributes for axis in nest.axes) \
+        or "num_stages" in nest.attributes
+
+
+def _sources(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl]) -> dict[str, _Source]:
+    """Internal HBM tensors with one writer, a tile store whose tile holds what it stored."""
+    writers: dict[str, list[tuple[int, penguin_pb2.Statement]]] = {}
+    tile_writers: dict[str, list[tuple[int, penguin_pb2.Statement]]] = {}
+    for k, nest in enumerate(program.nests):
+        for st in nest.statements:
+            for access in st.outputs:
+                decl = tensors[access.tensor]
+                if decl.memory == common_pb2.HBM:
+                    writers.setdefault(decl.view_of or decl.name, []).append((k, st))
+                else:
+                    tile_writers.setdefault(decl.name, []).append((k, st))
+    sources: dict[str, _Source] = {}
+    for name, found in writers.items():
+        if len(found) != 1 or tensors[name].role != penguin_pb2.INTERNAL:
+            continue
+        k, store = found[0]
+        if store.op != "dma" or len(store.inputs) != 1 or len(store.outputs) != 1:
+            continue
+        view, tile_access = tensors[store.outputs[0].tensor], store.inputs[0]
+        tile = tensors[tile_access.tensor]
+        if tile.memory != common_pb2.SBUF or tile.dtype != view.dtype or tile.replicated_dims \
+                or tile.num_buffers > 1:
+            continue
+        if box_key(tile_access) != box_key(store.outputs[0]) or list(tile.shape) != list(view.shape):
+            continue
+        nest = program.nests[k]
+        if not _distinct_blocks(nest, store, tile_access):
+            continue
+        same = (box_key(tile_access), _predicate_key(store))
+        body = list(nest.statements)
+        after = body[next(i for i, st in enumerate(body) if st is store or st == store) + 1:]
+        if all(j == k and (box_key(st.outputs[0]), _predicate_key(st)) == same and len(st.outputs) == 1
+               and not any(st is later for later in after)
+               for j, st in tile_writers.get(tile.name, [])):
+            sources[name] = _Source(k, view, tile, tile_access)
+    return sources
+
+
+def _predicate_key(st: penguin_pb2.Statement) -> tuple:
+    return tuple(sorted((tuple(sorted((t.var, t.coeff) for t in p.expr.terms if t.coeff)), p.expr.constant,
+                         p.relation) for p in st.predicates))
+
+
+def _distinct_blocks(nest: penguin_pb2.LoopNest, store: penguin_pb2.Statement,
+                     access: penguin_pb2.Access) -> bool:
+    """Whether the store runs at most once per box, each box its own: every axis it runs over
+    (not fixed by an `axis == c` predicate, of extent > 1) moves exactly one dimension's start."""
+    fixed = {a.name for a in nest.axes if a.extent == 1}
+    for predicate in store.predicates:
+        terms = [t for t in predicate.expr.terms if t.coeff]
+        if predicate.relation != penguin_pb2.EQ or len(terms) != 1 or abs(terms[0].coeff) != 1:
+            return False
+        fixed.add(terms[0].var)
+    used: list[str] = []
+    for start in access.starts:
+        names = [t.var for t in start.terms if t.coeff and t.var not in fixed]
+        if len(names) > 1:
+            return False
+        used += names
+    return sorted(used) == sorted(a.name for a in nest.axes if a.name not in fixed)
+
+
+def _candidate(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
+               sources: dict[str, _Source]) -> _Source | None:
+    """The source of a plain tile load of a forwardable intermediate, else None."""
+    if st.op != "dma" or len(st.inputs) != 1 or len(st.outputs) != 1:
+        return None
+    view, tile = tensors[st.inputs[0].tensor], tensors[st.outputs[0].tensor]
+    if view.memory != common_pb2.HBM or tile.memory != common_pb2.SBUF:
+        return None
+    return sources.get(view.view_of or view.name)
+
+
+def _why_not(source: _Source, nest: int, pipelined: set[int], max_bytes: int) -> str:
+    if source.nest >= nest:
+        return "same nest"
+    if source.nest in pipelined or nest in pipelined:
+        return "pipelined"
+    shape = list(source.tile.shape)
+    partitions = min(PARTITIONS, shape[-2]) if len(shape) >= 2 else 1
+    if math.prod(shape) * itemsize(source.tile.dtype) / max(1, partitions) > max_bytes:
+        return "size"
+    return ""
+
+
+class _Transposed:
+    """Tiles already made by a forwarded transpose: a later nest that wants the same box of the
+    same tile transposed, into a tile of the same shape at the same box (the q, k and v dots all
+    read the normed activations transposed), copies the first one's instead of transposing again."""
+
+    def __init__(self, writes: dict[str, int]) -> None:
+        self.writes = writes
+        self.made: dict[tuple, tuple[penguin_pb2.TensorDecl, penguin_pb2.Access]] = {}
+
+    @staticmethod
+    def key(load: penguin_pb2.Statement, tile_access: penguin_pb2.Access, target: penguin_pb2.TensorDecl,
+            nest: penguin_pb2.LoopNest) -> tuple:
+        return (tile_access.tensor, box_key(tile_access), box_key(load.outputs[0]), _predicate_key(load),
+                tuple((a.name, a.extent) for a in nest.axes), target.dtype, tuple(target.shape),
+                tuple(target.block_shape), tuple(target.replicated_dims))
+
+    def earlier(self, key: tuple) -> penguin_pb2.Access | None:
+        found = self.made.get(key)
+        return None if found is None else found[1]
+
+    def remember(self, key: tuple, target: penguin_pb2.TensorDecl, access: penguin_pb2.Access) -> None:
+        if self.writes.get(target.name) == 1:  # written by this load alone: it keeps what it got
+            self.made.setdefault(key, (target, access))
+
+
+def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.LoopNest,
+             tensors: dict[str, penguin_pb2.TensorDecl], program: penguin_pb2.Program,
+             stats: ForwardStats, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
+    """The statements that replace `load`, or None when its box does not map onto the tile."""
+    target_access, read = load.outputs[0], load.inputs[0]
+    target = tensors[target_access.tensor]
+    view_b = tensors[read.tensor]
+    if len(target.shape) != len(read.starts) or list(target_access.extents) != list(read.extents):
+        return None
+    if target.dtype != view_b.dtype:  # a dma moves bytes (bitcast-convert); a copy would convert them
+        return None
+    mapping = _Mapping.of(view_b, source.view)
+    if mapping is None:
+        return None
+    for d, (_, n) in mapping.span.items():
+        if read.extents[d] > n:  # one piece per row of A it crosses, each forwarded alone
+            return _split(load, d, n, source, nest, tensors, program, stats, transposed)
+    starts, _ = mapping.box(read)
+    extents = mapping.exact(read, nest, list(source.tile.block_shape) or list(source.tile.shape))
+    if extents is None:
+        return None
+    rank_a, rank_b = len(source.tile.shape), len(read.starts)
+    if any(extents[d] != 1 for d in range(rank_a - 2)) or any(e != 1 for e in read.extents[:rank_b - 2]):
+        return None
+    tile_access = penguin_pb2.Access(tensor=source.tile.name, starts=starts, extents=extents)
+    part_b, free_b = (mapping.dim_of[rank_b - 2], mapping.dim_of[rank_b - 1])
+    if (part_b, free_b) == (rank_a - 2, rank_a - 1):
+        stats.copies += 1
+        return [_statement(load, "tensor_copy", common_pb2.DVE, target_access, tile_access, ".forward")]
+    if (part_b, free_b) != (rank_a - 1, rank_a - 2) or max(extents[-2:]) > PARTITIONS:
+        return None
+    if target.dtype not in _PE_EXACT:
+        return None
+    key = _Transposed.key(load, tile_access, target, nest)
+    earlier = transposed.earlier(key)
+    if earlier is not None:
+        stats.copies += 1
+        return [_statement(load, "tensor_copy", common_pb2.DVE, target_access, earlier, ".forward")]
+    transposed.remember(key, target, target_access)
+    staging = _staging_tensor(target, program, tensors)
+    staged = penguin_pb2.Access(tensor=staging.name)
+    staged.starts.extend(target_access.starts)
+    staged.extents.extend(target_access.extents)
+    stats.transposes += 1
+    return [_statement(load, "transpose", common_pb2.PE, staged, tile_access, ".transpose"),
+            _statement(load, "tensor_copy", common_pb2.ACT, target_access, staged, ".forward")]
+
+
+def _split(load: penguin_pb2.Statement, d: int, n: int, source: _Source, nest: penguin_pb2.LoopNest,
+           tensors: dict[str, penguin_pb2.TensorDecl], program: penguin_pb2.Program,
+           stats: ForwardStats, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
+    """`load` cut along dimension d into loads n long (its box and its tile's alike), each
+    rewritten; None unless every piece is."""
+    extent = load.inputs[0].extents[d]
+    if extent % n:
+        return None
+    pieces: list[penguin_pb2.Statement] = []
+    for j in range(extent // n):
+        piece = penguin_pb2.Statement()
+        piece.CopyFrom(load)
+        piece.name = f"{load.name}.{j}"
+        for access in (piece.inputs[0], piece.outputs[0]):
+            access.starts[d].constant += n * j
+            access.extents[d] = n
+        rewritten = _rewrite(piece, source, nest, tensors, program, stats, transposed)
+        if rewritten is None:
+            return None
+        pieces += rewritten
+    return pieces
+
+
+@dataclass
+class _Mapping:
+    """How B's view of T walks A's view of T: each B dimension of size > 1 moves one A dimension,
+    by `ratio` of that dimension's steps a step (several B dimensions may fold into one A
+    dimension, as heads [4, 64] into a row of 256), and at most one of them (ratio 1) is the
+    box's extent there."""
+
+    dim_of: list[int]  # per B dimension: the A dimension it moves (-1: size 1, moves nothing)
+    ratio: list[int]
+    shape_a: list[int]
+    shape_b: list[int]
+    # B dimension -> (the A dimension outside the one it moves, that one's size n): a B dimension
+    # longer than its A dimension walks on into the next (heads [128, 4, 64] read as rows of 256);
+    # a box of it at a multiple of n and at most n long is a box of A
+    span: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, view_b: penguin_pb2.TensorDecl, view_a: penguin_pb2.TensorDecl) -> _Mapping | None:
+        strides_a = list(view_a.view_strides) or list(affine.row_major_strides(view_a.shape))
+        strides_b = list(view_b.view_strides) or list(affine.row_major_strides(view_b.shape))
+        if view_a.view_offset != view_b.view_offset or view_a.dtype != view_b.dtype:
+            return None
+        sizes = enumerate(zip(strides_a, view_a.shape, strict=True))
+        moving = sorted(((stride, d) for d, (stride, size) in sizes if size > 1), reverse=True)
+        if any(stride <= 0 for stride, _ in moving) or len({stride for stride, _ in moving}) != len(moving):
+            return None
+        dim_of, ratio = [], []
+        reach = [0] * len(view_a.shape)  # the largest coordinate B can reach in each A dimension
+        for stride, size in zip(strides_b, view_b.shape, strict=True):
+            if size == 1:
+                dim_of.append(-1)
+                ratio.append(0)
+                continue
+            a = next((d for step, d in moving if step <= stride), None)
+            if a is None or stride % strides_a[a]:
+                return None
+            dim_of.append(a)
+            ratio.append(stride // strides_a[a])
+            reach[a] += ratio[-1] * (size - 1)
+        span: dict[int, tuple[int, int]] = {}
+        for d, (a, r) in enumerate(zip(dim_of, ratio, strict=True)):
+            if a < 0 or r != 1 or reach[a] < view_a.shape[a] or dim_of.count(a) != 1:
+                continue
+            n = view_a.shape[a]
+            outer = next((o for step, o in moving if step == strides_a[a] * n), None)
+            if outer is None or view_b.shape[d] % n:
+                return None
+            span[d] = (outer, n)
+            reach[a], reach[outer] = n - 1, reach[outer] + view_b.shape[d] // n - 1
+        if any(reach[d] >= view_a.shape[d] for d in range(len(reach)) if reach[d]):
+            return None
+        units = [a for a, r in zip(dim_of, ratio, strict=True) if r == 1]
+        if len(units) != len(set(units)):  # two B dimensions stepping one A dimension alike
+            return None
+        return cls(dim_of, ratio, list(view_a.shape), list(view_b.shape), span)
+
+    def box(self, read: penguin_pb2.Access) -> tuple[list[penguin_pb2.AffineExpr], list[int]]:
+        """B's box in A's coordinates: each A dimension's start sums its B dimensions' starts
+        times their ratios; its extent is that of its ratio-1 B dimension (1 if none)."""
+        terms: list[dict[str, int]] = [{} for _ in self.shape_a]
+        constants = [0] * len(self.shape_a)
+        extents = [1] * len(self.shape_a)
+        for d, (a, r) in enumerate(zip(self.dim_of, self.ratio, strict=True)):
+            if a < 0:
+                continue
+            if d in self.span:  # the outer A dimension takes start / n; the box starts a row
+                outer, n = self.span[d]
+                start = read.starts[d]
+                if start.constant % n or any(t.coeff % n for t in start.terms) or read.extents[d] > n:
+                    extents[a] = -1
+                    continue
+                for term in start.terms:
+                    terms[outer][term.var] = terms[outer].get(term.var, 0) + term.coeff // n
+                constants[outer] += start.constant // n
+                extents[a] = read.extents[d]
+                continue
+            for term in read.starts[d].terms:
+                terms[a][term.var] = terms[a].get(term.var, 0) + r * term.coeff
+            constants[a] += r * read.starts[d].constant
+            if r == 1:
+                extents[a] = read.extents[d]
+            elif read.extents[d] != 1:
+                extents[a] = -1  # a folded dimension with an extent: not a box of A
+        return [affine.expr(t, c) for t, c in zip(terms, constants, strict=True)], extents
+
+    def exact(self, read: penguin_pb2.Access, nest: penguin_pb2.LoopNest,
+              block: list[int]) -> list[int] | None:
+        """A's extents of the box as the load reads it (clipped at B's view, which must clip it
+        the same way at every point where it is not empty), when at every point of the nest (the
+        starts' axes enumerated) it is a box of A (its folded dimensions have extent 1), A's
+        view does not clip it further, and it lies in one block of A's tile; else None."""
+        starts, extents = self.box(read)
+        if any(e < 0 for e in extents):
+            return None
+        ranges = {axis.name: axis.extent for axis in nest.axes}
+        names = sorted({t.var for s in read.starts for t in s.terms if t.coeff})
+        if any(n not in ranges for n in names) or math.prod(ranges[n] for n in names) > MAX_POINTS:
+            return None
+        unit = [next((d for d, (dim, r) in enumerate(zip(self.dim_of, self.ratio, strict=True))
+                      if dim == a and r == 1), None) for a in range(len(starts))]
+        kept: list[int | None] = [None] * len(starts)
+        for values in itertools.product(*(range(ranges[n]) for n in names)):
+            point = dict(zip(names, values, strict=True))
+            b_starts = [affine.evaluate(start, point) for start in read.starts]
+            if any(first >= size for first, size in zip(b_starts, self.shape_b, strict=True)):
+                continue  # clipped to nothing: the load does not run here
+            for a, (start, extent) in enumerate(zip(starts, extents, strict=True)):
+                first = affine.evaluate(start, point)
+                d = unit[a]
+                length = min(extent, self.shape_b[d] - b_starts[d]) if d is not None else 1
+                if kept[a] is None:
+                    kept[a] = length
+                if first < 0 or length != kept[a] or first + length > self.shape_a[a]:
+                    return None
+                if first // block[a] != (first + length - 1) // block[a]:
+                    return None
+        return [1 if k is None else k for k in kept]
+
+
+def _staging_tensor(like: penguin_pb2.TensorDecl, program: penguin_pb2.Program,
+                    tensors: dict[str, penguin_pb2.TensorDecl]) -> penguin_pb2.TensorDecl:
+    """The PSUM tile a transpose lands in before its copy into `like` (one per consumer tile)."""
+    name = f"{like.name}.T"
+    if name not in tensors:
+        staging = program.tensors.add()
+        staging.CopyFrom(like)
+        staging.name, staging.memory, staging.role = name, common_pb2.PSUM, penguin_pb2.INTERNAL
+        del staging.replicated_dims[:]
+        tensors[name] = staging
+    return tensors[name]
+
+
+def _statement(like: penguin_pb2.Statement, op: str, engine: int, out: penguin_pb2.Access,
+               source: penguin_pb2.Access, suffix: str) -> penguin_pb2.Statement:
+    """A statement in `like`'s place: its predicates, attributes and HLO source, `op` on `engine`."""
+    st = penguin_pb2.Statement(name=like.name + suffix, op=op, engine=engine, source=like.source)
+    st.outputs.add().CopyFrom(out)
+    st.inputs.add().CopyFrom(source)
+    st.predicates.extend(like.predicates)
+    for key, value in like.attributes.items():
+        st.attributes[key] = value
+    return st
