@@ -137,6 +137,18 @@ def test_forwarded_code_verifies_from_the_cli_moves_fewer_bytes_and_computes_the
     assert sum(hbm_bytes(forwarded).values()) < sum(hbm_bytes(kept).values())
     assert any(i.op == "transpose" for i in forwarded.instructions)
     assert not any(i.op == "transpose" for i in kept.instructions)
+    # software-pipelined nests forward too (the stage guards and shifts are followed)
+    pipelined, out3 = _compile(tmp_path, DOT_EPILOGUE, "pipelined", "--num-stages", "3")
+    assert out3.tobytes() == reference.tobytes()
+    assert sum(hbm_bytes(pipelined).values()) == sum(hbm_bytes(forwarded).values())
+
+
+def test_a_software_pipelined_producer_and_consumer_still_forward():
+    program = lower_module(parse_hlo_text(DOT_EPILOGUE))
+    optimize(program, BEFORE_FORWARD, num_stages=2)
+    assert any("pipelined" in axis.attributes for nest in program.nests for axis in nest.axes)
+    stats = forward_tiles(program)
+    assert stats.transposes == 1 and stats.loads_forwarded >= 2
 
 
 def test_a_bitcast_load_is_not_turned_into_a_converting_copy():

@@ -12,13 +12,19 @@ When. An internal HBM tensor T is written by exactly one statement of the progra
 and is written only by statements of A with that box and those predicates, so every block of L
 holds, once A is done, the part of T it stored (a different block at every point of A). A later
 nest B's load `dma(tile box <- T-view box)` then maps, dimension by dimension, onto L's coordinates
-(the two views' strides match one to one, offsets equal), within one block of L at every point of
-B (checked by enumerating the starts), and:
+(each of its view's strides a multiple of one of A's, offsets equal), within one block of L at every point of
+B (checked by enumerating the starts; several view dimensions may fold into one, as heads and
+their columns into a row, and a view dimension longer than the one it walks is cut into pieces,
+one per row of L it crosses), with B's tile of the same dtype (a dma that bitcasts moves bytes,
+a copy would convert them), and:
   * in the same layout (partitions to partitions): the load becomes a `tensor_copy` from L;
   * transposed (B's partition dimension is A's free one and the other way round, each at most 128):
-    a PE `transpose` of L's box into a PSUM tile, and a `tensor_copy` of that into B's tile.
-Both are exact: the values are the bytes the load would have read. Pipelined nests (their tiles
-are rings) and tiles with replicated dimensions keep their loads, and so does L whose blocks
+    a PE `transpose` of L's box into a PSUM tile, and a `tensor_copy` of that into B's tile; a
+    later nest wanting the same box transposed into a tile like B's copies B's instead.
+A copy is exact; a transpose is exact for finite values (docs/ir.md: the PE transposes through a
+matmul against an identity), so only float tiles take it. Software-pipelined nests take part
+(stage shifts are undone before writers and stores are compared; stage guards decide where a
+box is checked). Tiles with replicated dimensions keep their loads, and so does L whose blocks
 together pass `max_bytes` a partition: L then stays on chip from A to B, and a large one would
 crowd SBUF into spills. `dce` (run again after this pass) removes stores nobody reads any more.
 """
@@ -68,7 +74,6 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
     tensors = {t.name: t for t in program.tensors}
     stats = ForwardStats()
     sources = _sources(program, tensors)
-    pipelined = {k for k, nest in enumerate(program.nests) if _pipelined(nest)}
     writes: dict[str, int] = {}  # on-chip tensor -> statements writing it
     for nest in program.nests:
         for st in nest.statements:
@@ -82,7 +87,7 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
             source = _candidate(st, tensors, sources)
             rewritten = None
             if source is not None:
-                why = _why_not(source, k, pipelined, max_bytes)
+                why = _why_not(source, k, max_bytes)
                 rewritten = None if why else _rewrite(st, source, nest, tensors, program, stats, transposed)
                 if why or rewritten is None:
                     stats.refuse(why or "layout")
@@ -96,11 +101,6 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
             del nest.statements[:]
             nest.statements.extend(statements)
     return stats
-
-
-def _pipelined(nest: penguin_pb2.LoopNest) -> bool:
-    return any("pipelined" in axis.attributes or "num_stages" in axis.attributes for axis in nest.axes) \
-        or "num_stages" in nest.attributes
 
 
 def _sources(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl]) -> dict[str, _Source]:
@@ -132,14 +132,44 @@ def _sources(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.Tensor
         nest = program.nests[k]
         if not _distinct_blocks(nest, store, tile_access):
             continue
-        same = (box_key(tile_access), _predicate_key(store))
+        same = _unshifted(store, store.inputs[0], nest)
         body = list(nest.statements)
-        after = body[next(i for i, st in enumerate(body) if st is store or st == store) + 1:]
-        if all(j == k and (box_key(st.outputs[0]), _predicate_key(st)) == same and len(st.outputs) == 1
+        # (software pipelining orders a nest's body by stage: there a writer that comes after the
+        # store works on a later iteration's tile, and legality kept each writer before its store)
+        after = [] if _pipelined_axis(nest) else body[body.index(store) + 1:]
+        if all(j == k and len(st.outputs) == 1 and _unshifted(st, st.outputs[0], nest) == same
                and not any(st is later for later in after)
                for j, st in tile_writers.get(tile.name, [])):
             sources[name] = _Source(k, view, tile, tile_access)
     return sources
+
+
+def _pipelined_axis(nest: penguin_pb2.LoopNest) -> str:
+    """The axis software pipelining extended, or ''."""
+    return next((a.name for a in nest.axes if "pipelined" in a.attributes), "")
+
+
+def _unshifted(st: penguin_pb2.Statement, access: penguin_pb2.Access, nest: penguin_pb2.LoopNest) -> tuple:
+    """The box and predicates of `access` of `st` as they were before software pipelining moved
+    the statement's stage s to iteration iv - s (so a tile's writer and its store, in different
+    stages, compare equal when they work on one iteration's tile)."""
+    axis = _pipelined_axis(nest)
+    stage = int(st.attributes.get("stage", "0") or 0) if axis else 0
+    if not stage:
+        return box_key(access), _predicate_key(st)
+
+    def back(expr: penguin_pb2.AffineExpr) -> penguin_pb2.AffineExpr:
+        moved = penguin_pb2.AffineExpr()
+        moved.CopyFrom(expr)
+        moved.constant += stage * sum(t.coeff for t in expr.terms if t.var == axis)
+        return moved
+
+    box = penguin_pb2.Access(tensor=access.tensor, extents=access.extents)
+    box.starts.extend(back(start) for start in access.starts)
+    guards = penguin_pb2.Statement()
+    for predicate in st.predicates:
+        guards.predicates.add(expr=back(predicate.expr), relation=predicate.relation)
+    return box_key(box), _predicate_key(guards)
 
 
 def _predicate_key(st: penguin_pb2.Statement) -> tuple:
@@ -150,11 +180,14 @@ def _predicate_key(st: penguin_pb2.Statement) -> tuple:
 def _distinct_blocks(nest: penguin_pb2.LoopNest, store: penguin_pb2.Statement,
                      access: penguin_pb2.Access) -> bool:
     """Whether the store runs at most once per box, each box its own: every axis it runs over
-    (not fixed by an `axis == c` predicate, of extent > 1) moves exactly one dimension's start."""
+    (not fixed by an `axis == c` predicate, of extent > 1) moves exactly one dimension's start
+    (software pipelining's stage guards, `>=`, only narrow the points it runs at)."""
     fixed = {a.name for a in nest.axes if a.extent == 1}
-    for predicate in store.predicates:
+    for predicate in store.predicates:  # `>=` ones only narrow the range the store runs over
         terms = [t for t in predicate.expr.terms if t.coeff]
-        if predicate.relation != penguin_pb2.EQ or len(terms) != 1 or abs(terms[0].coeff) != 1:
+        if predicate.relation == penguin_pb2.GE:
+            continue
+        if len(terms) != 1 or abs(terms[0].coeff) != 1:
             return False
         fixed.add(terms[0].var)
     used: list[str] = []
@@ -177,11 +210,9 @@ def _candidate(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorD
     return sources.get(view.view_of or view.name)
 
 
-def _why_not(source: _Source, nest: int, pipelined: set[int], max_bytes: int) -> str:
+def _why_not(source: _Source, nest: int, max_bytes: int) -> str:
     if source.nest >= nest:
         return "same nest"
-    if source.nest in pipelined or nest in pipelined:
-        return "pipelined"
     shape = list(source.tile.shape)
     partitions = min(PARTITIONS, shape[-2]) if len(shape) >= 2 else 1
     if math.prod(shape) * itemsize(source.tile.dtype) / max(1, partitions) > max_bytes:
@@ -232,7 +263,7 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
         if read.extents[d] > n:  # one piece per row of A it crosses, each forwarded alone
             return _split(load, d, n, source, nest, tensors, program, stats, transposed)
     starts, _ = mapping.box(read)
-    extents = mapping.exact(read, nest, list(source.tile.block_shape) or list(source.tile.shape))
+    extents = mapping.exact(read, nest, _slab(source.tile), list(load.predicates))
     if extents is None:
         return None
     rank_a, rank_b = len(source.tile.shape), len(read.starts)
@@ -370,8 +401,8 @@ class _Mapping:
                 extents[a] = -1  # a folded dimension with an extent: not a box of A
         return [affine.expr(t, c) for t, c in zip(terms, constants, strict=True)], extents
 
-    def exact(self, read: penguin_pb2.Access, nest: penguin_pb2.LoopNest,
-              block: list[int]) -> list[int] | None:
+    def exact(self, read: penguin_pb2.Access, nest: penguin_pb2.LoopNest, block: list[int],
+              predicates=()) -> list[int] | None:
         """A's extents of the box as the load reads it (clipped at B's view, which must clip it
         the same way at every point where it is not empty), when at every point of the nest (the
         starts' axes enumerated) it is a box of A (its folded dimensions have extent 1), A's
@@ -386,8 +417,11 @@ class _Mapping:
         unit = [next((d for d, (dim, r) in enumerate(zip(self.dim_of, self.ratio, strict=True))
                       if dim == a and r == 1), None) for a in range(len(starts))]
         kept: list[int | None] = [None] * len(starts)
+        guards = [p for p in predicates if all(t.var in names for t in p.expr.terms if t.coeff)]
         for values in itertools.product(*(range(ranges[n]) for n in names)):
             point = dict(zip(names, values, strict=True))
+            if not all(affine.holds(p, point) for p in guards):
+                continue  # the load does not run here (a pipelining stage guard)
             b_starts = [affine.evaluate(start, point) for start in read.starts]
             if any(first >= size for first, size in zip(b_starts, self.shape_b, strict=True)):
                 continue  # clipped to nothing: the load does not run here
@@ -402,6 +436,13 @@ class _Mapping:
                 if first // block[a] != (first + length - 1) // block[a]:
                     return None
         return [1 if k is None else k for k in kept]
+
+
+def _slab(tile: penguin_pb2.TensorDecl) -> list[int]:
+    """The extent, per dimension, of one virtual buffer of the tile (bir_codegen): its block, at
+    most 128 rows (software pipelining widens a block into a ring of such slabs)."""
+    block = list(tile.block_shape) or list(tile.shape)
+    return [*block[:-2], min(block[-2], PARTITIONS), block[-1]] if len(block) >= 2 else block
 
 
 def _staging_tensor(like: penguin_pb2.TensorDecl, program: penguin_pb2.Program,
