@@ -66,7 +66,16 @@ class _Source:
     nest: int
     view: penguin_pb2.TensorDecl
     tile: penguin_pb2.TensorDecl
-    access: penguin_pb2.Access  # the store's tile access (the same box as its view access)
+
+
+@dataclass
+class _Plan:
+    """What one load's rewrite does besides its statements, applied only if every piece of it
+    rewrites: its counts, and the transposed tiles later nests may copy."""
+
+    copies: int = 0
+    transposes: int = 0
+    made: list[tuple[tuple, penguin_pb2.TensorDecl, penguin_pb2.Access]] = field(default_factory=list)
 
 
 def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> ForwardStats:
@@ -85,10 +94,10 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
         changed = False
         for st in nest.statements:
             source = _candidate(st, tensors, sources)
-            rewritten = None
+            rewritten, plan = None, _Plan()
             if source is not None:
                 why = _why_not(source, k, max_bytes)
-                rewritten = None if why else _rewrite(st, source, nest, tensors, program, stats, transposed)
+                rewritten = None if why else _rewrite(st, source, nest, tensors, program, plan, transposed)
                 if why or rewritten is None:
                     stats.refuse(why or "layout")
             if rewritten is None:
@@ -97,6 +106,10 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
             statements += rewritten
             changed = True
             stats.loads_forwarded += 1
+            stats.copies += plan.copies
+            stats.transposes += plan.transposes
+            for key, target, access in plan.made:
+                transposed.remember(key, target, access)
         if changed:
             del nest.statements[:]
             nest.statements.extend(statements)
@@ -140,7 +153,7 @@ def _sources(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.Tensor
         if all(j == k and len(st.outputs) == 1 and _unshifted(st, st.outputs[0], nest) == same
                and not any(st is later for later in after)
                for j, st in tile_writers.get(tile.name, [])):
-            sources[name] = _Source(k, view, tile, tile_access)
+            sources[name] = _Source(k, view, tile)
     return sources
 
 
@@ -247,7 +260,7 @@ class _Transposed:
 
 def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.LoopNest,
              tensors: dict[str, penguin_pb2.TensorDecl], program: penguin_pb2.Program,
-             stats: ForwardStats, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
+             plan: _Plan, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
     """The statements that replace `load`, or None when its box does not map onto the tile."""
     target_access, read = load.outputs[0], load.inputs[0]
     target = tensors[target_access.tensor]
@@ -261,7 +274,7 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
         return None
     for d, (_, n) in mapping.span.items():
         if read.extents[d] > n:  # one piece per row of A it crosses, each forwarded alone
-            return _split(load, d, n, source, nest, tensors, program, stats, transposed)
+            return _split(load, d, n, source, nest, tensors, program, plan, transposed)
     starts, _ = mapping.box(read)
     extents = mapping.exact(read, nest, _slab(source.tile), list(load.predicates))
     if extents is None:
@@ -272,7 +285,7 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
     tile_access = penguin_pb2.Access(tensor=source.tile.name, starts=starts, extents=extents)
     part_b, free_b = (mapping.dim_of[rank_b - 2], mapping.dim_of[rank_b - 1])
     if (part_b, free_b) == (rank_a - 2, rank_a - 1):
-        stats.copies += 1
+        plan.copies += 1
         return [_statement(load, "tensor_copy", common_pb2.DVE, target_access, tile_access, ".forward")]
     if (part_b, free_b) != (rank_a - 1, rank_a - 2) or max(extents[-2:]) > PARTITIONS:
         return None
@@ -281,21 +294,21 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
     key = _Transposed.key(load, tile_access, target, nest)
     earlier = transposed.earlier(key)
     if earlier is not None:
-        stats.copies += 1
+        plan.copies += 1
         return [_statement(load, "tensor_copy", common_pb2.DVE, target_access, earlier, ".forward")]
-    transposed.remember(key, target, target_access)
+    plan.made.append((key, target, target_access))
     staging = _staging_tensor(target, program, tensors)
     staged = penguin_pb2.Access(tensor=staging.name)
     staged.starts.extend(target_access.starts)
     staged.extents.extend(target_access.extents)
-    stats.transposes += 1
+    plan.transposes += 1
     return [_statement(load, "transpose", common_pb2.PE, staged, tile_access, ".transpose"),
             _statement(load, "tensor_copy", common_pb2.ACT, target_access, staged, ".forward")]
 
 
 def _split(load: penguin_pb2.Statement, d: int, n: int, source: _Source, nest: penguin_pb2.LoopNest,
            tensors: dict[str, penguin_pb2.TensorDecl], program: penguin_pb2.Program,
-           stats: ForwardStats, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
+           plan: _Plan, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
     """`load` cut along dimension d into loads n long (its box and its tile's alike), each
     rewritten; None unless every piece is."""
     extent = load.inputs[0].extents[d]
@@ -309,7 +322,7 @@ def _split(load: penguin_pb2.Statement, d: int, n: int, source: _Source, nest: p
         for access in (piece.inputs[0], piece.outputs[0]):
             access.starts[d].constant += n * j
             access.extents[d] = n
-        rewritten = _rewrite(piece, source, nest, tensors, program, stats, transposed)
+        rewritten = _rewrite(piece, source, nest, tensors, program, plan, transposed)
         if rewritten is None:
             return None
         pieces += rewritten
