@@ -416,10 +416,12 @@ class _Mapping:
 
     def exact(self, read: penguin_pb2.Access, nest: penguin_pb2.LoopNest, block: list[int],
               predicates=()) -> list[int] | None:
-        """A's extents of the box as the load reads it (clipped at B's view, which must clip it
-        the same way at every point where it is not empty), when at every point of the nest (the
-        starts' axes enumerated) it is a box of A (its folded dimensions have extent 1), A's
-        view does not clip it further, and it lies in one block of A's tile; else None."""
+        """A's extents of the box, when at every point of the nest where the load runs (the
+        starts' axes enumerated, its predicates holding) it is a box of A (its folded dimensions
+        have extent 1) that A's tile clips exactly as B's view clips the load (a partial last
+        tile: 200 rows are 128 and 72 in both) and that lies in one block of the tile; else None.
+        An extent is the longest the load reads in that dimension (64 of a 128-wide box over a
+        64-wide head)."""
         starts, extents = self.box(read)
         if any(e < 0 for e in extents):
             return None
@@ -429,8 +431,8 @@ class _Mapping:
             return None
         unit = [next((d for d, (dim, r) in enumerate(zip(self.dim_of, self.ratio, strict=True))
                       if dim == a and r == 1), None) for a in range(len(starts))]
-        kept: list[int | None] = [None] * len(starts)
         guards = [p for p in predicates if all(t.var in names for t in p.expr.terms if t.coeff)]
+        points: list[tuple[list[int], list[int]]] = []  # per point: A's starts, B's clipped lengths
         for values in itertools.product(*(range(ranges[n]) for n in names)):
             point = dict(zip(names, values, strict=True))
             if not all(affine.holds(p, point) for p in guards):
@@ -438,17 +440,17 @@ class _Mapping:
             b_starts = [affine.evaluate(start, point) for start in read.starts]
             if any(first >= size for first, size in zip(b_starts, self.shape_b, strict=True)):
                 continue  # clipped to nothing: the load does not run here
-            for a, (start, extent) in enumerate(zip(starts, extents, strict=True)):
-                first = affine.evaluate(start, point)
-                d = unit[a]
-                length = min(extent, self.shape_b[d] - b_starts[d]) if d is not None else 1
-                if kept[a] is None:
-                    kept[a] = length
-                if first < 0 or length != kept[a] or first + length > self.shape_a[a]:
+            lengths = [min(extent, self.shape_b[d] - b_starts[d]) if d is not None else 1
+                       for extent, d in zip(extents, unit, strict=True)]
+            points.append(([affine.evaluate(start, point) for start in starts], lengths))
+        longest = [max((lengths[a] for _, lengths in points), default=1) for a in range(len(starts))]
+        for firsts, lengths in points:
+            for a, (first, length) in enumerate(zip(firsts, lengths, strict=True)):
+                if first < 0 or min(longest[a], self.shape_a[a] - first) != length:
                     return None
                 if first // block[a] != (first + length - 1) // block[a]:
                     return None
-        return [1 if k is None else k for k in kept]
+        return longest
 
 
 def _slab(tile: penguin_pb2.TensorDecl) -> list[int]:
