@@ -77,8 +77,8 @@ def test_a_schedule_that_leaves_a_reused_byte_live_twice_is_refused(tmp_path: Pa
     data = Path(__file__).parent / "data"
     neff, workdir = tmp_path / "convnet_train.neff", tmp_path / "wd"
     passes = ",".join(p for p in PENGUIN_PASSES if p != "forward")
-    compiled = run_ncc("compile", str(data / "convnet_train.hlo.pb"), "--output", str(neff),
-                       "--optlevel", "3", "--workdir", str(workdir), f"--penguin-passes={passes}", timeout=600)
+    compiled = run_ncc("compile", str(data / "convnet_train.hlo.pb"), "--output", str(neff), "--optlevel",
+                       "3", "--workdir", str(workdir), f"--penguin-passes={passes}", timeout=600)
     assert compiled.returncode == 0, compiled.stderr
     stats = json.loads((workdir / "03_WalrusDriver" / "stats.json").read_text())
     post = next(entry["stats"] for entry in stats["passes"] if entry["name"] == "post_sched")
