@@ -39,6 +39,7 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import box_key
 from ncc.tools.common.dtypes import itemsize
+from ncc.tools.hlo_opt.fusion import one_axis_per_dimension
 
 PARTITIONS = 128
 MAX_BYTES = 16 * 1024  # a forwarded tile's blocks together, per partition
@@ -203,13 +204,8 @@ def _distinct_blocks(nest: penguin_pb2.LoopNest, store: penguin_pb2.Statement,
         if len(terms) != 1 or abs(terms[0].coeff) != 1:
             return False
         fixed.add(terms[0].var)
-    used: list[str] = []
-    for start in access.starts:
-        names = [t.var for t in start.terms if t.coeff and t.var not in fixed]
-        if len(names) > 1:
-            return False
-        used += names
-    return sorted(used) == sorted(a.name for a in nest.axes if a.name not in fixed)
+    moving = [a.name for a in nest.axes if a.name not in fixed]
+    return one_axis_per_dimension(access, moving, frozenset(fixed))
 
 
 def _candidate(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],

@@ -80,7 +80,7 @@ class _NestSummary:
         view = tensors[out.tensor]
         if view.memory != common_pb2.HBM or tensors[tile.tensor].memory != common_pb2.SBUF:
             return
-        if not _one_axis_per_dimension(out, self.moving, self.fixed):
+        if not one_axis_per_dimension(out, self.moving, self.fixed):
             return
         written = base(tensors, out.tensor)
         box = box_key(out, {}, self.fixed)
@@ -204,7 +204,7 @@ def _column_tuple(view: penguin_pb2.TensorDecl, strides: list[int], box: tuple) 
             tuple(view.shape[:-1]), box[0][:-1], box[1][:-1])
 
 
-def _one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str], fixed: frozenset[str]) -> bool:
+def one_axis_per_dimension(access: penguin_pb2.Access, axes: list[str], fixed: frozenset[str]) -> bool:
     """Every axis moves exactly one dimension's start: the box is a different tile at every point
     (axes of extent 1, `fixed`, have one point and need not appear)."""
     used: list[str] = []
