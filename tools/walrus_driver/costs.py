@@ -11,6 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import Target, is_dma
 from ncc.tools.target import costs as target_costs
@@ -152,14 +154,17 @@ def _release_bound(jobs: list[tuple[float, float, float]]) -> float:
     at least the smallest of their tails behind it; likewise the jobs whose tails are at least t
     end t before the end at the latest, and the first of them starts no earlier than their
     smallest head. Taking every job (t = 0) is head + work + tail of the whole resource; a later
-    t counts the work that only becomes ready late (the matmuls after a block's softmax)."""
+    t counts the work that only becomes ready late (the matmuls after a block's softmax).
+    (numpy: sorted once each way, at 100k instructions a Python loop cost a second.)"""
+    if not jobs:
+        return 0.0
+    table = np.asarray(jobs, dtype=np.float64)
     best = 0.0
     for key, near, far in ((0, 0, 1), (1, 1, 0)):  # by head then tail, and the mirror image
-        after, closest = 0.0, float("inf")
-        for job in sorted(jobs, key=lambda j: j[key], reverse=True):
-            after += job[2]
-            closest = min(closest, job[far])
-            best = max(best, job[near] + after + closest)
+        ordered = table[np.argsort(-table[:, key], kind="stable")]
+        after = np.cumsum(ordered[:, 2])
+        closest = np.minimum.accumulate(ordered[:, far])
+        best = max(best, float(np.max(ordered[:, near] + after + closest)))
     return best
 
 
