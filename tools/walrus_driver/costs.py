@@ -147,24 +147,22 @@ _QUEUES = ("dma queues",)  # the DMA queues' key among the resources of lower_bo
 _SYNC_ONLY = frozenset({"nop", "drain", "sem_reset"})
 
 
-def _release_bound(jobs: list[tuple[float, float, float]]) -> float:
-    """The least time a resource needs for `jobs` ((head, tail, work) each: the earliest it can
-    start, the least that must follow it, its work on the resource, run one at a time): for every
-    t, the jobs that cannot start before t run after it one by one, and the one that ends last has
-    at least the smallest of their tails behind it; likewise the jobs whose tails are at least t
-    end t before the end at the latest, and the first of them starts no earlier than their
-    smallest head. Taking every job (t = 0) is head + work + tail of the whole resource; a later
-    t counts the work that only becomes ready late (the matmuls after a block's softmax).
-    (numpy: sorted once each way, at 100k instructions a Python loop cost a second.)"""
-    if not jobs:
+def _release_bound(heads: np.ndarray, tails: np.ndarray, work: np.ndarray) -> float:
+    """The least time a resource needs for its jobs (each a head: the earliest it can start, a
+    tail: the least that must follow it, and its work on the resource, run one at a time): for
+    every t, the jobs that cannot start before t run after it one by one, and the one that ends
+    last has at least the smallest of their tails behind it; likewise the jobs whose tails are at
+    least t end t before the end at the latest, and the first of them starts no earlier than
+    their smallest head. Taking every job (t = 0) is head + work + tail of the whole resource; a
+    later t counts the work that only becomes ready late (the matmuls after a block's softmax)."""
+    if not len(work):
         return 0.0
-    table = np.asarray(jobs, dtype=np.float64)
     best = 0.0
-    for key, near, far in ((0, 0, 1), (1, 1, 0)):  # by head then tail, and the mirror image
-        ordered = table[np.argsort(-table[:, key], kind="stable")]
-        after = np.cumsum(ordered[:, 2])
-        closest = np.minimum.accumulate(ordered[:, far])
-        best = max(best, float(np.max(ordered[:, near] + after + closest)))
+    for near, far in ((heads, tails), (tails, heads)):  # by head, and the mirror image by tail
+        order = np.argsort(-near, kind="stable")
+        after = np.cumsum(work[order])
+        closest = np.minimum.accumulate(far[order])
+        best = max(best, float(np.max(near[order] + after + closest)))
     return best
 
 
@@ -178,10 +176,13 @@ def lower_bound_ns(
     target: Target,
     table: CostTable | None = None,
     flow_only: bool = False,
+    topological: bool = False,
 ) -> dict[str, float]:
     """The lower bounds of any schedule and their maximum (key 'lower_bound_ns'). With `flow_only`
     the critical path follows only FLOW (true data) edges: after allocation the graph also holds
     WAR/WAW edges that address reuse made, which bind this allocation, not every schedule.
+    `topological`: the instructions are in an order every edge of `deps` follows (a synchronized
+    program's), so the graph need not be sorted again.
 
     An engine (or shared port) bound is head + work + tail, over the instructions that move data
     (not the nops, drains and reset that carry synchronization): no instruction on it can start before
@@ -194,9 +195,12 @@ def lower_bound_ns(
     that over every transfer, shared by all of them (a program of many small transfers pays the
     fixed latency of each)."""
     table = table or CostTable(target)
-    users: dict[object, list[tuple[int, float]]] = defaultdict(list)  # resource -> (id, its work there)
+    # resource -> the positions (in `ids`) of its instructions, and their work there
+    users: dict[object, list[int]] = defaultdict(list)
+    shares: dict[object, list[float]] = defaultdict(list)
     work: dict[object, float] = defaultdict(float)
     latency: dict[int, float] = {}
+    ids: list[int] = []
     moved = 0
     queue_count = max(1, target.dma_queues)
     for instr in instructions:
@@ -205,20 +209,25 @@ def lower_bound_ns(
         latency[node] = cost.latency_ns
         if instr.op in _SYNC_ONLY:  # carries waits, moves no data: it bounds nothing
             continue
-        work[instr.engine] += engine_ns
-        users[instr.engine].append((node, engine_ns))
-        for port in cost.ports:
-            work[port] += engine_ns
-            users[port].append((node, engine_ns))
+        position = len(ids)
+        ids.append(node)
+        for resource in (instr.engine, *cost.ports):
+            work[resource] += engine_ns
+            users[resource].append(position)
+            shares[resource].append(engine_ns)
         if cost.transfer_ns:  # the queues' work, shared by all of them
             work[_QUEUES] += cost.transfer_ns / queue_count
-            users[_QUEUES].append((node, cost.transfer_ns / queue_count))
+            users[_QUEUES].append(position)
+            shares[_QUEUES].append(cost.transfer_ns / queue_count)
         moved += cost.moved_bytes
     critical = 0.0
     head: dict[int, float] = {}
     tail: dict[int, float] = {}
     if deps is not None:
-        order = [node for node in deps.topological_order() if node in latency]
+        if topological:
+            order = [node for node in latency if node in deps]
+        else:
+            order = [node for node in deps.topological_order() if node in latency]
         # each node's predecessors, listed once for both walks
         if flow_only:
             preds = {node: deps.predecessors_of_kind(node, "FLOW") for node in order}
@@ -234,8 +243,12 @@ def lower_bound_ns(
         critical = max((head[n] + latency[n] for n in order), default=0.0)
     critical = max(critical, max(latency.values(), default=0.0))
 
+    heads = np.array([head.get(node, 0.0) for node in ids])
+    tails = np.array([tail.get(node, 0.0) for node in ids])
+
     def bound(resource: object) -> float:
-        return _release_bound([(head.get(i, 0.0), tail.get(i, 0.0), w) for i, w in users[resource]])
+        at = np.array(users[resource], dtype=np.int64)
+        return _release_bound(heads[at], tails[at], np.array(shares[resource]))
 
     busiest = max((bound(r) for r in work if isinstance(r, int)), default=0.0)
     port = max((bound(r) for r in work if isinstance(r, str)), default=0.0)
