@@ -31,6 +31,9 @@ ENTRY main {
 }
 """
 
+# The same with 200 rows: a full and a partial partition tile, clipped alike in both views.
+DOT_EPILOGUE_200 = DOT_EPILOGUE.replace("128,", "200,")
+
 # One activation read by two dots: the second copies the first one's transposed tile.
 TWO_DOTS = """HloModule two_dots
 ENTRY main {
@@ -66,6 +69,11 @@ def test_a_dot_reads_its_stationary_tile_transposed_on_chip_and_its_epilogue_rea
               for a in st.outputs if tensors[a.tensor].memory == 1}
     assert stored == {"e"}
     assert "transpose" in _ops(program)
+
+
+def test_a_partial_last_tile_forwards_when_both_views_clip_it_alike():
+    _, stats = _optimized(DOT_EPILOGUE_200)
+    assert stats.transposes == 1 and stats.loads_forwarded >= 2 and not stats.refused
 
 
 def test_two_dots_of_one_activation_transpose_it_once():
@@ -110,7 +118,8 @@ ENTRY main {
     assert readers and all(st.op == "dma" for st in readers)  # they still load it from HBM
 
 
-def _compile(tmp_path: Path, text: str, name: str, *flags: str) -> tuple[bir_pb2.Program, np.ndarray]:
+def _compile(tmp_path: Path, text: str, name: str, *flags: str, rows: int = 128
+             ) -> tuple[bir_pb2.Program, np.ndarray]:
     model = tmp_path / f"{name}.hlo"
     model.write_text(text)
     neff = tmp_path / f"{name}.neff"
@@ -120,7 +129,7 @@ def _compile(tmp_path: Path, text: str, name: str, *flags: str) -> tuple[bir_pb2
     bir.ParseFromString(next((tmp_path / f"{name}.ncc-work").glob("*_Frontend/bir.pb")).read_bytes())
     inputs = tmp_path / f"{name}.inputs.npz"
     rng = np.random.default_rng(0)
-    np.savez(inputs, arg0=rng.standard_normal((128, 256), dtype=np.float32),
+    np.savez(inputs, arg0=rng.standard_normal((rows, 256), dtype=np.float32),
              arg1=rng.standard_normal((256, 192), dtype=np.float32) / 16)
     out = tmp_path / f"{name}.out.npz"
     ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), timeout=300)
@@ -141,6 +150,11 @@ def test_forwarded_code_verifies_from_the_cli_moves_fewer_bytes_and_computes_the
     pipelined, out3 = _compile(tmp_path, DOT_EPILOGUE, "pipelined", "--num-stages", "3")
     assert out3.tobytes() == reference.tobytes()
     assert sum(hbm_bytes(pipelined).values()) == sum(hbm_bytes(forwarded).values())
+    partial, out200 = _compile(tmp_path, DOT_EPILOGUE_200, "partial", rows=200)
+    _, reference200 = _compile(tmp_path, DOT_EPILOGUE_200, "partial_kept", f"--penguin-passes={without}",
+                               rows=200)
+    assert out200.tobytes() == reference200.tobytes()
+    assert any(i.op == "transpose" for i in partial.instructions)
 
 
 def test_a_software_pipelined_producer_and_consumer_still_forward():
