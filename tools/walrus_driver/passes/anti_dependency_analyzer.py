@@ -13,6 +13,9 @@ reads, and then retires what it covers of every access (an access it overlaps ke
 outside the write; later conflicts with a retired part are implied through the covering write),
 which keeps the active lists short. Regions are cut into pages so
 a lookup scans only the accesses near its bytes (or rows): linear in the program in practice.
+The memories never conflict with one another, so SBUF/PSUM and HBM are two walks: from 20k
+instructions the HBM one runs in a forked child (option `fork`), and the run after allocation
+takes the first run's HBM edges (see analyze()).
 
 The first walk of an instruction's operands (its footprints, kept in ctx.footprint_cache for
 the next run) also reads what the cost model prices a compute instruction by, and seeds the
