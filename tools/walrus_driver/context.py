@@ -80,6 +80,11 @@ class PassContext:
     # alloc_semaphores' vector clocks over the final order (syncmodel.ClockWalk), for the passes
     # right after it (semaphore_reset); dropped as soon as the order or the instructions change
     sync_walk: Any = None
+    # codegen's lower bound (costs.lower_bound_ns) of the synchronized program, which
+    # alloc_semaphores starts on the spare core (tools/common/forked.py) as it fixes the order:
+    # the passes after it add only waits, nops, drains and the reset, which the bound leaves out.
+    # A forked.Forked; dropped (its child stopped) when instructions change
+    final_bound: Any = None
 
     def costs(self) -> CostTable:
         """The shared memo of instruction costs, reset when instructions change."""
@@ -196,6 +201,9 @@ class PassContext:
         self.scheduled = False
         self.codegen_done = False
         self.sync_walk = None
+        if self.final_bound is not None:
+            self.final_bound.cancel()
+            self.final_bound = None
 
     def order_changed(self) -> None:
         self.codegen_done = False

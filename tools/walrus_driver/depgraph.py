@@ -105,6 +105,20 @@ class DepGraph:
             incoming[pred] = code
             succ[pred][node] = code
 
+    def merge_strongest(self, node: int, preds: dict[int, int]) -> None:
+        """Add edges into an existing `node` ({pred: code}); a pair it already has keeps the
+        higher code: the stronger kind, and of one kind the higher memory (as the analyzer's
+        on-chip walk does, so that a walk split in two gives the edges of one)."""
+        incoming, succ = self._pred[node], self._succ
+        for pred, code in preds.items():
+            old = incoming.get(pred)
+            if old is None:
+                self._edges += 1
+            elif old >= code:
+                continue
+            incoming[pred] = code
+            succ[pred][node] = code
+
     def add_edge(self, src: int, dst: int, kind: str = "ORDERED", memory: int = 0) -> None:
         self.add_node(src)
         self.add_node(dst)

@@ -24,12 +24,14 @@ next least-loaded one. More engine threads than semaphores is E404.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, defaultdict
 
 from ncc.schemas import bir_pb2
+from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver import birutil, costs, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.depgraph import DepGraph
 from ncc.tools.walrus_driver.registry import register
@@ -45,6 +47,24 @@ def run(ctx: PassContext) -> None:
     deps = ctx.require_deps(for_addresses=True)
     program, target = ctx.program, ctx.target
     merged = _merge_transfer_threads(program, deps, target.num_semaphores - 1)  # 1 for semaphore_reset
+    # The order is final from here on: codegen's lower bound of it is computed meanwhile on the
+    # spare core (what this pass and the ones after it add carries only synchronization)
+    ctx.final_bound = forked.Forked(
+        functools.partial(costs.lower_bound_ns, program.instructions, deps, target, ctx.costs(),
+                          flow_only=True, topological=True),
+        parallel=len(program.instructions) >= forked.MIN_INSTRUCTIONS,
+    )
+    try:
+        _insert(ctx, deps, merged)
+    except BaseException:
+        ctx.final_bound.cancel()
+        ctx.final_bound = None
+        raise
+
+
+def _insert(ctx: PassContext, deps: DepGraph, merged: int) -> None:
+    """The waits, nops and updates of the order as it stands (see the module's docstring)."""
+    program, target = ctx.program, ctx.target
     by_id = {instr.id: instr for instr in program.instructions}
     space = syncmodel.ClockSpace.for_instructions(program.instructions)
     walk = syncmodel.ClockWalk(space)

@@ -30,6 +30,8 @@ Edge attributes: kind (strongest of FLOW > OUTPUT > ANTI > ORDERED) and memory (
 from __future__ import annotations
 
 import functools
+import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
@@ -95,16 +97,15 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
         ctx.hbm_widths = birutil.hbm_widths(program)
     hbm_edges = ctx.hbm_edges
     hbm_walk = None
+    many = len(program.instructions) >= forked.MIN_INSTRUCTIONS
+    fork = options.fork == "yes" or (options.fork == "auto" and many)
     if hbm_edges is None:
-        fork = options.fork == "yes" or (
-            options.fork == "auto" and len(program.instructions) >= forked.MIN_INSTRUCTIONS
-        )
         page_rows = _page_size(options, birutil.HBM)
         hbm_walk = forked.Forked(
             functools.partial(_walk_hbm, program, ctx.hbm_widths, page_rows), parallel=fork
         )
     try:
-        graph, onchip_retired = _walk_onchip(ctx, use_addresses, options)
+        graph, onchip_retired = _walk_onchip(ctx, use_addresses, options, fork)
     except BaseException:
         if hbm_walk is not None:
             hbm_walk.cancel()
@@ -128,31 +129,64 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     ctx.set_stat("address_mode", 1 if use_addresses else 0)
     ctx.set_stat("retired_entries", onchip_retired + hbm_retired)
     ctx.set_stat("hbm_edges_reused", int(hbm_walk is None))
-    ctx.set_stat("forked", int(hbm_walk is not None and hbm_walk.ran_in_child))
+    ctx.set_stat("forked", int(fork))
 
 
-def _walk_onchip(ctx: PassContext, use_addresses: bool, options: Options) -> tuple[DepGraph, int]:
+def _walk_onchip(ctx: PassContext, use_addresses: bool, options: Options, fork: bool) -> tuple[DepGraph, int]:
     """Every instruction a node, its ORDERED edges and its SBUF/PSUM conflicts; the footprints
     it computes stay in ctx.footprint_cache (HBM boxes included) for the next run and the passes
-    after it. Returns the graph and the count of retired entries."""
+    after it. With `fork`, half of the lookup pages (_Active.half) are walked in a forked child
+    while this process walks the other half: a conflict lies in a page both accesses touch, and
+    each page's accesses are kept and retired on their own, so the two halves find exactly the
+    edges one walk does. Returns the graph and the count of retired entries."""
+    program = ctx.program
+    ordered = _nodes_and_footprints(ctx)
+    cache = ctx.footprint_cache
+    address = {b.name: b.address for b in program.buffers} if use_addresses else None
+    page_size = {memory: _page_size(options, memory) for memory in birutil.ONCHIP}
+    other = None
+    if fork:  # forked once every footprint is in the cache, so the child need compute none
+        other = forked.Forked(functools.partial(_onchip_edges, program, cache, address, page_size, 1))
+    graph = DepGraph()
+    active = _Active(page_size, 0 if fork else None)
+    try:
+        for node, incoming in _onchip_conflicts(program, cache, address, active):
+            for src, code in ordered.get(node, {}).items():  # the weakest kind: any conflict wins
+                incoming.setdefault(src, code)
+            graph.set_predecessors(node, incoming)
+    except BaseException:
+        if other is not None:
+            other.cancel()
+        raise
+    if other is not None:
+        edges, other_retired = other.result()
+        for node, incoming in edges:
+            graph.merge_strongest(node, incoming)
+        return graph, active.retired + other_retired
+    return graph, active.retired
+
+
+def _nodes_and_footprints(ctx: PassContext) -> dict[int, dict[int, int]]:
+    """Check the instructions' ids and `order_after` names, and fill ctx.footprint_cache with every
+    instruction's boxes (relative to their buffers), seeding the cost table from the same walk.
+    Returns the ORDERED edges of the instructions that have some ({node: {earlier node: code}})."""
     program = ctx.program
     buffers: dict[str, bir_pb2.Buffer] | None = None  # read only for footprints not cached yet
     widths = ctx.hbm_widths
-    address = {b.name: b.address for b in program.buffers} if use_addresses else None
     cache = ctx.footprint_cache
     costs = ctx.costs()
-    active = _Active({memory: _page_size(options, memory) for memory in birutil.ONCHIP})
-    graph = DepGraph()
+    ordered: dict[int, dict[int, int]] = {}
     names: dict[str, int] = {}
-    hbm = birutil.HBM
+    seen: set[int] = set()
     for instr in program.instructions:
         node = instr.id
-        if node in graph:
+        if node in seen:
             raise CompileError("E405", f"instruction id {node} is used twice ({instr.name})", instr.name)
-        incoming: dict[int, int] = {}
+        seen.add(node)
         attributes = instr.attributes
         ordered_after = attributes.get("order_after", "") if attributes else ""
         if ordered_after:
+            incoming = ordered[node] = {}
             for other in filter(None, (n.strip() for n in ordered_after.split(","))):
                 if other not in names:
                     raise CompileError(
@@ -161,15 +195,39 @@ def _walk_onchip(ctx: PassContext, use_addresses: bool, options: Options) -> tup
                     )
                 incoming[names[other]] = edge_code(ORDERED, 0)
         names[instr.name] = node
-
-        boxes = cache.get(node)
-        if boxes is None:  # boxes relative to their buffers, kept for the next run
+        if node not in cache:
             if buffers is None:
                 buffers = birutil.buffer_map(program)
             boxes = cache[node] = birutil.footprints(instr, buffers, False, widths)
             if boxes.operands is not None:  # read in the same walk: the cost model need not
                 costs.seed(instr, boxes.operands)
                 boxes.operands = None
+    return ordered
+
+
+def _onchip_edges(
+    program: bir_pb2.Program, cache: dict, address: dict[str, int] | None, page_size: dict[int, int],
+    half: int,
+) -> HbmEdges:
+    """The forked child's half of the on-chip walk: the instructions with a conflict in the pages
+    of `half`, each with its {earlier id: code}, and the count of retired entries."""
+    active = _Active(page_size, half)
+    walk = _onchip_conflicts(program, cache, address, active)
+    edges = [(node, incoming) for node, incoming in walk if incoming]
+    return edges, active.retired
+
+
+def _onchip_conflicts(
+    program: bir_pb2.Program, cache: dict, address: dict[str, int] | None, active: _Active
+) -> Iterator[tuple[int, dict[int, int]]]:
+    """(id, {earlier id: code}) for every instruction in program order: its SBUF/PSUM conflicts
+    in the pages `active` keeps, from the cached footprints, in the virtual buffers or
+    (`address`: each buffer's) in the memories' one address space each."""
+    hbm = birutil.HBM
+    for instr in program.instructions:
+        node = instr.id
+        boxes = cache[node]
+        incoming: dict[int, int] = {}
         if address is None:
             active.access(node, [box for box in boxes if box[0] != hbm], incoming)
         else:  # with addresses an on-chip box moves into its memory's one address space
@@ -179,8 +237,7 @@ def _walk_onchip(ctx: PassContext, use_addresses: bool, options: Options) -> tup
                     base = address[region]
                     onchip.append((memory, "", p0, p1, b0 + base, b1 + base, write))
             active.access(node, onchip, incoming)
-        graph.set_predecessors(node, incoming)
-    return graph, active.retired
+        yield node, incoming
 
 
 def _walk_hbm(program: bir_pb2.Program, widths: dict[str, int], page_rows: int) -> HbmEdges:
@@ -208,31 +265,53 @@ def _walk_hbm(program: bir_pb2.Program, widths: dict[str, int], page_rows: int) 
 
 class _Active:
     """The accesses of one walk that later ones can conflict with, per (memory, region, page):
-    for each page a list of reads and a list of writes, each entry (p0, p1, b0, b1, instruction id)."""
+    for each page a list of reads and a list of writes, each entry (p0, p1, b0, b1, instruction id).
 
-    __slots__ = ("pages", "page_size", "retired")
+    `half` (0 or 1) keeps only the pages of that half of every memory: stripes of _STRIPE_BYTES
+    alternate between the halves, starting from a half a region's name picks (so the virtual
+    buffers are spread too); None keeps every page."""
 
-    def __init__(self, page_size: dict[int, int]) -> None:
+    __slots__ = ("pages", "page_size", "retired", "half", "_stripe", "_region_half")
+
+    def __init__(self, page_size: dict[int, int], half: int | None = None) -> None:
         self.pages: dict[tuple[int, str, int], tuple[list, list]] = {}
         self.page_size = page_size
         self.retired = 0
+        self.half = half
+        self._stripe = {memory: max(1, _STRIPE_BYTES.get(memory, size) // size)
+                        for memory, size in page_size.items()}
+        self._region_half: dict[str, int] = {}
 
     def access(self, node: int, boxes: list, incoming: dict[int, int]) -> None:
         """Record in `incoming` ({earlier instruction: code}) the strongest conflict of every active
         access with the instruction's `boxes` ((memory, region, p0, p1, b0, b1, write) each), reads
-        checked before writes; then make the boxes active, each write retiring what it covers."""
-        pages, page_size = self.pages, self.page_size
+        checked before writes; then make the boxes active, each write retiring what it covers.
+        Of two conflicts of one kind the higher memory code is kept, so that the edge does not
+        depend on which page (or half) found it first."""
+        pages, page_size, half = self.pages, self.page_size, self.half
         touched = []
         for memory, region, p0, p1, b0, b1, write in boxes:
             size = page_size[memory]
             lists = []
+            if half is None:
+                first = 0
+                stripe = 1 << 62
+            else:
+                first = self._region_half.get(region)
+                if first is None:
+                    first = self._region_half[region] = zlib.crc32(region.encode()) & 1
+                first ^= half
+                stripe = self._stripe[memory]
             for page in range(b0 // size, (b1 - 1) // size + 1):
+                if (first + page // stripe) & 1:  # a page of the other half
+                    continue
                 key = (memory, region, page)
                 entries = pages.get(key)
                 if entries is None:
                     entries = pages[key] = ([], [])
                 lists.append(entries)
-            touched.append((p0, p1, b0, b1, write, memory, lists))
+            if lists:
+                touched.append((p0, p1, b0, b1, write, memory, lists))
         for p0, p1, b0, b1, write, memory, lists in touched:
             checks = ((1, _OUTPUT + memory), (0, _ANTI + memory)) if write else ((1, _FLOW + memory),)
             for which, code in checks:
@@ -240,7 +319,7 @@ class _Active:
                     for q0, q1, c0, c1, src in entries[which]:
                         if q0 < p1 and p0 < q1 and c0 < b1 and b0 < c1 and src != node:
                             old = incoming.get(src)
-                            if old is None or old >> 2 < code >> 2:
+                            if old is None or old < code:
                                 incoming[src] = code
         for p0, p1, b0, b1, write, _, lists in touched:
             entry = (p0, p1, b0, b1, node)
@@ -258,6 +337,11 @@ class _Active:
                             break
                 entries[1].append(entry)
 
+
+# The lookup pages of a forked walk's halves alternate in stripes of this many bytes (SBUF: 6
+# stripes of its 192 KiB a partition; PSUM: 2 of its 16 KiB), wide enough that a tile seldom
+# straddles two (one that does is looked up in both halves, each with its own pages).
+_STRIPE_BYTES = {birutil.SBUF: 32 * 1024, birutil.PSUM: 8 * 1024}
 
 _FLOW, _OUTPUT, _ANTI = KIND_CODE[FLOW] * 4, KIND_CODE[OUTPUT] * 4, KIND_CODE[ANTI] * 4
 

@@ -38,9 +38,15 @@ def run(ctx: PassContext) -> None:
         program.streams.add(engine=engine).instructions.extend(per_engine[engine])
     ctx.codegen_done = True
     deps = ctx.valid_deps()
-    # (alloc_semaphores kept the order a topological one of the graph; nothing has moved since)
-    bound = costs.lower_bound_ns(program.instructions, deps, ctx.target, ctx.costs(), flow_only=True,
-                                 topological=True)
+    job, ctx.final_bound = ctx.final_bound, None  # started by alloc_semaphores, on this order
+    if job is not None and deps is not None:
+        bound = job.result()
+    else:
+        if job is not None:
+            job.cancel()
+        # (alloc_semaphores kept the order a topological one of the graph; nothing has moved since)
+        bound = costs.lower_bound_ns(program.instructions, deps, ctx.target, ctx.costs(), flow_only=True,
+                                     topological=True)
     program.attributes["walrus.lower_bound_ns"] = f"{bound['lower_bound_ns']:.1f}"
     ctx.set_stat("lower_bound_ns", round(bound["lower_bound_ns"], 1))
     ctx.set_stat("streams", len(used))
