@@ -21,7 +21,7 @@ A compile that fails or times out shows its one-line error in place of its numbe
 on, and exits 1 at the end.
 
     python bench/run_scale.py [--family chain,mlp,attention] [--sizes "n=200;n=1000"] [--reps 3]
-                              [--timeout 600] [--json FILE]
+                              [--ncc-reps 1] [--timeout 600] [--json FILE]
 
 --sizes (with one --family) is a ';'-separated list of sizes, each a ','-separated list of
 key=value (hlo_gen's parameters: chain n,rows,cols; mlp batch,d,layers; attention seq,d,layers;
@@ -89,6 +89,8 @@ class ScaleResult:
     pass_peak_rss_bytes: dict[str, int] = field(default_factory=dict)  # the driver's peak when each ended
     xla_cpu_compile_s: float | None = None  # median of `xla_reps` (None without JAX)
     xla_reps: int = 0
+    # every ncc compile's walrus wall when --ncc-reps > 1; the other fields are the median one's
+    walrus_wall_runs: list[float] = field(default_factory=list)
     error: str = ""
 
     @property
@@ -264,23 +266,36 @@ def xla_cpu_compile_time(family: str, size: dict[str, int], reps: int) -> float 
     return statistics.median(times)
 
 
-def bench_size(family: str, size: dict[str, int], reps: int, timeout_s: float, scratch: Path) -> ScaleResult:
-    """Compile one generated module with ncc (once) and time XLA:CPU on the same function."""
-    result = ScaleResult(family=family, size=dict(size))
+def bench_size(
+    family: str, size: dict[str, int], reps: int, timeout_s: float, scratch: Path, ncc_reps: int = 1
+) -> ScaleResult:
+    """Compile one generated module with ncc `ncc_reps` times, each in a fresh work directory (the
+    result is the run of median walrus wall), and time XLA:CPU on the same function."""
     name = f"{family}_{'_'.join(str(value) for value in size.values())}"
     model = scratch / f"{name}.hlo"
-    workdir = scratch / f"{name}.ncc-work"
-    shutil.rmtree(workdir, ignore_errors=True)  # a work directory left by an earlier --keep run would resume
     try:
         model.write_text(hlo_gen.hlo_text(family, **size))
     except (KeyError, TypeError) as err:
-        result.error = f"bad size for {family}: {run_bench.one_line(err)}"
-        return result
-    wall, error = compile_with_timeout(model, scratch / f"{name}.neff", workdir, timeout_s)
-    result.compile_wall_s, result.error = (None, error) if error else (wall, "")
-    result.bir_instructions = run_bench.bir_instruction_count(workdir)
-    result.neff_instructions = neff_instruction_count(workdir)
-    read_walrus_job(workdir, result)
+        error = f"bad size for {family}: {run_bench.one_line(err)}"
+        return ScaleResult(family=family, size=dict(size), error=error)
+    runs = []
+    for _ in range(ncc_reps):
+        result = ScaleResult(family=family, size=dict(size))
+        workdir = scratch / f"{name}.ncc-work"
+        shutil.rmtree(workdir, ignore_errors=True)  # a work directory left by an earlier run would resume
+        wall, error = compile_with_timeout(model, scratch / f"{name}.neff", workdir, timeout_s)
+        result.compile_wall_s, result.error = (None, error) if error else (wall, "")
+        result.bir_instructions = run_bench.bir_instruction_count(workdir)
+        result.neff_instructions = neff_instruction_count(workdir)
+        read_walrus_job(workdir, result)
+        runs.append(result)
+        if error:
+            break
+    if runs[-1].error or ncc_reps == 1:
+        result = runs[-1]
+    else:
+        result = sorted(runs, key=lambda r: r.walrus_wall_s or 0.0)[len(runs) // 2]
+        result.walrus_wall_runs = [r.walrus_wall_s or 0.0 for r in runs]
     try:
         result.xla_cpu_compile_s = xla_cpu_compile_time(family, size, reps)
         result.xla_reps = reps if result.xla_cpu_compile_s is not None else 0
@@ -418,6 +433,12 @@ def render(results: list[ScaleResult], reps: int) -> str:
         detail = steps or "fewer than two sizes compiled"
         lines.append(f"  {family}: overall {overall}   ({detail})")
 
+    repeated = [r for r in results if r.walrus_wall_runs]
+    if repeated:
+        lines += ["", "walrus wall of every ncc compile (s; the row above is the median one)"]
+        lines += [f"  {r.family} {r.label}: " + ", ".join(f"{wall:.2f}" for wall in r.walrus_wall_runs)
+                  for r in repeated]
+
     notes = [r for r in results if r.error and r.compiled]
     if notes:
         lines += [""] + [f"{r.family} {r.label}: note: {r.error}" for r in notes]
@@ -435,6 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", help="sizes of the one --family, e.g. 'n=200;n=1000' or '200;1000'")
     parser.add_argument("--reps", type=int, default=3, help="XLA:CPU compiles per size (median; default 3)")
     parser.add_argument(
+        "--ncc-reps", type=int, default=1,
+        help="ncc compiles per size; the row is the one of median walrus wall, each run's listed (default 1)",
+    )
+    parser.add_argument(
         "--timeout",
         type=float,
         default=DEFAULT_TIMEOUT_S,
@@ -449,8 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in families if name not in hlo_gen.FAMILIES]
     if unknown or not families:
         parser.error(f"unknown family {','.join(unknown)}; known: {', '.join(hlo_gen.FAMILIES)}")
-    if args.reps < 1:
-        parser.error("--reps must be at least 1")
+    if args.reps < 1 or args.ncc_reps < 1:
+        parser.error("--reps and --ncc-reps must be at least 1")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
     if args.sizes is not None:
@@ -471,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ncc-bench-scale-")))
         for family, size in plan:
-            result = bench_size(family, size, args.reps, args.timeout, scratch)
+            result = bench_size(family, size, args.reps, args.timeout, scratch, args.ncc_reps)
             results.append(result)
             status = f"failed: {result.error}" if result.error else f"{result.compile_wall_s:.1f} s"
             print(f"  {family} {result.label}: {status}", file=sys.stderr, flush=True)

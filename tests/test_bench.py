@@ -123,3 +123,16 @@ def test_xla_cpu_compile_time_is_measured_in_this_run(tmp_path: Path) -> None:
     text_only = tmp_path / "chain.hlo"
     text_only.write_text(hlo_gen.hlo_text("chain", **TINY["chain"]))
     assert run_bench.xla_cpu_compile_time(text_only, 1) > 0
+
+
+def test_run_scale_repeats_the_compile_and_reports_the_median_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], without_jax: None
+) -> None:
+    out = tmp_path / "scale.json"
+    code = run_scale.main(["--family", "chain", "--sizes", "n=2,rows=128,cols=128", "--reps", "1",
+                           "--ncc-reps", "3", "--json", str(out)])
+    assert code == 0
+    (row,) = json.loads(out.read_text())["results"]
+    runs = row["walrus_wall_runs"]
+    assert len(runs) == 3 and row["walrus_wall_s"] == sorted(runs)[1]
+    assert "walrus wall of every ncc compile" in capsys.readouterr().out
