@@ -106,7 +106,7 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--penguin-passes", type=_pass_list, default=(), metavar="a,b,...",
         help="the Penguin optimizer's pass list (fusion, cse, act_functions, dce, retile, tile_order, "
-        "pipeline, invariant_loads), 'none' for none; default: all, none at -O0",
+        "pipeline, invariant_loads, forward), 'none' for none; default: all, none at -O0",
     )
     parser.add_argument(
         "--num-stages", type=_stage_count, default=0, metavar="N",

@@ -15,7 +15,9 @@ which keeps the active lists short. Regions are cut into pages so
 a lookup scans only the accesses near its bytes (or rows): linear in the program in practice.
 The memories never conflict with one another, so SBUF/PSUM and HBM are two walks: from 20k
 instructions the HBM one runs in a forked child (option `fork`), and the run after allocation
-takes the first run's HBM edges (see analyze()).
+takes the first run's HBM edges (see analyze()). Pages never conflict with one another either
+(each keeps and retires its own accesses), so with `fork` the on-chip walk is split too: once
+every footprint is cached, a child walks half of the pages while this process walks the rest.
 
 The first walk of an instruction's operands (its footprints, kept in ctx.footprint_cache for
 the next run) also reads what the cost model prices a compute instruction by, and seeds the
