@@ -77,9 +77,10 @@ def run(ctx: PassContext) -> None:
     analyze(ctx, use_addresses, options)
 
 
-# The HBM half of a walk: (instruction id, {earlier instruction id: edge code}) for every
-# instruction with an HBM conflict, in program order; and the count of retired entries.
-HbmEdges = tuple[list[tuple[int, dict[int, int]]], int]
+# What a walk done apart (the HBM one, or a forked half of the on-chip one) hands back:
+# (instruction id, {earlier instruction id: edge code}) for every instruction with a conflict
+# there, in program order; and the count of retired entries.
+WalkEdges = tuple[list[tuple[int, dict[int, int]]], int]
 
 
 def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = None) -> None:
@@ -210,7 +211,7 @@ def _nodes_and_footprints(ctx: PassContext) -> dict[int, dict[int, int]]:
 def _onchip_edges(
     program: bir_pb2.Program, cache: dict, address: dict[str, int] | None, page_size: dict[int, int],
     half: int,
-) -> HbmEdges:
+) -> WalkEdges:
     """The forked child's half of the on-chip walk: the instructions with a conflict in the pages
     of `half`, each with its {earlier id: code}, and the count of retired entries."""
     active = _Active(page_size, half)
@@ -242,7 +243,7 @@ def _onchip_conflicts(
         yield node, incoming
 
 
-def _walk_hbm(program: bir_pb2.Program, widths: dict[str, int], page_rows: int) -> HbmEdges:
+def _walk_hbm(program: bir_pb2.Program, widths: dict[str, int], page_rows: int) -> WalkEdges:
     """The HBM conflicts of every instruction, from its HBM operands alone (so that a forked child
     can walk them beside _walk_onchip, which computes the footprints)."""
     active = _Active({birutil.HBM: page_rows})
