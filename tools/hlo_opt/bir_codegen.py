@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
@@ -49,6 +50,7 @@ class BirCodeGenLoop:
         self.buffers: dict[str, bir_pb2.Buffer] = {}
         self.current: dict[str, str] = {}  # block buffer -> the version its next reader reads
         self.versions: dict[str, int] = {}  # block buffer -> how many times it was written in full
+        self.layouts: dict[str, _BlockLayout] = {}  # on-chip tensor -> how its blocks are named
 
     def run(self) -> bir_pb2.Program:
         check_budget(self.penguin)
@@ -67,27 +69,37 @@ class BirCodeGenLoop:
             return  # an empty iteration space (a zero-element tensor): never build its other axes' ranges
         # Each statement's predicates and accesses are read once per nest, not once per point:
         # unrolling is the frontend's inner loop (100k instructions for a fused 25,000-op chain).
-        predicates = [[(affine.compiled(p.expr), p.relation) for p in st.predicates]
+        predicates = [self._compiled(affine.predicate_function, st.predicates, names, st)
                       for st in nest.statements]
-        plans: dict[int, tuple[list[_AccessPlan], list[_AccessPlan]]] = {}
+        plans: dict[int, _StatementPlan] = {}
         for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
             env = dict(zip(names, point, strict=True))
             label = ",".join(f"{n}{v}" for n, v in env.items() if len(names) > 0)
             resolved: dict[tuple, tuple[bir_pb2.AccessPattern, list[int]] | None] = {}  # this point's
             for k, statement in enumerate(nest.statements):
-                if all(affine.relation_holds(relation, affine.evaluate_compiled(expr, env))
-                       for expr, relation in predicates[k]):
+                if predicates[k](point):
                     plan = plans.get(k)
                     if plan is None:
-                        plan = plans[k] = ([self._plan(a, statement) for a in statement.outputs],
-                                           [self._plan(a, statement) for a in statement.inputs])
-                    self._statement(nest, statement, plan, env, label, resolved)
+                        plan = plans[k] = self._statement_plan(nest, statement, names)
+                    self._statement(nest, statement, plan, env, point, label, resolved)
 
-    def _statement(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement,
-                   plan: tuple[list[_AccessPlan], list[_AccessPlan]], env: dict[str, int], label: str,
-                   resolved: dict) -> None:
-        outputs = [self._resolve(a, env, resolved) for a in plan[0]]
-        inputs = [self._resolve(a, env, resolved) for a in plan[1]]
+    def _statement_plan(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement,
+                        names: list[str]) -> _StatementPlan:
+        axis = st.attributes.get("accumulate_axis", "") if st.op == "matmul" else ""
+        return _StatementPlan(
+            outputs=[self._plan(a, st, names) for a in st.outputs],
+            inputs=[self._plan(a, st, names) for a in st.inputs],
+            accumulate_axis=axis,
+            accumulate_shift=self._shift(nest, st, axis) if axis else 0,
+            attributes=[(key, value) for key, value in st.attributes.items()
+                        if key not in ("accumulate_axis", "iota_dimension", "broadcast")],
+            broadcast=st.attributes.get("broadcast") == "1",
+        )
+
+    def _statement(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, plan: _StatementPlan,
+                   env: dict[str, int], point: tuple, label: str, resolved: dict) -> None:
+        outputs = [self._resolve(a, point, resolved) for a in plan.outputs]
+        inputs = [self._resolve(a, point, resolved) for a in plan.inputs]
         if any(ap is None for ap in outputs + inputs):
             return  # an empty box: the clipped tile has no elements
         instr = self.bir.instructions.add(
@@ -102,13 +114,12 @@ class BirCodeGenLoop:
         instr.inputs.extend(ap for ap, _ in inputs)
         instr.scalars.extend(st.scalars)
         if st.op == "matmul":
-            axis = st.attributes.get("accumulate_axis", "")
-            instr.accumulate = bool(axis) and env[axis] - self._shift(nest, st, axis) != 0
+            axis = plan.accumulate_axis
+            instr.accumulate = bool(axis) and env[axis] - plan.accumulate_shift != 0
         self._version(instr)
-        for key, value in st.attributes.items():
-            if key not in ("accumulate_axis", "iota_dimension", "broadcast"):
-                instr.attributes[key] = value
-        if st.attributes.get("broadcast") == "1":  # a [P, 1] tile read across the output's free dim
+        for key, value in plan.attributes:
+            instr.attributes[key] = value
+        if plan.broadcast:  # a [P, 1] tile read across the output's free dim
             source, free = instr.inputs[0], instr.outputs[0].dims[-1].count
             del source.dims[:]
             source.dims.add(stride=0, count=free)
@@ -188,18 +199,30 @@ class BirCodeGenLoop:
         del instr.scalars[:]
         instr.scalars.extend(scalars)
 
-    def _plan(self, access: penguin_pb2.Access, st: penguin_pb2.Statement) -> _AccessPlan:
+    def _plan(self, access: penguin_pb2.Access, st: penguin_pb2.Statement, axes: list[str]) -> _AccessPlan:
         tensor = self.tensors.get(access.tensor)
         if tensor is None:
             raise CompileError("E301", f"statement uses undeclared tensor '{access.tensor}'", st.name)
         shape = tuple(tensor.shape)
         if len(access.starts) != len(shape) or len(access.extents) != len(shape):
             raise CompileError("E301", f"access rank does not match tensor '{tensor.name}'", st.name)
-        return _AccessPlan(tensor, shape, tuple(affine.compiled(start) for start in access.starts),
-                           tuple(access.extents))
+        starts = self._compiled(affine.point_function, access.starts, axes, st)
+        return _AccessPlan(tensor, shape, starts, tuple(access.extents))
 
-    def _resolve(self, plan: _AccessPlan, env: dict[str, int], resolved: dict):
-        starts = [affine.evaluate_compiled(start, env) for start in plan.starts]
+    @staticmethod
+    def _compiled(make, exprs, axes: list[str], st: penguin_pb2.Statement):
+        """`make`(exprs, axes); a variable that is not one of the nest's axes, or an unknown
+        predicate relation, is an E301."""
+        try:
+            return make(exprs, axes)
+        except KeyError as err:
+            raise CompileError("E301", f"statement uses {err.args[0]!r}, which is not an axis of its nest",
+                               st.name) from None
+        except ValueError as err:
+            raise CompileError("E301", str(err), st.name) from None
+
+    def _resolve(self, plan: _AccessPlan, point: tuple, resolved: dict):
+        starts = plan.starts(point)
         key = (plan.tensor.name, *starts, *plan.extents)
         if key in resolved:  # the same box at the same point (a tile one statement writes, the next reads)
             return resolved[key]
@@ -228,30 +251,28 @@ class BirCodeGenLoop:
 
     def _onchip(self, tensor: penguin_pb2.TensorDecl, starts: list[int],
                 extents: list[int]) -> bir_pb2.AccessPattern:
-        block = list(tensor.block_shape)
-        if tensor.replicated_dims:  # every block along these holds the same data: one buffer
-            starts = [0 if d in tensor.replicated_dims else s for d, s in enumerate(starts)]
+        layout = self.layouts.get(tensor.name)
+        if layout is None:
+            layout = self.layouts[tensor.name] = _BlockLayout.of(tensor)
+        block, rows = layout.block, layout.rows
+        if layout.replicated:  # every block along these holds the same data: one buffer
+            starts = [0 if d in layout.replicated else s for d, s in enumerate(starts)]
         if len(block) != len(starts) or any(e > 1 for e in extents[:-2]):
             raise CompileError("E301", f"access does not fit the block of on-chip tensor '{tensor.name}'",
                                tensor.name)
-        # A virtual buffer is one slab of a block: at most 128 partitions by the block's free extent.
-        # A block has one slab unless it spans several leading positions or more than 128 rows (a
-        # block widened by software pipelining to hold several iterations, one slab each).
-        rows = min(block[-2], PARTITIONS)
         inner = [s % b for s, b in zip(starts, block, strict=True)]
-        if inner[-2] % rows + extents[-2] > rows and block[-2] > rows:
+        if layout.slabbed and inner[-2] % rows + extents[-2] > rows and block[-2] > rows:
             raise CompileError("E301", f"access straddles two slabs of on-chip tensor '{tensor.name}'",
                                tensor.name)
-        key = ",".join(str(s // b) for s, b in zip(starts, block, strict=True))
-        name = f"{tensor.name}[{key}]"
-        if math.prod(block[:-2]) > 1 or block[-2] > rows:
-            name += "/" + ".".join(str(at) for at in [*inner[:-2], inner[-2] // rows])
-        size = itemsize(tensor.dtype)
+        name = f"{tensor.name}[{','.join([str(s // b) for s, b in zip(starts, block, strict=True)])}]"
+        if layout.slabbed:
+            name += "/" + ".".join([str(at) for at in [*inner[:-2], inner[-2] // rows]])
+        size = layout.itemsize
         if name not in self.buffers:
             # Sized to what the block can hold of the tensor: a block at the tensor's edge (or of a
             # tensor narrower than a block) holds only the elements that exist, not a full block.
             first = starts[-1] - inner[-1]
-            held = min(block[-1], tensor.shape[-1] - first)
+            held = min(block[-1], layout.last_extent - first)
             self.buffers[name] = self.bir.buffers.add(
                 name=name, memory=tensor.memory, partitions=rows, bytes_per_partition=held * size,
                 address=-1,
@@ -267,6 +288,28 @@ class BirCodeGenLoop:
         )
 
 
+@dataclass(frozen=True)
+class _BlockLayout:
+    """How an on-chip tensor's blocks become virtual buffers, read once per tensor. A virtual
+    buffer is one slab of a block: at most 128 partitions by the block's free extent. A block has
+    one slab unless it spans several leading positions or more than 128 rows (a block widened by
+    software pipelining to hold several iterations, one slab each: `slabbed`)."""
+    block: tuple[int, ...]
+    rows: int
+    slabbed: bool
+    replicated: frozenset[int]
+    itemsize: int
+    last_extent: int  # the tensor's last dimension
+
+    @classmethod
+    def of(cls, tensor: penguin_pb2.TensorDecl) -> _BlockLayout:
+        block = tuple(tensor.block_shape)
+        rows = min(block[-2], PARTITIONS) if len(block) >= 2 else PARTITIONS
+        slabbed = len(block) >= 2 and (math.prod(block[:-2]) > 1 or block[-2] > rows)
+        return cls(block, rows, slabbed, frozenset(tensor.replicated_dims), itemsize(tensor.dtype),
+                   tensor.shape[-1] if tensor.shape else 1)
+
+
 def _partition_broadcast(load: bir_pb2.Instruction) -> bool:
     """An HBM -> on-chip dma whose HBM side repeats one row for every partition (stride 0; also
     for a one-row partial tile, so that the instruction budget counts every such load alike)."""
@@ -276,11 +319,22 @@ def _partition_broadcast(load: bir_pb2.Instruction) -> bool:
 
 
 @dataclass(frozen=True)
+class _StatementPlan:
+    """A statement read once per nest: its accesses' plans and what its instructions copy."""
+    outputs: list[_AccessPlan]
+    inputs: list[_AccessPlan]
+    accumulate_axis: str  # a matmul's: it accumulates except at this axis's first step
+    accumulate_shift: int  # the statement's pipeline stage along that axis
+    attributes: list[tuple[str, str]]  # the statement attributes every instruction carries
+    broadcast: bool  # a [P, 1] input tile read across the output's free dimension
+
+
+@dataclass(frozen=True)
 class _AccessPlan:
-    """An access read once per nest: its tensor and starts compiled to (var, coeff) pairs."""
+    """An access read once per nest: its tensor, and its starts compiled to one function of the point."""
     tensor: penguin_pb2.TensorDecl
     shape: tuple[int, ...]
-    starts: tuple[affine.Compiled, ...]
+    starts: Callable[[tuple], list[int]]
     extents: tuple[int, ...]
 
 
