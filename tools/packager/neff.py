@@ -142,45 +142,50 @@ def _validate(program: bir_pb2.Program, streams: list[bir_pb2.Stream]) -> None:
         for instruction in stream.instructions:
             for kind, operands in (("input", instruction.inputs), ("output", instruction.outputs)):
                 for index, ap in enumerate(operands):
-                    _check_operand(instruction, f"{kind} {index}", ap, tensors, buffers)
-            for semaphore in [w.semaphore for w in instruction.waits] + [
-                u.semaphore for u in instruction.updates
-            ]:
-                if not 0 <= semaphore < program.num_semaphores:
-                    raise CompileError(
-                        "E503",
-                        f"instruction {instruction.name!r} uses semaphore {semaphore} but the program has "
-                        f"{program.num_semaphores}",
-                        instruction.name,
-                    )
+                    memory = ap.memory
+                    if (buffers.get(ap.tensor) != memory) if memory in ONCHIP else (
+                        memory != common_pb2.HBM or ap.tensor not in tensors
+                    ):
+                        _operand_error(instruction, f"{kind} {index}", ap, tensors, buffers)
+            for sync in (instruction.waits, instruction.updates):
+                for entry in sync:
+                    if not 0 <= entry.semaphore < program.num_semaphores:
+                        raise CompileError(
+                            "E503",
+                            f"instruction {instruction.name!r} uses semaphore {entry.semaphore} but the "
+                            f"program has {program.num_semaphores}",
+                            instruction.name,
+                        )
 
 
-def _check_operand(
+ONCHIP = (common_pb2.SBUF, common_pb2.PSUM)
+
+
+def _operand_error(
     instruction: bir_pb2.Instruction,
     what: str,
     ap: bir_pb2.AccessPattern,
     tensors: set[str],
     buffers: dict[str, int],
 ) -> None:
+    """The E503 of an operand that names no memory or a tensor or buffer that is not there (or is
+    in another memory). The walk in _validate tests that cheaply; this says what is wrong."""
     where = f"instruction {instruction.name!r} {what}"
     if ap.memory == common_pb2.HBM:
-        if ap.tensor not in tensors:
-            raise CompileError("E503", f"{where} names unknown HBM tensor {ap.tensor!r}", instruction.name)
-    elif ap.memory in (common_pb2.SBUF, common_pb2.PSUM):
+        raise CompileError("E503", f"{where} names unknown HBM tensor {ap.tensor!r}", instruction.name)
+    if ap.memory in ONCHIP:
         memory = common_pb2.Memory.Name(ap.memory)
         if ap.tensor not in buffers:
             raise CompileError(
                 "E503", f"{where} names unknown {memory} buffer {ap.tensor!r}", instruction.name
             )
-        if buffers[ap.tensor] != ap.memory:
-            raise CompileError(
-                "E503",
-                f"{where} uses buffer {ap.tensor!r} as {memory} but it is in "
-                f"{common_pb2.Memory.Name(buffers[ap.tensor])}",
-                instruction.name,
-            )
-    else:
-        raise CompileError("E503", f"{where} names no memory", instruction.name)
+        raise CompileError(
+            "E503",
+            f"{where} uses buffer {ap.tensor!r} as {memory} but it is in "
+            f"{common_pb2.Memory.Name(buffers[ap.tensor])}",
+            instruction.name,
+        )
+    raise CompileError("E503", f"{where} names no memory", instruction.name)
 
 
 def build_neff(program: bir_pb2.Program, metadata: Mapping[str, str] | None = None) -> bir_pb2.Neff:
