@@ -20,6 +20,7 @@ import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from google.protobuf.message import DecodeError
 
@@ -146,7 +147,7 @@ def _validate(program: bir_pb2.Program, streams: list[bir_pb2.Stream]) -> None:
                     if (buffers.get(ap.tensor) != memory) if memory in ONCHIP else (
                         memory != common_pb2.HBM or ap.tensor not in tensors
                     ):
-                        _operand_error(instruction, f"{kind} {index}", ap, tensors, buffers)
+                        _operand_error(instruction, f"{kind} {index}", ap, buffers)
             for sync in (instruction.waits, instruction.updates):
                 for entry in sync:
                     if not 0 <= entry.semaphore < program.num_semaphores:
@@ -162,12 +163,8 @@ ONCHIP = (common_pb2.SBUF, common_pb2.PSUM)
 
 
 def _operand_error(
-    instruction: bir_pb2.Instruction,
-    what: str,
-    ap: bir_pb2.AccessPattern,
-    tensors: set[str],
-    buffers: dict[str, int],
-) -> None:
+    instruction: bir_pb2.Instruction, what: str, ap: bir_pb2.AccessPattern, buffers: dict[str, int]
+) -> NoReturn:
     """The E503 of an operand that names no memory or a tensor or buffer that is not there (or is
     in another memory). The walk in _validate tests that cheaply; this says what is wrong."""
     where = f"instruction {instruction.name!r} {what}"
