@@ -56,3 +56,20 @@ def test_a_variable_that_is_no_axis_of_the_nest_is_named() -> None:
     with pytest.raises(CompileError) as err:
         lower_to_bir(_program(affine.expr({"q": 128})))
     assert err.value.code == "E301" and "'q'" in err.value.message and "not an axis" in err.value.message
+
+
+def test_an_on_chip_tensor_whose_block_has_no_partition_dimension_is_named() -> None:
+    """(It was an IndexError traceback.)"""
+    program = _program(affine.expr({"i": 128}))
+    for tensor in program.tensors:
+        if tensor.name == "a":
+            del tensor.shape[:]
+            tensor.shape.append(512 * 64)
+            del tensor.block_shape[:]
+            tensor.block_shape.append(128 * 64)
+    load = program.nests[0].statements[0]
+    del load.outputs[0].starts[1:]
+    del load.outputs[0].extents[1:]
+    with pytest.raises(CompileError) as err:
+        lower_to_bir(program)
+    assert err.value.code == "E301" and "'a'" in err.value.message and "1 dimensions" in err.value.message

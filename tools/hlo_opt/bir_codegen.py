@@ -261,7 +261,7 @@ class BirCodeGenLoop:
             raise CompileError("E301", f"access does not fit the block of on-chip tensor '{tensor.name}'",
                                tensor.name)
         inner = [s % b for s, b in zip(starts, block, strict=True)]
-        if layout.slabbed and inner[-2] % rows + extents[-2] > rows and block[-2] > rows:
+        if inner[-2] % rows + extents[-2] > rows and block[-2] > rows:
             raise CompileError("E301", f"access straddles two slabs of on-chip tensor '{tensor.name}'",
                                tensor.name)
         name = f"{tensor.name}[{','.join([str(s // b) for s, b in zip(starts, block, strict=True)])}]"
@@ -303,11 +303,15 @@ class _BlockLayout:
 
     @classmethod
     def of(cls, tensor: penguin_pb2.TensorDecl) -> _BlockLayout:
+        """E301 for a block of fewer than two dimensions (partitions by free elements)."""
         block = tuple(tensor.block_shape)
-        rows = min(block[-2], PARTITIONS) if len(block) >= 2 else PARTITIONS
-        slabbed = len(block) >= 2 and (math.prod(block[:-2]) > 1 or block[-2] > rows)
+        if len(block) < 2:
+            raise CompileError("E301", f"on-chip tensor '{tensor.name}' has a block of {len(block)} "
+                               "dimensions; it needs partitions and free elements", tensor.name)
+        rows = min(block[-2], PARTITIONS)
+        slabbed = math.prod(block[:-2]) > 1 or block[-2] > rows
         return cls(block, rows, slabbed, frozenset(tensor.replicated_dims), itemsize(tensor.dtype),
-                   tensor.shape[-1] if tensor.shape else 1)
+                   tensor.shape[-1])
 
 
 def _partition_broadcast(load: bir_pb2.Instruction) -> bool:
