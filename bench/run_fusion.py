@@ -17,9 +17,13 @@ each NEFF in the simulator and prints, side by side:
   speedup     unfused ÷ fused (fusion), and num_stages 1 ÷ num_stages 3 (pipe)
 
 Models: every bundled model (its own inputs), generated MLPs gelu(x @ W1) @ W2 of widths --widths,
-and two load → compute → store loops over 16 row tiles: `tile_chain`, the JAX pipelining fixture
-(tests/data/pipelined_chain, its annotation removed) on f32[2048, 64], and `chain16`, six
-elementwise ops on f32[2048, 512] (random inputs).
+and three load → compute → store loops over row tiles: `tile_chain`, the JAX pipelining fixture
+(tests/data/pipelined_chain, its annotation removed: tanh and exp on ACT alternating with × 0.5 on
+DVE) on f32[2048, 64], 16 tiles; `tile_chain32`, the same function on f32[4096, 64], 32 tiles
+(random inputs); and `chain16`, six elementwise ops on f32[2048, 512], 16 tiles (random inputs).
+
+Pipelining shows at -O0, where each engine runs its instructions in program order: at -O1 and
+above the backend's list scheduler already overlaps the iterations of the unannotated loop.
 
     python bench/run_fusion.py [--models gelu,mlp] [--widths 1024,2048] [--optlevel 0] [--json FILE]
 """
@@ -143,6 +147,11 @@ def models(names: list[str] | None, widths: list[int], scratch: Path) -> list[tu
         path = scratch / "tile_chain.hlo.pb"
         path.write_bytes(module.SerializeToString())
         found.append(("tile_chain", path, _inputs_only(fixture.with_suffix(".io.npz"), scratch)))
+    if names is None or "tile_chain32" in names:
+        path = scratch / "tile_chain32.hlo"
+        text = (ROOT / "tests" / "data" / "pipelined_chain.hlo").read_text().replace("[2048,64]", "[4096,64]")
+        path.write_text(re.sub(r", frontend_attributes=\{[^}]*\}", "", text))
+        found.append(("tile_chain32", path, None))
     if names is None or "chain16" in names:
         path = scratch / "chain16.hlo"
         path.write_text(hlo_text("chain", n=6, rows=2048, cols=512))

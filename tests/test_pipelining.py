@@ -328,11 +328,13 @@ def test_the_axis_attribute_picks_the_loop() -> None:
 
 def test_a_schedule_that_reverses_a_dependence_is_refused_naming_it() -> None:
     """scale reads s before update writes it; cut between them, iteration i+1's scale (stage 0)
-    would run before iteration i's update (stage 1) at the same loop counter."""
+    would run before iteration i's update (stage 1) at the same loop counter in program order, and
+    interleaved, iteration i−1's store (stage 2) after iteration i's update: every body is refused,
+    with the dependence program order reverses."""
     program = accumulating()
-    program.nests[0].attributes["num_stages"] = "2"
+    program.nests[0].attributes["num_stages"] = "3"
     message = refusal(program)
-    assert message.startswith("2-stage pipelining of loop i of nest 'loop' violates the RAW dependence "
+    assert message.startswith("3-stage pipelining of loop i of nest 'loop' violates the RAW dependence "
                               "update (stage 1) -> scale (stage 0) on 's': {")
     assert "update[i, j = 0] -> scale[i' = 1 + i, j' = 0]" in message  # the relation, in axis names
     assert message.endswith("first violated instance update[i=0, j=0] -> scale[i=1, j=0]")
@@ -349,6 +351,58 @@ def test_a_loop_carried_dependence_within_one_stage_is_legal() -> None:
     assert "violates the WAR dependence store (stage 2) -> update (stage 1) on 's'" in refusal(program)
 
 
+def test_mode_a_interleaves_the_stages_when_that_keeps_a_dependence_program_order_reverses() -> None:
+    """At 2 stages program order would run iteration i+1's scale before iteration i's update;
+    interleaved, the body is load(i), update(i−1), scale(i), store(i−1), which keeps it."""
+    program = accumulating()
+    program.nests[0].attributes["num_stages"] = "2"
+    assert pipeline_loops(program).loops_pipelined == 1
+    assert [(st.name, st.attributes["stage"]) for st in program.nests[0].statements] == \
+        [("load", "0"), ("update", "1"), ("scale", "0"), ("store", "1")]
+
+
+def alternating(iterations: int = 16, chain: int = 6) -> penguin_pb2.Program:
+    """load; `chain` ops alternating ACT (tanh) and DVE (add), each reading the one before; store."""
+    program = elementwise(iterations)
+    rows = 128 * iterations
+    names = [f"t{k}" for k in range(chain)]
+    program.tensors.extend(tile(name, rows) for name in names)
+    nest = program.nests[0]
+    del nest.statements[:]
+    nest.statements.append(statement("load", "dma", box("a"), box("x"), engine=SP))
+    previous = "a"
+    for k, name in enumerate(names):
+        if k % 2 == 0:
+            nest.statements.append(statement(name, "activation", box(name), box(previous), engine=ACT))
+        else:
+            nest.statements.append(statement(name, "tensor_tensor", box(name), box(previous), box(previous)))
+        previous = name
+    nest.statements.append(statement("store", "dma", box("y"), box(previous), engine=SP))
+    return program
+
+
+def test_mode_a_interleaves_an_engine_alternating_chain_and_groups_a_one_engine_chain() -> None:
+    """Without the backend's scheduler each engine runs the body in order: an ACT/DVE chain keeps
+    both busy only when iterations interleave; a chain on DVE alone gains nothing from it, and
+    program order is kept."""
+    program = alternating()
+    program.nests[0].attributes["num_stages"] = "3"
+    pipeline_loops(program)
+    stages = [(st.name, st.attributes["stage"]) for st in program.nests[0].statements]
+    assert stages[:4] == [("load", "0"), ("t2", "1"), ("t5", "2"), ("t0", "0")]
+    assert sorted(stages) == sorted([("load", "0"), ("t0", "0"), ("t1", "0"), ("t2", "1"), ("t3", "1"),
+                                     ("t4", "1"), ("t5", "2"), ("store", "2")])
+    program = alternating()
+    for st in program.nests[0].statements:
+        if st.engine == ACT:
+            st.op, st.engine, st.func = "tensor_tensor", DVE, "add"
+            st.inputs.append(st.inputs[0])
+    program.nests[0].attributes["num_stages"] = "3"
+    pipeline_loops(program)
+    assert [st.name for st in program.nests[0].statements] == ["load", "t0", "t1", "t2", "t3", "t4", "t5",
+                                                                "store"]
+
+
 def test_an_execution_order_that_reverses_a_dependence_is_refused() -> None:
     program = mode_b(0, 1, 1, 2, orders=(0, 2, 1, 3))  # add (reads b) before tanh writes b
     assert "Execution orders must increase within a stage" in refusal(program)
@@ -361,9 +415,9 @@ def test_the_command_line_default_skips_loops_it_would_make_wrong(capsys) -> Non
     program = accumulating()
     program.nests.append(elementwise(16).nests[0])
     program.nests[1].name = "fine"
-    stats = pipeline_loops(program, num_stages=2)
+    stats = pipeline_loops(program, num_stages=3)
     assert (stats.loops_pipelined, stats.loops_skipped) == (1, 1)
-    assert program.nests[0].axes[0].extent == 8 and program.nests[1].axes[0].extent == 17
+    assert program.nests[0].axes[0].extent == 8 and program.nests[1].axes[0].extent == 18
     assert "nest 'loop' left unpipelined (--num-stages)" in capsys.readouterr().err
     assert pipeline_loops(elementwise(16), num_stages=5).loops_pipelined == 0  # more stages than statements
 
