@@ -560,7 +560,8 @@ def test_the_annotated_jax_model_pipelines_matches_jax_race_free_and_runs_faster
         with np.load(io) as want, np.load(tmp_path / f"{name}.npz") as got:
             np.testing.assert_allclose(got["out0"], want["out0"], rtol=1e-5, atol=1e-6)
         timings[name] = float(json.loads(report.read_text())["simulated_ns"])
-    if optlevel == 0:  # the program order is the schedule: the pipelined order overlaps the stages
-        assert timings["annotated"] < timings["plain"], timings
+    if optlevel == 0:  # the program order is the schedule: the interleaved body overlaps the
+        # ACT/DVE chain of three iterations (13.8 -> 9.1 us; 11.0 with the stages grouped)
+        assert timings["annotated"] * 1.4 < timings["plain"], timings
     else:  # pre_sched overlaps the plain loop's iterations as well (the same schedule today)
         assert timings["annotated"] <= timings["plain"], timings
