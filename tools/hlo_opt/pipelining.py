@@ -226,22 +226,30 @@ def _duration(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDe
     target = load_target()
     accesses = [*st.inputs, *st.outputs]
     if is_dma(st.op):
-        moved = max(math.prod(a.extents) * itemsize(tensors[a.tensor].dtype) for a in accesses)
+        moved = max((math.prod(a.extents) * itemsize(tensors[a.tensor].dtype) for a in accesses), default=0)
         return moved / min(target.hbm_bandwidth_gbps, target.dma_queues * target.dma_queue_bandwidth_gbps)
-    free = max(math.prod(a.extents[:-2]) * a.extents[-1] if len(a.extents) > 1 else a.extents[0]
-               for a in accesses)
-    return target.cycles_to_ns(st.engine, engine_cycles(target, op=st.op, engine=st.engine,
-                                                        inputs=len(st.inputs), free=free))
+    fp32 = any(tensors[a.tensor].dtype == common_pb2.F32 for a in st.inputs)
+    moving = _free_elements(st.inputs[1]) if len(st.inputs) > 1 else 0
+    free = max((_free_elements(a) for a in accesses), default=1)
+    cycles = engine_cycles(target, op=st.op, engine=st.engine, inputs=len(st.inputs), free=free,
+                           moving_free=moving, fp32=fp32)
+    return target.cycles_to_ns(st.engine, cycles)
+
+
+def _free_elements(access: penguin_pb2.Access) -> int:
+    """Elements per partition of an on-chip box (the partitions are its second-to-last dimension)."""
+    extents = list(access.extents)
+    return math.prod(extents) // (extents[-2] if len(extents) > 1 and extents[-2] else 1)
 
 
 def in_order_makespan(nest: penguin_pb2.LoopNest, stages: list[int], order: list[int], durations: list[float],
                       iterations: int) -> float:
     """An estimate of the time the pipelined loop takes over `iterations`, fill and drain
-    included: a compute statement starts once its
-    engine is done with the ones before it in the body and the statements of its own iteration that
-    wrote a tensor it reads have finished; a dma, whose trigger engine and queue the backend picks
-    (loads run ahead on SP, stores go to other engines), waits only for those and lands its
-    transfer time and the queues' fixed latency later."""
+    included: a compute statement starts once its engine is done with the ones before it in the
+    body and the statements of its own iteration that wrote a tensor it reads have finished; a dma,
+    whose trigger engine and queue the backend picks (loads run ahead on SP, stores go to other
+    engines), waits only for those and lands its transfer time and the queues' fixed latency
+    later."""
     statements = list(nest.statements)
     producers = [[j for j in range(k) if {a.tensor for a in statements[j].outputs}
                   & {a.tensor for a in statements[k].inputs}] for k in range(len(statements))]
