@@ -936,9 +936,31 @@ RANDOM = Case(
     lambda *_: tuple(array for _, _, state, bits in RNG_EXPECTED for array in (state, bits)),
 )
 
+# float -> integer converts saturate (XLA's semantics): NaN is 0, ±inf and out-of-range values clip
+_EDGES = np.array([1.5, -1.0, -2.7, 300.0, 3e9, -3e9, 2147483648.0, 4.3e9, np.inf, -np.inf, np.nan, 255.9,
+                   -128.5, 65535.0], dtype=np.float32)
+_SATURATING = [("s32", np.int32), ("u32", np.uint32), ("s8", np.int8), ("u8", np.uint8), ("s16", np.int16),
+               ("u16", np.uint16)]
+
+
+def _saturated(x: np.ndarray, kind: type) -> np.ndarray:
+    info = np.iinfo(kind)
+    return np.array([0 if np.isnan(v) else info.max if v >= info.max else info.min if v <= info.min
+                     else int(np.trunc(v)) for v in x.astype(np.float64).ravel()], dtype=kind).reshape(x.shape)
+
+
+SATURATING_CONVERTS = Case(
+    "saturating_converts",
+    _module("saturating_converts", ["f32[2,14]"],
+            [f"c{k} = {name}[2,14] convert(p0)" for k, (name, _) in enumerate(_SATURATING)],
+            [f"{name}[2,14] c{k}" for k, (name, _) in enumerate(_SATURATING)]),
+    lambda _rng: [np.stack([_EDGES, -_EDGES])],
+    lambda x: tuple(_saturated(x, kind) for _, kind in _SATURATING),
+)
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
          TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, BITS,
-         SELECT_AND_SCATTER, ELEMENTS, RANDOM]
+         SELECT_AND_SCATTER, ELEMENTS, RANDOM, SATURATING_CONVERTS]
 
 
 @pytest.mark.slow

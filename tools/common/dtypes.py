@@ -109,9 +109,19 @@ def from_compute(values: np.ndarray, dtype: int) -> np.ndarray:
     if is_float(dtype):
         return np.asarray(values).astype(_STORAGE[dtype])
     values = np.asarray(values)
-    if values.dtype.kind == "f":  # a float converted to an integer truncates toward zero
-        return values.astype(np.int64).astype(_STORAGE[dtype])
+    if values.dtype.kind == "f":
+        return float_to_int(values, _STORAGE[dtype])
     return values.astype(_STORAGE[dtype])  # integers keep their low bits (two's complement)
+
+
+def float_to_int(values: np.ndarray, integer: np.dtype) -> np.ndarray:
+    """XLA's float → integer convert: truncate toward zero and saturate at the type's range (±inf
+    too); NaN is 0."""
+    info = np.iinfo(integer)
+    truncated = np.nan_to_num(np.trunc(np.asarray(values, dtype=np.float64)), nan=0.0)
+    # float64 may round the type's max up past it (2**63 − 1, 2**64 − 1): clip just below, then set
+    clipped = np.clip(truncated, float(info.min), np.nextafter(float(info.max) + 1, 0.0))
+    return np.where(truncated >= float(info.max), info.max, clipped.astype(integer)).astype(integer)
 
 
 def tensor_to_numpy(tensor: common_pb2.Tensor) -> np.ndarray:

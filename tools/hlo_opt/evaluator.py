@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ncc.schemas import hlo_pb2
-from ncc.tools.common.dtypes import from_compute, storage_dtype, to_compute
+from ncc.tools.common.dtypes import float_to_int, from_compute, storage_dtype, to_compute
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply, round_to
 from ncc.tools.hlo.hlo_types import (
@@ -574,11 +574,7 @@ def _convert(values: np.ndarray, kind: int) -> np.ndarray:
     dtype = compute_dtype(kind)
     if values.dtype.kind != "f":
         return values.astype(np.int64).astype(dtype) if values.dtype != bool else values.astype(dtype)
-    info = np.iinfo(dtype)
-    truncated = np.nan_to_num(np.trunc(values.astype(np.float64)), nan=0.0)
-    clipped = np.clip(truncated, float(info.min), np.nextafter(float(info.max) + 1, 0.0))
-    result = clipped.astype(dtype)
-    return np.where(truncated >= float(info.max), info.max, result).astype(dtype)
+    return float_to_int(values, np.dtype(dtype))
 
 
 _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
