@@ -48,6 +48,37 @@ ENTRY main {
 """
 
 
+# A masked softmax along axis 0: the masked scores hold -inf by construction, and transposing
+# them on PE (a matmul against an identity: -inf * 0 = NaN) would turn every output into NaN.
+MASKED_TRANSPOSE = """HloModule masked_transpose
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[128,96] parameter(0)
+  m = pred[128,96] parameter(1)
+  fill = f32[] constant(FILL)
+  fills = f32[128,96] broadcast(fill), dimensions={}
+  masked = f32[128,96] select(m, x, fills)
+  t = f32[96,128] transpose(masked), dimensions={1,0}
+  zero = f32[] constant(0)
+  low = f32[] constant(-inf)
+  top = f32[96] reduce(t, low), dimensions={1}, to_apply=max
+  tops = f32[96,128] broadcast(top), dimensions={0}
+  e = f32[96,128] exponential(f32[96,128] subtract(t, tops))
+  sums = f32[96,128] broadcast(f32[96] reduce(e, zero), dimensions={1}, to_apply=add), dimensions={0}
+  ROOT p = f32[96,128] divide(e, sums)
+}
+"""
+
+
 def _optimized(text: str, **forward_options: int) -> tuple[penguin_pb2.Program, object]:
     program = lower_module(parse_hlo_text(text))
     optimize(program, BEFORE_FORWARD)
@@ -135,6 +166,36 @@ def _compile(tmp_path: Path, text: str, name: str, *flags: str, rows: int = 128
     ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), timeout=300)
     assert ran.returncode == 0, ran.stderr
     return bir, np.load(out)["out0"]
+
+
+def test_a_tile_holding_minus_infinity_by_construction_is_not_transposed_on_pe() -> None:
+    program, stats = _optimized(MASKED_TRANSPOSE.replace("FILL", "-inf"))
+    assert stats.transposes == 0 and stats.refused.get("non-finite", 0) >= 1
+    assert "transpose" not in _ops(program)
+    program, stats = _optimized(MASKED_TRANSPOSE.replace("FILL", "-1e30"))  # a finite fill may go
+    assert stats.transposes >= 1 and "non-finite" not in stats.refused
+
+
+@pytest.mark.slow
+def test_a_masked_softmax_along_axis_0_computes_numbers_at_o2(tmp_path: Path) -> None:
+    model = tmp_path / "masked.hlo"
+    model.write_text(MASKED_TRANSPOSE.replace("FILL", "-inf"))
+    neff, inputs, out = tmp_path / "masked.neff", tmp_path / "in.npz", tmp_path / "out.npz"
+    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", timeout=300)  # -O2
+    assert compiled.returncode == 0, compiled.stderr
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((128, 96), dtype=np.float32)
+    mask = rng.random((128, 96)) < 0.7
+    mask[0] = True  # every column keeps a value
+    np.savez(inputs, arg0=x, arg1=mask)
+    ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    scores = np.where(mask, x, -np.inf).T.astype(np.float64)
+    want = np.exp(scores - scores.max(axis=1, keepdims=True))
+    want /= want.sum(axis=1, keepdims=True)
+    got = np.load(out)["out0"]
+    assert np.isfinite(got).all()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow

@@ -945,8 +945,9 @@ _SATURATING = [("s32", np.int32), ("u32", np.uint32), ("s8", np.int8), ("u8", np
 
 def _saturated(x: np.ndarray, kind: type) -> np.ndarray:
     info = np.iinfo(kind)
-    return np.array([0 if np.isnan(v) else info.max if v >= info.max else info.min if v <= info.min
-                     else int(np.trunc(v)) for v in x.astype(np.float64).ravel()], dtype=kind).reshape(x.shape)
+    values = [0 if np.isnan(v) else info.max if v >= info.max else info.min if v <= info.min
+              else int(np.trunc(v)) for v in x.astype(np.float64).ravel()]
+    return np.array(values, dtype=kind).reshape(x.shape)
 
 
 SATURATING_CONVERTS = Case(

@@ -22,11 +22,13 @@ a copy would convert them), and:
     a PE `transpose` of L's box into a PSUM tile, and a `tensor_copy` of that into B's tile; a
     later nest wanting the same box transposed into a tile like B's copies B's instead.
 A copy is exact; a transpose is exact for finite values (docs/ir.md: the PE transposes through a
-matmul against an identity), so only float tiles take it. Software-pipelined nests take part
-(stage shifts are undone before writers and stores are compared; stage guards decide where a
-box is checked). Tiles with replicated dimensions keep their loads, and so does L whose blocks
-together pass `max_bytes` a partition: L then stays on chip from A to B, and a large one would
-crowd SBUF into spills. `dce` (run again after this pass) removes stores nobody reads any more.
+matmul against an identity), so only float tiles take it, and not a tile that may hold ±inf or NaN
+by construction (a −inf mask fill and what is computed from it: nonfinite.py).
+Software-pipelined nests take part (stage shifts are undone before writers and stores are
+compared; stage guards decide where a box is checked). Tiles with replicated dimensions keep
+their loads, and so does L whose blocks together pass `max_bytes` a partition: L then stays on
+chip from A to B, and a large one would crowd SBUF into spills. `dce` (run again after this
+pass) removes stores nobody reads any more.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ncc.tools.common import affine
 from ncc.tools.common.access_keys import box_key
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.fusion import one_axis_per_dimension
+from ncc.tools.hlo_opt.nonfinite import nonfinite_tensors
 
 PARTITIONS = 128
 MAX_BYTES = 16 * 1024  # a forwarded tile's blocks together, per partition
@@ -77,6 +80,7 @@ class _Plan:
     copies: int = 0
     transposes: int = 0
     made: list[tuple[tuple, penguin_pb2.TensorDecl, penguin_pb2.Access]] = field(default_factory=list)
+    refusal: str = ""  # why the load keeps its DMA, when _rewrite knows better than "layout"
 
 
 def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> ForwardStats:
@@ -89,7 +93,7 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
         for st in nest.statements:
             for access in st.outputs:
                 writes[access.tensor] = writes.get(access.tensor, 0) + 1
-    transposed = _Transposed(writes)
+    transposed = _Transposed(writes, nonfinite_tensors(program))
     for k, nest in enumerate(program.nests):
         statements: list[penguin_pb2.Statement] = []
         changed = False
@@ -100,7 +104,7 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
                 why = _why_not(source, k, max_bytes)
                 rewritten = None if why else _rewrite(st, source, nest, tensors, program, plan, transposed)
                 if why or rewritten is None:
-                    stats.refuse(why or "layout")
+                    stats.refuse(why or plan.refusal or "layout")
             if rewritten is None:
                 statements.append(st)
                 continue
@@ -232,10 +236,12 @@ def _why_not(source: _Source, nest: int, max_bytes: int) -> str:
 class _Transposed:
     """Tiles already made by a forwarded transpose: a later nest that wants the same box of the
     same tile transposed, into a tile of the same shape at the same box (the q, k and v dots all
-    read the normed activations transposed), copies the first one's instead of transposing again."""
+    read the normed activations transposed), copies the first one's instead of transposing again;
+    and the tiles that may hold ±inf or NaN by construction, which are never transposed."""
 
-    def __init__(self, writes: dict[str, int]) -> None:
+    def __init__(self, writes: dict[str, int], nonfinite: set[str]) -> None:
         self.writes = writes
+        self.nonfinite = nonfinite
         self.made: dict[tuple, tuple[penguin_pb2.TensorDecl, penguin_pb2.Access]] = {}
 
     @staticmethod
@@ -286,6 +292,9 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
     if (part_b, free_b) != (rank_a - 1, rank_a - 2) or max(extents[-2:]) > PARTITIONS:
         return None
     if target.dtype not in _PE_EXACT:
+        return None
+    if source.tile.name in transposed.nonfinite:
+        plan.refusal = "non-finite"  # the PE would spread an inf or a NaN along its column
         return None
     key = _Transposed.key(load, tile_access, target, nest)
     earlier = transposed.earlier(key)
