@@ -61,11 +61,14 @@ def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
         if any("pipelined" in axis.attributes for axis in nest.axes):
             continue
         writers: dict[str, int] = defaultdict(int)
+        readers: dict[str, list[penguin_pb2.Access]] = defaultdict(list)  # tensor -> its reads in the nest
         for st in nest.statements:
             for access in st.outputs:
                 writers[base(tensors, access.tensor)] += 1
+            for access in st.inputs:
+                readers[access.tensor].append(access)
         for st in nest.statements:
-            hoisted = _hoist(nest, st, tensors, writers, nests_of, index)
+            hoisted = _hoist(nest, st, tensors, writers, readers, nests_of, index)
             if hoisted:
                 stats.loads_hoisted += 1
                 stats.tiles_replicated += hoisted
@@ -74,7 +77,8 @@ def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
 
 
 def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
-           writers: dict[str, int], nests_of: dict[str, set[int]], index: int) -> int:
+           writers: dict[str, int], readers: dict[str, list[penguin_pb2.Access]],
+           nests_of: dict[str, set[int]], index: int) -> int:
     """Hoist `st` if it is an invariant load along some axis; the number of axes it was hoisted along."""
     if st.predicates or not _load_into_own_tile(st, tensors, writers, nests_of, index):
         return 0
@@ -83,7 +87,6 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
     if not view.view_of or len(dst.block_shape) != len(dst.shape):
         return 0
     strides = list(view.view_strides)
-    readers = [a for other in nest.statements for a in other.inputs if a.tensor == tile.tensor]
     hoisted = 0
     for axis in nest.axes:
         if axis.extent <= 1:
@@ -93,7 +96,7 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
         dims = [d for d, start in enumerate(tile.starts) if _uses(start, axis.name)]
         if not dims or len(dst.shape) - 1 in dims:
             continue
-        accesses = [tile, *readers]
+        accesses = [tile, *readers[tile.tensor]]
         if any(_uses(start, axis.name) for a in accesses for d, start in enumerate(a.starts)
                if d not in dims):
             continue  # some access moves along the axis in another dimension too
