@@ -166,3 +166,29 @@ def test_a_materialized_transpose_copies_whole_partition_tiles(models_dir: Path)
     assert len(copies) == 8
     assert all(ap.partition_count == 128 for i in copies for ap in [*i.inputs, *i.outputs]
                if ap.memory == common_pb2.SBUF)
+
+
+def test_a_cumsum_lowers_to_log2_n_doubling_steps_not_n_window_offsets() -> None:
+    """JAX's cumsum is a reduce-window as long as its axis: folded over every window offset it was
+    n elementwise ops over the whole array (a cumsum over 32,000 columns passed the instruction
+    budget); as a scan it is ceil(log2 n) steps of one add each."""
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+
+    def adds(n: int, init: str) -> int:
+        text = f"""HloModule cumsum
+add {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}}
+ENTRY main {{
+  x = f32[2,{n}] parameter(0)
+  z = f32[] constant({init})
+  ROOT c = f32[2,{n}] reduce-window(x, z), window={{size=1x{n} pad=0_0x{n - 1}_0}}, to_apply=add
+}}
+"""
+        program = lower_module(parse_hlo_text(text))
+        return sum(st.func == "add" for nest in program.nests for st in nest.statements)
+
+    assert adds(4000, "0") == 12 and adds(4096, "0") == 12 and adds(2, "0") == 1
+    assert adds(40, "1") >= 40  # an init that is not add's identity folds every offset

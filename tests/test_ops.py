@@ -959,9 +959,70 @@ SATURATING_CONVERTS = Case(
     lambda x: tuple(_saturated(x, kind) for _, kind in _SATURATING),
 )
 
+# Inclusive scans as JAX writes them (a reduce-window as long as the axis, padded n - 1 on one
+# side): lowered as ceil(log2 n) doubling steps rather than n window offsets
+SCANS = Case(
+    "scans",
+    """HloModule scans
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+iadd {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  ROOT s = s32[] add(a, b)
+}
+max {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(b, a)
+}
+imin {
+  a = s32[] parameter(0)
+  b = s32[] parameter(1)
+  ROOT m = s32[] minimum(a, b)
+}
+mul {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] multiply(a, b)
+}
+ENTRY main {
+  x = f32[3,1000] parameter(0)
+  k = s32[77,5] parameter(1)
+  zero = f32[] constant(0)
+  izero = s32[] constant(0)
+  ninf = f32[] constant(-inf)
+  big = s32[] constant(2147483647)
+  one = f32[] constant(1)
+  sum = f32[3,1000] reduce-window(x, zero), window={size=1x1000 pad=0_0x999_0}, to_apply=add
+  rsum = f32[3,1000] reduce-window(x, zero), window={size=1x1000 pad=0_0x0_999}, to_apply=add
+  top = f32[3,1000] reduce-window(x, ninf), window={size=1x1000 pad=0_0x999_0}, to_apply=max
+  isum = s32[77,5] reduce-window(k, izero), window={size=77x1 pad=76_0x0_0}, to_apply=iadd
+  imin = s32[77,5] reduce-window(k, big), window={size=77x1 pad=0_76x0_0}, to_apply=imin
+  prod = f32[3,1000] reduce-window(x, one), window={size=1x1000 pad=0_0x999_0}, to_apply=mul
+  small = f32[2,50] parameter(2)
+  offset = f32[2,50] reduce-window(small, one), window={size=1x50 pad=0_0x49_0}, to_apply=add
+  ROOT out = (f32[3,1000], f32[3,1000], f32[3,1000], s32[77,5], s32[77,5], f32[3,1000], f32[2,50])
+    tuple(sum, rsum, top, isum, imin, prod, offset)
+}
+""",
+    lambda rng: [(1 + rng.standard_normal((3, 1000)) / 1000).astype(np.float32),
+                 rng.integers(-1000, 1000, (77, 5)).astype(np.int32),
+                 rng.standard_normal((2, 50)).astype(np.float32)],
+    lambda x, k, small: (
+        np.cumsum(x.astype(np.float64), axis=1), np.cumsum(x[:, ::-1].astype(np.float64), axis=1)[:, ::-1],
+        np.maximum.accumulate(x, axis=1), np.cumsum(k, axis=0).astype(np.int32),
+        np.minimum.accumulate(k[::-1], axis=0)[::-1], np.cumprod(x.astype(np.float64), axis=1),
+        # an init of 1 is no identity of add: every padded element adds it (50 - j of them), no scan
+        np.cumsum(small.astype(np.float64), axis=1) + (50 - np.arange(50))),
+)
+
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
          TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, BITS,
-         SELECT_AND_SCATTER, ELEMENTS, RANDOM, SATURATING_CONVERTS]
+         SELECT_AND_SCATTER, ELEMENTS, RANDOM, SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
+from ncc.tools.common.dtypes import storage_dtype
 from ncc.tools.hlo.index_math import (
     pad_placement,
     pad_target,
@@ -18,6 +19,21 @@ from ncc.tools.hlo.index_math import (
 from ncc.tools.hlo2penguin.nest_builder import ceil_div
 from ncc.tools.hlo2penguin.values import Splat, Value, broadcast_to, product
 from ncc.tools.hlo2penguin.views import View
+
+
+def _scan_identity(opcode: str, dtype: int) -> float | None:
+    """The init that makes a scan's padding add nothing: 0 for add, 1 for multiply, the lowest
+    value for maximum and the highest for minimum (±inf for floats); None for other reducers."""
+    if opcode == "add":
+        return 0.0
+    if opcode == "multiply":
+        return 1.0
+    if opcode not in ("maximum", "minimum") or dtype == common_pb2.PRED:
+        return None
+    if dtype in (common_pb2.F32, common_pb2.BF16, common_pb2.F16):
+        return float("-inf") if opcode == "maximum" else float("inf")
+    info = np.iinfo(storage_dtype(dtype))
+    return float(info.min if opcode == "maximum" else info.max)
 
 
 class WindowOps:
@@ -101,22 +117,74 @@ class WindowOps:
 
     def _reduce_window(self, instr, ops: list[Value]) -> Value:
         """The reducer folded over every window offset; each offset is a strided view of the (padded
-        with the init value) input, so a window of W elements costs W applications of the reducer."""
+        with the init value) input, so a window of W elements costs W applications of the reducer.
+        An inclusive scan (`_scan_of`: cumsum, cumprod, cummax, cummin) takes ⌈log2 n⌉ instead."""
         k = len(ops) // 2
         inputs, inits = ops[:k], ops[k:]
+        reducer = self.computations[instr.called_computation_ids[0]]
+        scan = self._scan_of(instr, inputs, inits, reducer)
+        if scan is not None:
+            return self._scan(inputs[0], inits[0], reducer, *scan, instr.name)
         window = instr.window.dimensions
         edges = [(d.padding_low, d.padding_high, d.base_dilation - 1) for d in window]
         padded = [self._padded(x, init, edges, instr.name) for x, init in zip(inputs, inits, strict=True)]
         result_shape = instr.shape.tuple_shapes[0] if k > 1 else instr.shape
         sizes = self.region_shape + tuple(int(n) for n in result_shape.dimensions)
         accs = [broadcast_to(init, sizes) for init in inits]
-        reducer = self.computations[instr.called_computation_ids[0]]
         for offset in np.ndindex(*(d.size for d in window)):
             at = window_slices(offset, window, sizes)
             elements = [self._window(value, tuple(a.start for a in at), tuple(a.stop for a in at),
                                      tuple(a.step for a in at)) for value in padded]
             accs = self._apply_reducer(reducer, accs + elements, sizes)
         return tuple(accs) if k > 1 else accs[0]
+
+    def _scan_of(self, instr, inputs: list[Value], inits: list[Value],
+                 reducer: hlo_pb2.HloComputationProto) -> tuple[int, bool] | None:
+        """(dimension, reverse) when the reduce-window is an inclusive scan: one input, a window as
+        long as the input along one dimension and 1 along the others, stride 1, no dilation, that
+        dimension padded n − 1 on one side only (reverse: on the high side), a reducer that is one
+        of add, multiply, maximum and minimum of its two parameters, and an init that is its identity
+        (`_scan_identity`: the padding then adds nothing). JAX's cumsum, cumprod, cummax and
+        cummin lower to exactly this."""
+        window = instr.window.dimensions
+        if len(inputs) != 1 or self.region_shape or not isinstance(inits[0], Splat):
+            return None
+        if any(w.stride != 1 or w.base_dilation > 1 or w.window_dilation > 1 or w.window_reversal
+               for w in window):
+            return None
+        long = [d for d, w in enumerate(window) if w.size != 1 or w.padding_low or w.padding_high]
+        if len(long) != 1:
+            return None
+        (d,) = long
+        n, w = inputs[0].shape[d], window[d]
+        if n < 2 or w.size != n or sorted((w.padding_low, w.padding_high)) != [0, n - 1]:
+            return None
+        params = {p.id: p.parameter_number for p in reducer.instructions if p.opcode == "parameter"}
+        root = next((i for i in reducer.instructions if i.id == reducer.root_id), reducer.instructions[-1])
+        if len(reducer.instructions) != 3 or sorted(params.get(i, -1) for i in root.operand_ids) != [0, 1]:
+            return None
+        identity = _scan_identity(root.opcode, inits[0].dtype)
+        if identity is None or inits[0].value != identity:
+            return None
+        return d, w.padding_high > 0
+
+    def _scan(self, x: Value, init: Splat, reducer: hlo_pb2.HloComputationProto, d: int, reverse: bool,
+              source: str) -> Value:
+        """Hillis–Steele: ⌈log2 n⌉ steps, each combining every element with the one `step` before it
+        (after it, reversed), or with the init where there is none; step doubles each time."""
+        n, rank = x.shape[d], len(x.shape)
+        acc, step = x, 1
+        while step < n:
+            edges = [(0, 0, 0)] * rank
+            edges[d] = (0, step, 0) if reverse else (step, 0, 0)
+            padded = self._padded(acc, init, edges, source)
+            starts, limits = [0] * rank, list(x.shape)
+            if reverse:
+                starts[d], limits[d] = step, n + step
+            shifted = self._window(padded, tuple(starts), tuple(limits))
+            (acc,) = self._apply_reducer(reducer, [shifted, acc], x.shape)
+            step *= 2
+        return acc
 
     def _select_and_scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
         """XLA's select-and-scatter (max-pool's gradient) with whole-array ops. Every window walks
