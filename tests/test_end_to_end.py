@@ -55,6 +55,26 @@ def test_fp32_model_matches_jax(models_dir: Path, tmp_path: Path, model: str, su
     assert 0.99 <= report["makespan_over_lower_bound"] <= MAX_OVER_LOWER_BOUND
 
 
+def test_bf16_inputs_saved_as_raw_words_are_taken_bit_for_bit(models_dir: Path, tmp_path: Path) -> None:
+    """np.savez writes an ml_dtypes bfloat16 array as raw 2-byte records: `ncc run` reads them as
+    the bf16 words they are, and computes what the same values widened to float32 give."""
+    from ncc.tools.common.dtypes import f32_to_bf16
+
+    neff = tmp_path / "m.neff"
+    assert run_ncc("compile", str(models_dir / "matmul_bf16.hlo.pb"), "--output", str(neff)).returncode == 0
+    with np.load(models_dir / "matmul_bf16.io.npz") as io:
+        widened = {k: io[k] for k in io.files if k.startswith("arg")}
+    raw = {k: f32_to_bf16(v.astype(np.float32)).view("V2") for k, v in widened.items()}
+    outputs = []
+    for name, arrays in (("widened", widened), ("raw", raw)):
+        np.savez(tmp_path / f"{name}.npz", **arrays)
+        ran = run_ncc("run", str(neff), "--inputs", str(tmp_path / f"{name}.npz"), "--output",
+                      str(tmp_path / f"{name}.out.npz"))
+        assert ran.returncode == 0, ran.stderr
+        outputs.append(np.load(tmp_path / f"{name}.out.npz")["out0"])
+    assert outputs[0].tobytes() == outputs[1].tobytes()
+
+
 @pytest.mark.slow
 def test_bf16_matmul_matches_jax(models_dir: Path, tmp_path: Path) -> None:
     got, report = compile_and_run(models_dir, tmp_path, "matmul_bf16", ".hlo.pb")

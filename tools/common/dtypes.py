@@ -142,7 +142,13 @@ def numpy_to_tensor(name_: str, array: np.ndarray, dtype: int) -> common_pb2.Ten
 
 
 def user_array_to_storage(array: np.ndarray, dtype: int) -> np.ndarray:
-    """Convert an array a user gave (e.g. float32 from an .npz, bf16 widened) to `dtype`'s storage."""
+    """Convert an array a user gave (e.g. float32 from an .npz, bf16 widened) to `dtype`'s storage.
+    A bf16 array saved as its 16-bit words (numpy writes ml_dtypes' bfloat16 to an .npz as raw
+    2-byte records) is taken bit for bit."""
+    array = np.asarray(array)
+    if dtype == common_pb2.BF16 and array.dtype.itemsize == 2 and (array.dtype.kind == "V"
+                                                                   or array.dtype.name == "bfloat16"):
+        return np.ascontiguousarray(array).view(np.uint16)
     return (
         from_compute(np.asarray(array), dtype)
         if dtype != common_pb2.PRED
