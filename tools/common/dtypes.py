@@ -149,11 +149,7 @@ def user_array_to_storage(array: np.ndarray, dtype: int) -> np.ndarray:
     if dtype == common_pb2.BF16 and array.dtype.itemsize == 2 and (array.dtype.kind == "V"
                                                                    or array.dtype.name == "bfloat16"):
         return np.ascontiguousarray(array).view(np.uint16)
-    return (
-        from_compute(np.asarray(array), dtype)
-        if dtype != common_pb2.PRED
-        else (np.asarray(array) != 0).astype(np.uint8)
-    )
+    return from_compute(array, dtype) if dtype != common_pb2.PRED else (array != 0).astype(np.uint8)
 
 
 def storage_to_user_array(storage: np.ndarray, dtype: int) -> np.ndarray:

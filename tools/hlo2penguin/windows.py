@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
-from ncc.tools.common.dtypes import storage_dtype
+from ncc.tools.common.dtypes import is_float, storage_dtype
 from ncc.tools.hlo.index_math import (
     pad_placement,
     pad_target,
@@ -30,7 +30,7 @@ def _scan_identity(opcode: str, dtype: int) -> float | None:
         return 1.0
     if opcode not in ("maximum", "minimum") or dtype == common_pb2.PRED:
         return None
-    if dtype in (common_pb2.F32, common_pb2.BF16, common_pb2.F16):
+    if is_float(dtype):
         return float("-inf") if opcode == "maximum" else float("inf")
     info = np.iinfo(storage_dtype(dtype))
     return float(info.min if opcode == "maximum" else info.max)
