@@ -4,7 +4,8 @@ For each family of bench/hlo_gen.py and each size: write the module's HLO text, 
 with `ncc compile` in a fresh work directory, and read the work directory's files:
 
   BIR instrs    instructions the Frontend job unrolled (its bir.pb)
-  NEFF instrs   instructions in the per-engine streams the WalrusDriver job wrote (its program.pb)
+  NEFF instrs   entries of the per-engine streams the WalrusDriver job wrote (its program.pb): what
+                the NEFF holds, loops rolled by roll_loops (BIR instrs is what it executes)
   compile       end-to-end wall of `ncc compile`
   walrus wall / CPU / peak RSS
                 the WalrusDriver job's record.json: wall_s, user_s + sys_s, peak_rss_bytes
@@ -197,7 +198,7 @@ def job_folder(workdir: Path, job: str) -> Path | None:
 
 
 def neff_instruction_count(workdir: Path) -> int | None:
-    """Instructions in the per-engine streams of the WalrusDriver job's program.pb (what the NEFF holds)."""
+    """Entries of the per-engine streams of the WalrusDriver job's program.pb (what the NEFF holds)."""
     from ncc.schemas import bir_pb2
 
     folder = job_folder(workdir, "WalrusDriver")

@@ -1,7 +1,8 @@
 """`ncc inspect FILE.neff [--json]`: what a NEFF holds, engine by engine.
 
-Prints the header and metadata (how it was compiled), per engine the instruction count and the
-histogram of ops, the semaphores (who updates and who waits on each, and the count they reach),
+Prints the header and metadata (how it was compiled), per engine the instruction count (the
+stream's entries, loops included) and how many it executes (loops expanded), the histogram of
+ops, the semaphores (who updates and who waits on each, and the count they reach),
 the HBM tensor table and the on-chip buffers. `--json` prints the same as one JSON document.
 The NEFF is read with the packager's public reader (ncc.tools.packager.neff.read_neff).
 """
@@ -16,6 +17,7 @@ from typing import Any
 
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, printable
 from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common import loops
 from ncc.tools.common.dtypes import itemsize
 
 
@@ -41,7 +43,9 @@ def _dtype(value: int) -> str:
 
 
 def describe(neff: bir_pb2.Neff) -> dict[str, Any]:
-    """Everything `ncc inspect` shows, as plain data."""
+    """Everything `ncc inspect` shows, as plain data. A stream's `instructions` are its entries
+    (static, loops included), `executed` what it runs with its loops expanded (dynamic). E502
+    for a malformed loop (tools/common/loops.py)."""
     engines = []
     updated_by: dict[int, set[str]] = defaultdict(set)
     waited_by: dict[int, set[str]] = defaultdict(set)
@@ -49,19 +53,23 @@ def describe(neff: bir_pb2.Neff) -> dict[str, Any]:
     for stream in neff.streams:
         name = _engine(stream.engine)
         ops = Counter(instruction.op for instruction in stream.instructions)
+        runs = loops.execution_counts(stream, "E502")
         engines.append(
             {
                 "engine": name,
                 "instructions": len(stream.instructions),
+                "executed": sum(
+                    n for n, i in zip(runs, stream.instructions, strict=True) if i.op != loops.LOOP_OP
+                ),
                 "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
             }
         )
-        for instruction in stream.instructions:
+        for instruction, times in zip(stream.instructions, runs, strict=True):
             for wait in instruction.waits:
                 waited_by[wait.semaphore].add(name)
             for update in instruction.updates:
                 updated_by[update.semaphore].add(name)
-                final_count[update.semaphore] += update.increment
+                final_count[update.semaphore] += update.increment * times
     used = sorted(set(updated_by) | set(waited_by))
     hbm = []
     for tensor in neff.hbm:
@@ -99,6 +107,7 @@ def describe(neff: bir_pb2.Neff) -> dict[str, Any]:
         "metadata": dict(sorted(neff.metadata.items())),
         "engines": engines,
         "instructions": sum(engine["instructions"] for engine in engines),
+        "executed": sum(engine["executed"] for engine in engines),
         "num_semaphores": neff.num_semaphores,
         "semaphores": [
             {
@@ -126,7 +135,8 @@ def _table(headers: list[str], rows: list[list[object]]) -> list[str]:
 def render(info: dict[str, Any]) -> str:
     lines = [
         f"NEFF {info['name']!r}: target {info['target']}, format {info['format_version']}, "
-        f"{info['instructions']} instructions on {len(info['engines'])} engines, "
+        f"{info['instructions']} instructions ({info['executed']} executed) "
+        f"on {len(info['engines'])} engines, "
         f"{info['num_semaphores']} semaphores",
         "",
         "metadata:",
@@ -134,9 +144,14 @@ def render(info: dict[str, Any]) -> str:
         "",
         "engines:",
         *_table(
-            ["engine", "instructions", "ops"],
+            ["engine", "instructions", "executed", "ops"],
             [
-                [e["engine"], e["instructions"], ", ".join(f"{op} {n}" for op, n in e["ops"].items())]
+                [
+                    e["engine"],
+                    e["instructions"],
+                    e["executed"],
+                    ", ".join(f"{op} {n}" for op, n in e["ops"].items()),
+                ]
                 for e in info["engines"]
             ],
         ),
@@ -193,6 +208,9 @@ def run(args: argparse.Namespace) -> int:
         neff = read_neff(args.neff)
     except CompileError as err:
         raise NccError(NccDiagnostic(err.code, err.message)) from None
-    info = describe(neff)
+    try:
+        info = describe(neff)
+    except CompileError as err:
+        raise NccError(NccDiagnostic(err.code, err.message)) from None
     print(json.dumps(info, indent=1) if args.json else render(info))
     return int(ExitCode.OK)

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from ncc.schemas import common_pb2 as ncc_dot_schemas_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ncc/schemas/bir.proto\x12\x07ncc.bir\x1a\x18ncc/schemas/common.proto\"$\n\x03\x44im\x12\x0e\n\x06stride\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\xb5\x01\n\rAccessPattern\x12\x1b\n\x06memory\x18\x01 \x01(\x0e\x32\x0b.ncc.Memory\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\x19\n\x05\x64type\x18\x03 \x01(\x0e\x32\n.ncc.DType\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x17\n\x0fpartition_start\x18\x05 \x01(\x03\x12\x17\n\x0fpartition_count\x18\x06 \x01(\x03\x12\x1a\n\x04\x64ims\x18\x07 \x03(\x0b\x32\x0c.ncc.bir.Dim\"y\n\rSemaphoreWait\x12\x11\n\tsemaphore\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03\x12\x15\n\x08value_lo\x18\x03 \x01(\x07H\x00\x88\x01\x01\x12\x15\n\x08value_hi\x18\x04 \x01(\x07H\x01\x88\x01\x01\x42\x0b\n\t_value_loB\x0b\n\t_value_hi\"7\n\x0fSemaphoreUpdate\x12\x11\n\tsemaphore\x18\x01 \x01(\x05\x12\x11\n\tincrement\x18\x02 \x01(\x03\"\xb6\x03\n\x0bInstruction\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\n\n\x02op\x18\x03 \x01(\t\x12\x1b\n\x06\x65ngine\x18\x04 \x01(\x0e\x32\x0b.ncc.Engine\x12\x11\n\tdma_queue\x18\x05 \x01(\x05\x12\'\n\x07outputs\x18\x06 \x03(\x0b\x32\x16.ncc.bir.AccessPattern\x12&\n\x06inputs\x18\x07 \x03(\x0b\x32\x16.ncc.bir.AccessPattern\x12\x0c\n\x04\x66unc\x18\x08 \x01(\t\x12\x0f\n\x07scalars\x18\t \x03(\x01\x12\x12\n\naccumulate\x18\n \x01(\x08\x12\x38\n\nattributes\x18\x0b \x03(\x0b\x32$.ncc.bir.Instruction.AttributesEntry\x12%\n\x05waits\x18\x0c \x03(\x0b\x32\x16.ncc.bir.SemaphoreWait\x12)\n\x07updates\x18\r \x03(\x0b\x32\x18.ncc.bir.SemaphoreUpdate\x12\x0e\n\x06source\x18\x0e \x01(\t\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"u\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1b\n\x06memory\x18\x02 \x01(\x0e\x32\x0b.ncc.Memory\x12\x12\n\npartitions\x18\x03 \x01(\x03\x12\x1b\n\x13\x62ytes_per_partition\x18\x04 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\x03\"\x83\x01\n\tHbmTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x05\x64type\x18\x02 \x01(\x0e\x32\n.ncc.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12!\n\x04role\x18\x04 \x01(\x0e\x32\x13.ncc.bir.TensorRole\x12\r\n\x05index\x18\x05 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"Q\n\x06Stream\x12\x1b\n\x06\x65ngine\x18\x01 \x01(\x0e\x32\x0b.ncc.Engine\x12*\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x14.ncc.bir.Instruction\"\xb9\x02\n\x07Program\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x1f\n\x03hbm\x18\x03 \x03(\x0b\x32\x12.ncc.bir.HbmTensor\x12 \n\x07\x62uffers\x18\x04 \x03(\x0b\x32\x0f.ncc.bir.Buffer\x12*\n\x0cinstructions\x18\x05 \x03(\x0b\x32\x14.ncc.bir.Instruction\x12 \n\x07streams\x18\x06 \x03(\x0b\x32\x0f.ncc.bir.Stream\x12\x16\n\x0enum_semaphores\x18\x07 \x01(\x05\x12\x34\n\nattributes\x18\x08 \x03(\x0b\x32 .ncc.bir.Program.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x02\n\x04Neff\x12\r\n\x05magic\x18\x01 \x01(\t\x12\x16\n\x0e\x66ormat_version\x18\x02 \x01(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x1f\n\x03hbm\x18\x05 \x03(\x0b\x32\x12.ncc.bir.HbmTensor\x12 \n\x07\x62uffers\x18\x06 \x03(\x0b\x32\x0f.ncc.bir.Buffer\x12 \n\x07streams\x18\x07 \x03(\x0b\x32\x0f.ncc.bir.Stream\x12\x16\n\x0enum_semaphores\x18\x08 \x01(\x05\x12-\n\x08metadata\x18\t \x03(\x0b\x32\x1b.ncc.bir.Neff.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*Q\n\nTensorRole\x12\x10\n\x0cROLE_INVALID\x10\x00\x12\t\n\x05INPUT\x10\x01\x12\n\n\x06OUTPUT\x10\x02\x12\x0c\n\x08\x43ONSTANT\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15ncc/schemas/bir.proto\x12\x07ncc.bir\x1a\x18ncc/schemas/common.proto\"/\n\rLoopVariation\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x10\n\x08rotation\x18\x02 \x03(\x03\"$\n\x03\x44im\x12\x0e\n\x06stride\x18\x01 \x01(\x03\x12\r\n\x05\x63ount\x18\x02 \x01(\x03\"\xdb\x01\n\rAccessPattern\x12\x1b\n\x06memory\x18\x01 \x01(\x0e\x32\x0b.ncc.Memory\x12\x0e\n\x06tensor\x18\x02 \x01(\t\x12\x19\n\x05\x64type\x18\x03 \x01(\x0e\x32\n.ncc.DType\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x17\n\x0fpartition_start\x18\x05 \x01(\x03\x12\x17\n\x0fpartition_count\x18\x06 \x01(\x03\x12\x1a\n\x04\x64ims\x18\x07 \x03(\x0b\x32\x0c.ncc.bir.Dim\x12$\n\x04loop\x18\x08 \x03(\x0b\x32\x16.ncc.bir.LoopVariation\"\x8d\x01\n\rSemaphoreWait\x12\x11\n\tsemaphore\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x03\x12\x15\n\x08value_lo\x18\x03 \x01(\x07H\x00\x88\x01\x01\x12\x15\n\x08value_hi\x18\x04 \x01(\x07H\x01\x88\x01\x01\x12\x12\n\nloop_steps\x18\x05 \x03(\x03\x42\x0b\n\t_value_loB\x0b\n\t_value_hi\"7\n\x0fSemaphoreUpdate\x12\x11\n\tsemaphore\x18\x01 \x01(\x05\x12\x11\n\tincrement\x18\x02 \x01(\x03\"\xdf\x03\n\x0bInstruction\x12\n\n\x02id\x18\x01 \x01(\x03\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\n\n\x02op\x18\x03 \x01(\t\x12\x1b\n\x06\x65ngine\x18\x04 \x01(\x0e\x32\x0b.ncc.Engine\x12\x11\n\tdma_queue\x18\x05 \x01(\x05\x12\'\n\x07outputs\x18\x06 \x03(\x0b\x32\x16.ncc.bir.AccessPattern\x12&\n\x06inputs\x18\x07 \x03(\x0b\x32\x16.ncc.bir.AccessPattern\x12\x0c\n\x04\x66unc\x18\x08 \x01(\t\x12\x0f\n\x07scalars\x18\t \x03(\x01\x12\x12\n\naccumulate\x18\n \x01(\x08\x12\x38\n\nattributes\x18\x0b \x03(\x0b\x32$.ncc.bir.Instruction.AttributesEntry\x12%\n\x05waits\x18\x0c \x03(\x0b\x32\x16.ncc.bir.SemaphoreWait\x12)\n\x07updates\x18\r \x03(\x0b\x32\x18.ncc.bir.SemaphoreUpdate\x12\x0e\n\x06source\x18\x0e \x01(\t\x12\x12\n\ntrip_count\x18\x0f \x01(\x03\x12\x13\n\x0b\x62ody_length\x18\x10 \x01(\x03\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"u\n\x06\x42uffer\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1b\n\x06memory\x18\x02 \x01(\x0e\x32\x0b.ncc.Memory\x12\x12\n\npartitions\x18\x03 \x01(\x03\x12\x1b\n\x13\x62ytes_per_partition\x18\x04 \x01(\x03\x12\x0f\n\x07\x61\x64\x64ress\x18\x05 \x01(\x03\"\x83\x01\n\tHbmTensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x19\n\x05\x64type\x18\x02 \x01(\x0e\x32\n.ncc.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12!\n\x04role\x18\x04 \x01(\x0e\x32\x13.ncc.bir.TensorRole\x12\r\n\x05index\x18\x05 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x06 \x01(\x0c\"Q\n\x06Stream\x12\x1b\n\x06\x65ngine\x18\x01 \x01(\x0e\x32\x0b.ncc.Engine\x12*\n\x0cinstructions\x18\x02 \x03(\x0b\x32\x14.ncc.bir.Instruction\"\xb9\x02\n\x07Program\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\x12\x1f\n\x03hbm\x18\x03 \x03(\x0b\x32\x12.ncc.bir.HbmTensor\x12 \n\x07\x62uffers\x18\x04 \x03(\x0b\x32\x0f.ncc.bir.Buffer\x12*\n\x0cinstructions\x18\x05 \x03(\x0b\x32\x14.ncc.bir.Instruction\x12 \n\x07streams\x18\x06 \x03(\x0b\x32\x0f.ncc.bir.Stream\x12\x16\n\x0enum_semaphores\x18\x07 \x01(\x05\x12\x34\n\nattributes\x18\x08 \x03(\x0b\x32 .ncc.bir.Program.AttributesEntry\x1a\x31\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa8\x02\n\x04Neff\x12\r\n\x05magic\x18\x01 \x01(\t\x12\x16\n\x0e\x66ormat_version\x18\x02 \x01(\x05\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x0e\n\x06target\x18\x04 \x01(\t\x12\x1f\n\x03hbm\x18\x05 \x03(\x0b\x32\x12.ncc.bir.HbmTensor\x12 \n\x07\x62uffers\x18\x06 \x03(\x0b\x32\x0f.ncc.bir.Buffer\x12 \n\x07streams\x18\x07 \x03(\x0b\x32\x0f.ncc.bir.Stream\x12\x16\n\x0enum_semaphores\x18\x08 \x01(\x05\x12-\n\x08metadata\x18\t \x03(\x0b\x32\x1b.ncc.bir.Neff.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*Q\n\nTensorRole\x12\x10\n\x0cROLE_INVALID\x10\x00\x12\t\n\x05INPUT\x10\x01\x12\n\n\x06OUTPUT\x10\x02\x12\x0c\n\x08\x43ONSTANT\x10\x03\x12\x0c\n\x08INTERNAL\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,32 +38,34 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PROGRAM_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_NEFF_METADATAENTRY']._loaded_options = None
   _globals['_NEFF_METADATAENTRY']._serialized_options = b'8\001'
-  _globals['_TENSORROLE']._serialized_start=1854
-  _globals['_TENSORROLE']._serialized_end=1935
-  _globals['_DIM']._serialized_start=60
-  _globals['_DIM']._serialized_end=96
-  _globals['_ACCESSPATTERN']._serialized_start=99
-  _globals['_ACCESSPATTERN']._serialized_end=280
-  _globals['_SEMAPHOREWAIT']._serialized_start=282
-  _globals['_SEMAPHOREWAIT']._serialized_end=403
-  _globals['_SEMAPHOREUPDATE']._serialized_start=405
-  _globals['_SEMAPHOREUPDATE']._serialized_end=460
-  _globals['_INSTRUCTION']._serialized_start=463
-  _globals['_INSTRUCTION']._serialized_end=901
-  _globals['_INSTRUCTION_ATTRIBUTESENTRY']._serialized_start=852
-  _globals['_INSTRUCTION_ATTRIBUTESENTRY']._serialized_end=901
-  _globals['_BUFFER']._serialized_start=903
-  _globals['_BUFFER']._serialized_end=1020
-  _globals['_HBMTENSOR']._serialized_start=1023
-  _globals['_HBMTENSOR']._serialized_end=1154
-  _globals['_STREAM']._serialized_start=1156
-  _globals['_STREAM']._serialized_end=1237
-  _globals['_PROGRAM']._serialized_start=1240
-  _globals['_PROGRAM']._serialized_end=1553
-  _globals['_PROGRAM_ATTRIBUTESENTRY']._serialized_start=852
-  _globals['_PROGRAM_ATTRIBUTESENTRY']._serialized_end=901
-  _globals['_NEFF']._serialized_start=1556
-  _globals['_NEFF']._serialized_end=1852
-  _globals['_NEFF_METADATAENTRY']._serialized_start=1805
-  _globals['_NEFF_METADATAENTRY']._serialized_end=1852
+  _globals['_TENSORROLE']._serialized_start=2003
+  _globals['_TENSORROLE']._serialized_end=2084
+  _globals['_LOOPVARIATION']._serialized_start=60
+  _globals['_LOOPVARIATION']._serialized_end=107
+  _globals['_DIM']._serialized_start=109
+  _globals['_DIM']._serialized_end=145
+  _globals['_ACCESSPATTERN']._serialized_start=148
+  _globals['_ACCESSPATTERN']._serialized_end=367
+  _globals['_SEMAPHOREWAIT']._serialized_start=370
+  _globals['_SEMAPHOREWAIT']._serialized_end=511
+  _globals['_SEMAPHOREUPDATE']._serialized_start=513
+  _globals['_SEMAPHOREUPDATE']._serialized_end=568
+  _globals['_INSTRUCTION']._serialized_start=571
+  _globals['_INSTRUCTION']._serialized_end=1050
+  _globals['_INSTRUCTION_ATTRIBUTESENTRY']._serialized_start=1001
+  _globals['_INSTRUCTION_ATTRIBUTESENTRY']._serialized_end=1050
+  _globals['_BUFFER']._serialized_start=1052
+  _globals['_BUFFER']._serialized_end=1169
+  _globals['_HBMTENSOR']._serialized_start=1172
+  _globals['_HBMTENSOR']._serialized_end=1303
+  _globals['_STREAM']._serialized_start=1305
+  _globals['_STREAM']._serialized_end=1386
+  _globals['_PROGRAM']._serialized_start=1389
+  _globals['_PROGRAM']._serialized_end=1702
+  _globals['_PROGRAM_ATTRIBUTESENTRY']._serialized_start=1001
+  _globals['_PROGRAM_ATTRIBUTESENTRY']._serialized_end=1050
+  _globals['_NEFF']._serialized_start=1705
+  _globals['_NEFF']._serialized_end=2001
+  _globals['_NEFF_METADATAENTRY']._serialized_start=1954
+  _globals['_NEFF_METADATAENTRY']._serialized_end=2001
 # @@protoc_insertion_point(module_scope)

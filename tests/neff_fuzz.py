@@ -55,6 +55,8 @@ def mutate(neff: bir_pb2.Neff, rng: random.Random) -> tuple[bytes, str]:
             "wait",
             "buffer",
             "drop",
+            "loop",
+            "loop_variation",
         ]
     )
     if how == "tensor_shape" and mutant.hbm:
@@ -95,6 +97,29 @@ def mutate(neff: bir_pb2.Neff, rng: random.Random) -> tuple[bytes, str]:
     elif how == "buffer" and mutant.buffers:
         buffer = rng.choice(mutant.buffers)
         buffer.bytes_per_partition, buffer.partitions = _numbers(rng), rng.choice([0, 1, 128, 129, 1 << 30])
+    elif how == "loop" and streams:  # a loop around a random range, with a hostile count or length
+        stream = rng.choice(streams)
+        start = rng.randrange(len(stream.instructions))
+        length = rng.choice([0, -1, 1, len(stream.instructions) - start, len(stream.instructions), 10**6])
+        trip = rng.choice([0, -1, 1, 2, 3, 10**12, (1 << 62) + 1])
+        loop = bir_pb2.Instruction(op="loop", engine=stream.engine, trip_count=trip, body_length=length)
+        stream.instructions.insert(start, loop)
+        if rng.random() < 0.3:  # loops nested past the limit
+            for _ in range(9):
+                stream.instructions.insert(start, bir_pb2.Instruction(op="loop", trip_count=1, body_length=1))
+    elif how == "loop_variation" and streams:  # variations, inside a loop of 2 or not
+        stream = rng.choice(streams)
+        index = rng.randrange(len(stream.instructions))
+        instruction = stream.instructions[index]
+        if rng.random() < 0.7:
+            stream.instructions.insert(index, bir_pb2.Instruction(op="loop", trip_count=2, body_length=1))
+        operands = [*instruction.inputs, *instruction.outputs]
+        if operands:
+            ap = rng.choice(operands)
+            for _ in range(rng.choice([1, 2])):
+                ap.loop.add(step=_numbers(rng), rotation=rng.choice([[], [0, _numbers(rng)], [5], [0] * 17]))
+        for wait in instruction.waits:
+            wait.loop_steps.extend([_numbers(rng)] * rng.choice([1, 2]))
     elif how == "drop" and streams:
         stream = rng.choice(streams)
         del stream.instructions[rng.randrange(len(stream.instructions))]

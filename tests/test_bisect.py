@@ -337,7 +337,7 @@ def test_a_clean_compile_bisects_to_nothing(softmax_workdir: Path, tmp_path: Pat
         f"{ALL_PASSES} passes" in result.stdout
     )
     assert "state  0 before any pass" in result.stdout
-    assert f"state {ALL_PASSES} after codegen" in result.stdout
+    assert f"state {ALL_PASSES} after roll_loops" in result.stdout
     # The Frontend's own flags: an explicit Penguin pass list, and the backend at -O1.
     out = tmp_path / "add_mul.neff"
     compiled = ncc(

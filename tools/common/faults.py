@@ -11,6 +11,9 @@ KIND is what the tool does, for real:
 Or a planted miscompile: the tool goes on, but the named pass's output is wrong (after it ran):
   drop_wait   one semaphore wait is removed from one instruction (needs a pass at or after
               alloc_semaphores: before it there are no waits to drop)
+  drop_rotation_wait
+              a rolled loop body's write into a rotating buffer loses a wait that grows with
+              the loop, in every iteration (needs pass=roll_loops)
   max_to_add  one ALU instruction computing `maximum` computes `add` instead
 A miscompile needs `pass=NAME` (without one it never happens); the tool's pass manager plants
 it (tools/walrus_driver/miscompile.py) and logs what it changed.
@@ -45,7 +48,7 @@ from dataclasses import dataclass
 FAULT_ENV = "NCC_FAULT_INJECT"
 EXIT_INTERNAL = 3
 KINDS = ("abort", "segv", "kill", "oom", "hang", "exit", "raise", "slow")
-MISCOMPILES = ("drop_wait", "max_to_add")
+MISCOMPILES = ("drop_wait", "drop_rotation_wait", "max_to_add")
 
 _PATTERN = re.compile(r"^([A-Za-z][\w.-]*)(?:\(([A-Za-z][\w.-]*)\))?$")
 

@@ -10,7 +10,10 @@ Layout (all little-endian):
 The checksum makes corruption and truncation detectable before the payload is parsed. Errors:
 E501 the file is missing or unreadable; E502 it is not a valid NEFF (bad magic, unsupported
 version, truncated, checksum mismatch, unparsable payload); E503 the program cannot be packaged
-(an unallocated buffer, an operand naming an unknown tensor or buffer, a stream problem).
+(an unallocated buffer, an operand naming an unknown tensor or buffer, a stream problem, a
+malformed loop: tools/common/loops.py). The NEFF carries the buffers its streams name: inside
+rolled loops on-chip operands name their memory as a whole, so the per-iteration buffers of the
+BIR program are left out.
 """
 
 from __future__ import annotations
@@ -25,12 +28,14 @@ from typing import NoReturn
 from google.protobuf.message import DecodeError
 
 from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common import loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_bytes_atomic
 from ncc.tools.target import ENGINE_NAMES
 
 MAGIC = b"NEFF"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: engine streams may hold loops (1 had none, and is still read)
+READABLE_VERSIONS = (1, 2)
 _HEADER = struct.Struct("<4sI32s")
 HEADER_BYTES = _HEADER.size
 
@@ -59,9 +64,12 @@ def decode_neff(data: bytes, where: str = "<memory>") -> bir_pb2.Neff:
     magic, version, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CompileError("E502", f"{where} is not a NEFF file (magic {magic!r}, expected {MAGIC!r})", where)
-    if version != FORMAT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CompileError(
-            "E502", f"{where} has NEFF format version {version}; this reader supports {FORMAT_VERSION}", where
+            "E502",
+            f"{where} has NEFF format version {version}; this reader supports "
+            f"{', '.join(map(str, READABLE_VERSIONS))}",
+            where,
         )
     payload = data[HEADER_BYTES:]
     if hashlib.sha256(payload).digest() != digest:
@@ -75,7 +83,7 @@ def decode_neff(data: bytes, where: str = "<memory>") -> bir_pb2.Neff:
         neff.ParseFromString(payload)
     except (DecodeError, RuntimeWarning, ValueError) as err:
         raise CompileError("E502", f"{where} holds an unparsable NEFF payload: {err}", where) from None
-    if neff.magic != MAGIC.decode() or neff.format_version != FORMAT_VERSION:
+    if neff.magic != MAGIC.decode() or neff.format_version != version:
         raise CompileError(
             "E502",
             f"{where} payload header mismatch (magic {neff.magic!r}, version {neff.format_version})",
@@ -140,6 +148,7 @@ def _validate(program: bir_pb2.Program, streams: list[bir_pb2.Stream]) -> None:
         if stream.engine in seen_engines:
             raise CompileError("E503", f"two streams for engine {ENGINE_NAMES[stream.engine]}")
         seen_engines.add(stream.engine)
+        loops.check_stream(stream, "E503")
         for instruction in stream.instructions:
             for kind, operands in (("input", instruction.inputs), ("output", instruction.outputs)):
                 for index, ap in enumerate(operands):
@@ -197,7 +206,8 @@ def build_neff(program: bir_pb2.Program, metadata: Mapping[str, str] | None = No
         num_semaphores=program.num_semaphores,
     )
     neff.hbm.extend(program.hbm)
-    neff.buffers.extend(program.buffers)
+    named = {ap.tensor for stream in streams for i in stream.instructions for ap in (*i.outputs, *i.inputs)}
+    neff.buffers.extend(buffer for buffer in program.buffers if buffer.name in named)
     neff.streams.extend(streams)
     for key, value in program.attributes.items():  # the backend's own figures, e.g. walrus.lower_bound_ns
         neff.metadata[key] = value

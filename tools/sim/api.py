@@ -27,8 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import bir_pb2
-from ncc.tools.common import dtypes
+from ncc.tools.common import dtypes, loops
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS
 from ncc.tools.sim import limits
 from ncc.tools.sim.hb import Race
 from ncc.tools.sim.instruction import Op
@@ -150,7 +151,8 @@ def _simulate(
     inferences: int = 1,
 ) -> SimResult:
     target = target or _load_target(target_name)
-    hbm, streams = list(hbm), list(streams)
+    hbm = list(hbm)
+    streams = loops.expand_streams(list(streams), "E603", MAX_INSTRUCTIONS, limit_code="E605")
     limits.check_program(target, hbm, streams, num_semaphores)
     memory = DeviceMemory(target, hbm, buffers)
     _bind_inputs(memory, inputs)

@@ -17,7 +17,8 @@ runs it race- and deadlock-free and it computes what the input order computes se
 
 Default pipeline (optlevel 1-3; optlevel 0 drops split_dma, dep_reduction and pre_sched):
   split_dma, anti_dependency_analyzer, dep_reduction, assign_hwdge_engine, pre_sched,
-  allocation, anti_dependency_analyzer, alloc_semaphores, birverifier, codegen
+  allocation, anti_dependency_analyzer, alloc_semaphores, sync_dve_pool, semaphore_reset,
+  lower_sync, birverifier, codegen, roll_loops
 (bir_sim can be appended to execute the result in the simulator.)
 Diagnostics: E400 bad option/target, E401 unknown pass, E402 missing prerequisite, E403 out of
 on-chip memory, E404 out of semaphores, E405 malformed input, E410 verifier, E411 race/deadlock in

@@ -7,6 +7,12 @@ to call `plant(program, KIND)` right after pass NAME ran, so that tests of `ncc 
   drop_wait   the first instruction in program order that waits on a semaphore loses its first
               wait: it may now run before the producer it waited for (the simulator's race
               detector reports the pair; birverifier, if it runs later, too)
+  drop_rotation_wait
+              in rolled streams (after roll_loops), the first loop body instruction that writes
+              a rotating on-chip address (a buffer of N that iterations take in turn) loses its
+              first wait whose threshold grows with the loop, in every iteration: iteration i's
+              write may now overtake the instruction of an earlier iteration it waited for
+              (the simulator reports the race between the two, iterations named `name@i`)
   max_to_add  the first ALU instruction (tensor_tensor, tensor_scalar, tensor_reduce) in program
               order whose func is `maximum` computes `add` instead
 
@@ -54,6 +60,23 @@ def drop_wait(program: bir_pb2.Program) -> str:
     return change
 
 
+def drop_rotation_wait(program: bir_pb2.Program) -> str:
+    for stream in program.streams:
+        for instr in stream.instructions:
+            rotating = any(any(v.rotation for v in ap.loop) for ap in instr.outputs)
+            grown = [k for k, wait in enumerate(instr.waits) if any(wait.loop_steps)]
+            if rotating and grown:
+                wait = instr.waits[grown[0]]
+                change = (
+                    f"dropped rotation wait(s{wait.semaphore}>={wait.value}"
+                    f"+{list(wait.loop_steps)}/iteration) "
+                    f"of loop body instruction {printer.format_instruction(instr)}"
+                )
+                del instr.waits[grown[0]]
+                return change
+    return ""
+
+
 def max_to_add(program: bir_pb2.Program) -> str:
     victim = _first(program, lambda instr: instr.op in _ALU_OPS and instr.func == "maximum")
     if victim is None:
@@ -64,7 +87,7 @@ def max_to_add(program: bir_pb2.Program) -> str:
     return change
 
 
-PLANTERS = {"drop_wait": drop_wait, "max_to_add": max_to_add}
+PLANTERS = {"drop_wait": drop_wait, "drop_rotation_wait": drop_rotation_wait, "max_to_add": max_to_add}
 
 
 def plant(program: bir_pb2.Program, kind: str) -> str:

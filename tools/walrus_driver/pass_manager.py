@@ -41,6 +41,7 @@ DEFAULT_PASSES = [
     "lower_sync",
     "birverifier",
     "codegen",
+    "roll_loops",
 ]
 
 # What each --optlevel runs (every level reports the schedule's lower bound through codegen):
