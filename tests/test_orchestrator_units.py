@@ -355,8 +355,8 @@ def test_inspect_describes_engines_semaphores_and_tensors() -> None:
     info = describe(neff)
     assert info["instructions"] == 3
     assert info["engines"] == [
-        {"engine": "SP", "instructions": 2, "ops": {"dma": 2}},
-        {"engine": "DVE", "instructions": 1, "ops": {"tensor_tensor": 1}},
+        {"engine": "SP", "instructions": 2, "executed": 2, "ops": {"dma": 2}},
+        {"engine": "DVE", "instructions": 1, "executed": 1, "ops": {"tensor_tensor": 1}},
     ]
     assert info["semaphores"] == [
         {"semaphore": 0, "updated_by": ["SP"], "waited_by": ["DVE"], "final_count": 2}

@@ -313,9 +313,9 @@ def _walrus(bir: Path, out: Path, fault: str) -> subprocess.CompletedProcess:
     [
         ("walrus_driver:segv@pass=allocation@op=exponential(add)", -11, "allocation"),
         ("walrus_driver:abort@pass=anti_dependency_analyzer#2", -6, "anti_dependency_analyzer#2"),
-        ("walrus_driver:segv@pass=allocation@op=divide(exponential)", 0, "codegen"),  # no divide
-        ("walrus_driver:segv@pass=bir_sim", 0, "codegen"),  # a pass the pipeline does not run
-        ("walrus_driver:segv@op=divide(", 0, "codegen"),  # a malformed pattern never fires
+        ("walrus_driver:segv@pass=allocation@op=divide(exponential)", 0, "roll_loops"),  # no divide
+        ("walrus_driver:segv@pass=bir_sim", 0, "roll_loops"),  # a pass the pipeline does not run
+        ("walrus_driver:segv@op=divide(", 0, "roll_loops"),  # a malformed pattern never fires
     ],
 )
 def test_walrus_driver_logs_each_pass_start_and_fires_pass_faults_only_where_asked(

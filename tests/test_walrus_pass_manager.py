@@ -35,6 +35,7 @@ EXPECTED = {
     "lower_sync",
     "birverifier",
     "codegen",
+    "roll_loops",
     "bir_sim",
 }
 
@@ -90,7 +91,7 @@ def test_default_pipelines():
     assert "pre_sched" not in default_pipeline(0) and "dep_reduction" not in default_pipeline(0)
     assert "pre_sched" in default_pipeline(1) and "split_dma" not in default_pipeline(1)
     assert "pre_sched{tries=4,pressure_window=128}" in default_pipeline(3)
-    assert default_pipeline(0)[-1] == "codegen"
+    assert default_pipeline(0)[-2:] == ["codegen", "roll_loops"]
     with pytest.raises(CompileError):
         default_pipeline(7)
     for level in range(4):

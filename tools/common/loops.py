@@ -19,10 +19,10 @@ simulator), so a hostile trip count cannot make a run that never ends.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from ncc.schemas import bir_pb2
+from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import WAIT_VALUE_LIMIT, wait_words
 
@@ -176,6 +176,23 @@ def _expand(
 
 
 _INT64 = 1 << 63
+_ONCHIP = (common_pb2.SBUF, common_pb2.PSUM)
+
+
+def canonical(instruction: bir_pb2.Instruction, addresses: Mapping[str, int]) -> bytes:
+    """What an instruction does, as bytes: without its name, id and source (a loop instance
+    carries its body's) and with each on-chip operand at its absolute address (`addresses`:
+    buffer name -> address), so an instance and the unrolled instruction it stands for compare
+    equal exactly when they execute alike."""
+    copy = bir_pb2.Instruction()
+    copy.CopyFrom(instruction)
+    copy.name, copy.id, copy.source = "", 0, ""
+    for ap in (*copy.outputs, *copy.inputs):
+        if ap.memory in _ONCHIP:
+            ap.offset += addresses.get(ap.tensor, 0)
+            ap.tensor = ""
+    return copy.SerializeToString(deterministic=True)
+
 
 
 def instance(body: bir_pb2.Instruction, point: tuple[int, ...], code: str = "E603") -> bir_pb2.Instruction:

@@ -21,7 +21,11 @@ def format_ap(ap: bir_pb2.AccessPattern) -> str:
         if ap.memory in birutil.ONCHIP
         else ""
     )
-    return f"{ap.tensor}{where}+{ap.offset}{{{dims}}}:{dtypes.name(ap.dtype)}"
+    varies = "".join(
+        f"+rot{list(v.rotation)}+{v.step}/{len(v.rotation)}i" if v.rotation else f"+{v.step}i"
+        for v in ap.loop
+    )
+    return f"{ap.tensor}{where}+{ap.offset}{varies}{{{dims}}}:{dtypes.name(ap.dtype)}"
 
 
 def format_instruction(instr: bir_pb2.Instruction) -> str:
@@ -29,6 +33,8 @@ def format_instruction(instr: bir_pb2.Instruction) -> str:
     if is_dma(instr.op):
         engine += f"/q{instr.dma_queue}"
     text = f"%{instr.id} {instr.name} {engine} {instr.op}"
+    if instr.op == "loop":
+        return text + f" x{instr.trip_count} {{{instr.body_length} entries}}"
     if instr.func:
         text += f" {instr.func}"
     if instr.accumulate:
@@ -40,7 +46,8 @@ def format_instruction(instr: bir_pb2.Instruction) -> str:
             "  " + ", ".join(map(format_ap, instr.outputs)) + " <- " + ", ".join(map(format_ap, instr.inputs))
         )
     for wait in instr.waits:
-        text += f"  wait(s{wait.semaphore}>={wait.value})"
+        grows = f"+{list(wait.loop_steps)}i" if wait.loop_steps else ""
+        text += f"  wait(s{wait.semaphore}>={wait.value}{grows})"
     for update in instr.updates:
         text += f"  upd(s{update.semaphore}+={update.increment})"
     return text

@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common import dtypes, forked
+from ncc.tools.common import dtypes, forked, loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import INDIRECT_DMA_OPS, WAIT_VALUE_LIMIT, Target, encoded_wait_value, is_dma
 from ncc.tools.target.costs import SBUF_PORT
@@ -507,7 +507,9 @@ def _check_wait_values(instr: bir_pb2.Instruction, where: str, lowered: bool, re
 
 
 def _streams(program: bir_pb2.Program) -> dict[int, list[bir_pb2.Instruction]]:
-    if program.streams:
+    """The engine streams the execution checks run: the program's own, or, when they hold loops
+    (roll_loops), the global order by engine, which `_check_streams` found them to expand to."""
+    if program.streams and not loops.has_loops(program.streams):
         return {stream.engine: list(stream.instructions) for stream in program.streams}
     grouped: dict[int, list[bir_pb2.Instruction]] = defaultdict(list)
     for instr in program.instructions:
@@ -531,7 +533,8 @@ def _check_streams(program: bir_pb2.Program, report: _Report) -> None:
         wrong = [i.name for i in stream.instructions if i.engine != stream.engine]
         if wrong:
             report.fail("streams", name, f"holds instructions of other engines: {', '.join(wrong[:3])}")
-        if program.instructions and list(stream.instructions) != expected.get(stream.engine, []):
+        own = expected.get(stream.engine, [])
+        if program.instructions and not _same_stream(program, stream, own, report):
             report.fail("streams", name, "stream differs from the global order filtered by engine")
     missing = set(expected) - seen
     if program.instructions and missing:
@@ -540,6 +543,27 @@ def _check_streams(program: bir_pb2.Program, report: _Report) -> None:
             program.name,
             f"no stream for {', '.join(birutil.engine_name(e) for e in sorted(missing))}",
         )
+
+
+def _same_stream(
+    program: bir_pb2.Program, stream: bir_pb2.Stream, expected: list[bir_pb2.Instruction], report: _Report
+) -> bool:
+    """Is `stream` the `expected` instructions: the same messages, or, with loops, an expansion
+    that executes each of them in turn (loops.canonical)?"""
+    if not loops.has_loops([stream]):
+        return list(stream.instructions) == expected
+    try:
+        (expanded,) = loops.expand_streams([stream], "E410", len(expected))
+    except CompileError as err:
+        report.fail("streams", birutil.engine_name(stream.engine), err.message)
+        return True
+    if len(expanded.instructions) != len(expected):
+        return False
+    addresses = {buffer.name: buffer.address for buffer in program.buffers}
+    return all(
+        loops.canonical(got, addresses) == loops.canonical(want, addresses)
+        for got, want in zip(expanded.instructions, expected, strict=True)
+    )
 
 
 def _check_reset(

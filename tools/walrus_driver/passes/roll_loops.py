@@ -389,4 +389,4 @@ def run(ctx: PassContext) -> None:
 
 def _memory_bytes(ctx: PassContext, memory: int) -> int:
     target = ctx.target
-    return target.sbuf_bytes_per_partition if memory == common_pb2.SBUF else target.psum_bytes_per_partition
+    return target.sbuf_usable_bytes if memory == common_pb2.SBUF else target.psum_bytes_per_partition
