@@ -105,32 +105,23 @@ def check_stream(stream: bir_pb2.Stream, code: str) -> int:
 
 def _check_variations(stream: bir_pb2.Stream, index: int, depth: int, code: str) -> None:
     instruction = stream.instructions[index]
+
+    def refuse(what: str, problem: str) -> None:
+        raise CompileError(code, f"{_where(stream, index)}{what}: {problem}", instruction.name)
+
     for kind, operands in (("output", instruction.outputs), ("input", instruction.inputs)):
         for number, ap in enumerate(operands):
+            where = f" {kind} {number}"
             if len(ap.loop) not in (0, depth):
-                raise CompileError(
-                    code,
-                    f"{_where(stream, index)} {kind} {number}: {len(ap.loop)} loop variations inside "
-                    f"{depth} loops (0 or {depth})",
-                    instruction.name,
-                )
+                refuse(where, f"{len(ap.loop)} loop variations inside {depth} loops (0 or {depth})")
             for variation in ap.loop:
                 rotation = variation.rotation
                 if len(rotation) > MAX_ROTATION or (rotation and rotation[0] != 0):
-                    raise CompileError(
-                        code,
-                        f"{_where(stream, index)} {kind} {number}: a rotation of {len(variation.rotation)} "
-                        f"entries must start at 0 and have at most {MAX_ROTATION}",
-                        instruction.name,
-                    )
+                    problem = f"a rotation of {len(rotation)} entries must start at 0, at most {MAX_ROTATION}"
+                    refuse(where, problem)
     for wait in instruction.waits:
         if len(wait.loop_steps) not in (0, depth):
-            raise CompileError(
-                code,
-                f"{_where(stream, index)}: a wait with {len(wait.loop_steps)} loop steps inside "
-                f"{depth} loops (0 or {depth})",
-                instruction.name,
-            )
+            refuse("", f"a wait with {len(wait.loop_steps)} loop steps inside {depth} loops (0 or {depth})")
 
 
 def executed_instructions(streams: Iterable[bir_pb2.Stream], code: str) -> int:
