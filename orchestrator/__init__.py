@@ -1,40 +1,30 @@
 """The ncc driver: the `ncc` command line and the resumable job pipeline of a compile.
 
 It never imports a stage tool on the compile path: jobs fork the tools (`python -m
-ncc.tools.<tool>`) and read the files and digests they leave. Modules, outside in:
+ncc.tools.<tool>`) and read the files and digests they leave. Its parts, one package each:
+
+    commands/   one module per `ncc` subcommand (compile, run, inspect, farm, cache, triage,
+                reduce, bisect): flags in, the part's library called, a result printed
+    pipeline/   one compile: CommandDriver and its child process, CompileCommand (buildPipeline,
+                runPipeline), JobRegistry, the stage JobSpecs, the Luigi ToolJob, the work dir,
+                process supervision and F-codes, the stage cache, Luigi's setup
+    farm/       `ncc farm`: many models' pipelines in one Luigi graph, local or on luigid, and its
+                live progress line
+    triage/     after a failure: explaining and bucketing it, a reproducer bundle, reducing the
+                module (`ncc reduce`), bisecting the pass that miscompiled (`ncc bisect`)
+
+and, at the top, what every part shares:
 
     cli             `ncc` — registry of subcommands (lazy), one wrapper mapping errors to exit codes
-    cmd_compile     `ncc compile` flags → CompileOptions (options) → CommandDriver
-    cmd_run         `ncc run`: execute a NEFF on the simulator's public API
-    cmd_inspect     `ncc inspect`: describe a NEFF read with the packager's public reader
-    driver          CommandDriver: checks, runs the compile in a child process, handleError
-    compile_child   the child process: one CompileCommand, result to driver_result.json
-    compile_command CompileCommand: buildPipeline, work dir staleness, runPipeline (Luigi), output
-    registry        JobRegistry: job name → its JobSpec class and its Luigi task class
-    stages          the jobs, one JobSpec per stage tool (files in, files out, flags)
-    jobspec         JobSpec: a job without Luigi (folder, record, completeness, cache key, restore)
-    job             ToolJob: a JobSpec as a Luigi task (runs and supervises the tool, the record)
-    stage_cache     the content-addressed stage cache shared across work dirs (cmd_cache: `ncc cache`)
-    farm, cmd_farm  `ncc farm`: many models' pipelines in one Luigi graph, local or on luigid
-    farm_progress   the farm's live status line, read from the work dirs
-    triage, cmd_triage  `ncc triage`: explain and bucket failed compiles from their work dirs
-    triage_bundle   a failed job as a self-contained reproducer (replay.sh; triage_supervise.py
-                    is the stdlib-only watchdog it replays under)
-    run_settings    run_settings.json: each compile's limits and allow-listed environment
-    reduce, cmd_reduce  `ncc reduce`: delta debugging of an HLO module (reduce_edits: the candidate
-                    edits; interestingness: a test script, or a work dir's failure replayed)
-    bisect, cmd_bisect  `ncc bisect`: the first pass after which a compile's result stops matching
-                    its golden outputs (reruns hlo_opt / walrus_driver on prefixes of its pass list)
-    outputs         writing user-named outputs (devices and FIFOs written through, links followed)
-    diskspace       naming a full file system ([U011])
-    supervisor      one tool as a supervised process tree (limits, rusage, peak RSS, no stragglers)
-    process_end     how a process ended → F134 / F137 / F139
+    options         CompileOptions: the flags of one compile, as the pipeline and the farm take them
     diagnostics     every driver code and exit code (docs/diagnostics.md)
-    workdir         work directory layout, records, lock, history
+    config          the driver's settings from its environment, read once
+    outputs         writing user-named outputs (devices and FIFOs written through, links followed)
     digests         sha256 of files (memoized on identity and change time)
     versions        ncc and per-tool versions (source digests) for cache keys
-    luigi_setup     Luigi configuration isolation and logging
-    config          the driver's settings from its environment, read once
+
+A new command is a module in commands/ registered in cli.py; a new job is a JobSpec in
+pipeline/stages.py that buildPipeline names.
 """
 
 import os as _os

@@ -34,29 +34,30 @@ class CommandInfo:
 
 COMMANDS: dict[str, CommandInfo] = {
     "compile": CommandInfo(
-        "ncc.orchestrator.cmd_compile", "Compile an HLO module (.hlo.pb or .hlo) into a NEFF"
+        "ncc.orchestrator.commands.compile", "Compile an HLO module (.hlo.pb or .hlo) into a NEFF"
     ),
     "run": CommandInfo(
-        "ncc.orchestrator.cmd_run", "Execute a NEFF on the simulator: outputs, time, race check"
+        "ncc.orchestrator.commands.run", "Execute a NEFF on the simulator: outputs, time, race check"
     ),
     "farm": CommandInfo(
-        "ncc.orchestrator.cmd_farm", "Compile many models with Luigi workers (local scheduler or luigid)"
+        "ncc.orchestrator.commands.farm", "Compile many models with Luigi workers (local scheduler or luigid)"
     ),
     "cache": CommandInfo(
-        "ncc.orchestrator.cmd_cache", "Stage cache statistics (stats) and eviction (gc --max-size)"
+        "ncc.orchestrator.commands.cache", "Stage cache statistics (stats) and eviction (gc --max-size)"
     ),
     "inspect": CommandInfo(
-        "ncc.orchestrator.cmd_inspect", "Show a NEFF's engine streams, tensors and metadata"
+        "ncc.orchestrator.commands.inspect", "Show a NEFF's engine streams, tensors and metadata"
     ),
     "triage": CommandInfo(
-        "ncc.orchestrator.cmd_triage",
+        "ncc.orchestrator.commands.triage",
         "Explain failed compiles of a work dir or farm: bucket them, bundle a reproducer",
     ),
     "reduce": CommandInfo(
-        "ncc.orchestrator.cmd_reduce", "Shrink an HLO module while a test or a work dir's failure still holds"
+        "ncc.orchestrator.commands.reduce",
+        "Shrink an HLO module while a test or a work dir's failure still holds",
     ),
     "bisect": CommandInfo(
-        "ncc.orchestrator.cmd_bisect", "Find the pass after which a compile's result goes wrong"
+        "ncc.orchestrator.commands.bisect", "Find the pass after which a compile's result goes wrong"
     ),
 }
 

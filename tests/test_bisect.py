@@ -21,7 +21,7 @@ import pytest
 from orchestrator_support import assert_one_line_error, find_model, ncc
 from walrus_builders import Bir, chain_program
 
-from ncc.orchestrator.bisect import locate
+from ncc.orchestrator.triage.bisect import locate
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError

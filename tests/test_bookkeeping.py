@@ -60,7 +60,8 @@ def test_a_model_changed_during_the_compile_is_named(tmp_path: Path) -> None:
 
 
 def test_an_internal_error_keeps_its_traceback_in_the_work_dir(tmp_path: Path, monkeypatch, capsys) -> None:
-    from ncc.orchestrator import cli, driver
+    from ncc.orchestrator import cli
+    from ncc.orchestrator.pipeline import driver
 
     def broken(options: object) -> None:
         raise RuntimeError("a bug")

@@ -19,15 +19,15 @@ from orchestrator_support import lock_held
 from ncc.orchestrator import digests
 from ncc.orchestrator.diagnostics import CODES, ExitCode, NccDiagnostic, NccError, exit_code_for
 from ncc.orchestrator.options import CompileOptions, default_workdir
-from ncc.orchestrator.process_end import (
+from ncc.orchestrator.pipeline.process_end import (
     KILLED_FOR_MEMORY,
     KILLED_FOR_TIMEOUT,
     MB,
     ProcessEnd,
     classify_abnormal_end,
 )
-from ncc.orchestrator.supervisor import Limits, run_supervised
-from ncc.orchestrator.workdir import WorkDir
+from ncc.orchestrator.pipeline.supervisor import Limits, run_supervised
+from ncc.orchestrator.pipeline.workdir import WorkDir
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -283,8 +283,8 @@ def test_options_round_trip_and_canonical_flags(tmp_path: Path) -> None:
 
 
 def test_build_pipeline_mirrors_the_production_driver(tmp_path: Path) -> None:
-    from ncc.orchestrator.compile_command import CompileCommand
-    from ncc.orchestrator.registry import JobRegistry
+    from ncc.orchestrator.pipeline.compile_command import CompileCommand
+    from ncc.orchestrator.pipeline.job import task_class_of
 
     plain = CompileOptions(model=tmp_path / "m.hlo", output=tmp_path / "m.neff", workdir=tmp_path / "w")
     command = CompileCommand(plain)
@@ -300,13 +300,13 @@ def test_build_pipeline_mirrors_the_production_driver(tmp_path: Path) -> None:
         "NeffVerifier",
     ]
     for name in verify.buildPipeline():
-        assert JobRegistry.get(name).__name__ == name
+        assert task_class_of(name).__name__ == name
     with pytest.raises(KeyError):
-        JobRegistry.get("NoSuchJob")
+        task_class_of("NoSuchJob")
 
 
 def test_job_identity_ignores_limits(tmp_path: Path) -> None:
-    from ncc.orchestrator.registry import JobRegistry
+    from ncc.orchestrator.pipeline.job import task_class_of
 
     params = {
         "workdir": str(tmp_path),
@@ -314,7 +314,7 @@ def test_job_identity_ignores_limits(tmp_path: Path) -> None:
         "pipeline": ["HLOToTensorizer"],
         "compile_flags": ["--optlevel=2"],
     }
-    job = JobRegistry.get("HLOToTensorizer")
+    job = task_class_of("HLOToTensorizer")
     assert job(**params, timeout_s=1.0).task_id == job(**params, mem_limit_mb=5, run_id="x").task_id
     assert job(**params).task_id != job(**{**params, "optlevel": 1}).task_id
 
@@ -339,7 +339,7 @@ def test_luigi_cfg_in_the_current_directory_is_ignored(tmp_path: Path) -> None:
 
 
 def test_inspect_describes_engines_semaphores_and_tensors() -> None:
-    from ncc.orchestrator.cmd_inspect import describe, render
+    from ncc.orchestrator.commands.inspect import describe, render
     from ncc.schemas import bir_pb2, common_pb2
 
     neff = bir_pb2.Neff(

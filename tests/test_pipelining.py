@@ -492,7 +492,7 @@ def test_a_penguin_file_given_to_the_optimizer_carries_its_own_request(tmp_path:
 
 def test_num_stages_reaches_the_frontend_job_and_its_cache_key(tmp_path: Path) -> None:
     from ncc.orchestrator.options import CompileOptions
-    from ncc.orchestrator.stages import Frontend
+    from ncc.orchestrator.pipeline.stages import Frontend
 
     options = CompileOptions(model=tmp_path / "m.hlo", output=tmp_path / "m.neff", workdir=tmp_path / "w",
                              num_stages=3)

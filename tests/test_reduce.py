@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from orchestrator_support import Result, assert_one_line_error, find_model, ncc
 
-from ncc.orchestrator.reduce_edits import EDITS, cut, drop_outputs, instruction_count, merge, normalize
+from ncc.orchestrator.triage.reduce_edits import EDITS, cut, drop_outputs, instruction_count, merge, normalize
 from ncc.tools.hlo.hlo_printer import print_module
 from ncc.tools.hlo.hlo_reader import load_module
 from ncc.tools.hlo.hlo_text import parse_hlo_text

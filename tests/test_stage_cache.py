@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from orchestrator_support import DEFAULT_JOB_DIRS, assert_one_line_error, find_model, history, job_record, ncc
 
-from ncc.orchestrator.stage_cache import StageCache
+from ncc.orchestrator.pipeline.stage_cache import StageCache
 
 KEY = "ab" + "0" * 62
 
@@ -75,7 +75,7 @@ def test_a_missing_key_is_a_miss(tmp_path: Path) -> None:
 _STORE_MANY = """
 import sys
 from pathlib import Path
-from ncc.orchestrator.stage_cache import StageCache
+from ncc.orchestrator.pipeline.stage_cache import StageCache
 cache = StageCache(Path(sys.argv[1]))
 files = sorted(Path(sys.argv[2]).iterdir())
 for index in range(int(sys.argv[3])):

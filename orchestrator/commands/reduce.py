@@ -8,7 +8,7 @@ text (REDUCED.hlo) and as a serialized HloModuleProto (REDUCED.hlo.pb), each ato
 run in parallel, `--jobs` at once (default: the cores this process may use). Bad input is one
 U-code line; a module that is not interesting to begin with is [U017]. Ctrl-C stops the tests and
 writes the smallest interesting module found so far before the [U007] line. The reduction is in
-ncc.orchestrator.reduce (the loop), reduce_edits (the candidates) and interestingness (the tests).
+ncc.orchestrator.triage.reduce (the loop), reduce_edits (the candidates) and interestingness (the tests).
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from ncc.orchestrator.cmd_compile import positive_float, positive_int
+from ncc.orchestrator.commands.compile import positive_float, positive_int
 from ncc.orchestrator.diagnostics import NccError, printable
-from ncc.orchestrator.interestingness import CompileTest, compile_test, script_test
 from ncc.orchestrator.outputs import OutputError, check_writable, write_output
-from ncc.orchestrator.reduce import Reducer
-from ncc.orchestrator.reduce_edits import instruction_count
+from ncc.orchestrator.triage.interestingness import CompileTest, compile_test, script_test
+from ncc.orchestrator.triage.reduce import Reducer
+from ncc.orchestrator.triage.reduce_edits import instruction_count
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.hlo_printer import print_module

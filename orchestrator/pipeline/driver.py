@@ -3,7 +3,7 @@
 `run()` does in the user's process only what must not fail obscurely later: the model is
 readable ([U001]), the output's directory exists and is writable ([U004]/[U005]), the work
 directory can be created and written ([U003]) and nobody else is using it ([U006]). Then it
-starts the compile child (ncc.orchestrator.compile_child), relays its progress lines, and
+starts the compile child (ncc.orchestrator.pipeline.compile_child), relays its progress lines, and
 `handleError()` maps the child's end exactly as a job's end is mapped: the child's own result
 if it wrote one, else [F137]/[F139]/[F134] naming the driver, the work dir and driver.stderr.log.
 
@@ -21,14 +21,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ncc.orchestrator import luigi_setup
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
-from ncc.orchestrator.diskspace import looks_full, no_space_message
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.outputs import OutputError, check_writable
-from ncc.orchestrator.process_end import ProcessEnd, classify_abnormal_end
-from ncc.orchestrator.workdir import WorkDir
+from ncc.orchestrator.pipeline import luigi_setup
+from ncc.orchestrator.pipeline.diskspace import looks_full, no_space_message
+from ncc.orchestrator.pipeline.process_end import ProcessEnd, classify_abnormal_end
+from ncc.orchestrator.pipeline.workdir import WorkDir
 from ncc.tools.common.lifetime import PARENT_ENV
 
 DRIVER_JOB = "driver (the ncc compile child process)"
@@ -116,7 +116,7 @@ class CommandDriver:
             raise NccError.of("U005", f"cannot write output {output}: {err}") from None
         self.workdir.ensure_usable()
         if self.options.cache_dir is not None:
-            from ncc.orchestrator.stage_cache import CacheError, StageCache
+            from ncc.orchestrator.pipeline.stage_cache import CacheError, StageCache
 
             try:
                 StageCache(self.options.cache_dir).ensure_usable()
@@ -137,7 +137,7 @@ class CommandDriver:
             argv = [
                 settings().python,
                 "-m",
-                "ncc.orchestrator.compile_child",
+                "ncc.orchestrator.pipeline.compile_child",
                 "--options",
                 self.options.to_json(),
                 "--result",
@@ -173,7 +173,7 @@ class CommandDriver:
     def _restore_without_tools(self) -> dict[str, object] | None:
         """The summary of a compile finished here, from the work dir and the stage cache alone
         (CompileCommand.restoreWithoutTools), or None when a tool must run: then the child does."""
-        from ncc.orchestrator.compile_command import CompileCommand
+        from ncc.orchestrator.pipeline.compile_command import CompileCommand
 
         try:
             summary = CompileCommand(self.options).restoreWithoutTools()

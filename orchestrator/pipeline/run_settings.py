@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.options import CompileOptions
-from ncc.orchestrator.workdir import WorkDir
+from ncc.orchestrator.pipeline.workdir import WorkDir
 
 
 def compile_argv(options: CompileOptions) -> list[str]:

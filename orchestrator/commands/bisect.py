@@ -17,8 +17,8 @@ import json
 import sys
 from pathlib import Path
 
-from ncc.orchestrator.bisect import Bisection, Probe, bisect, environment_warnings, replay_line
 from ncc.orchestrator.diagnostics import ExitCode, NccError, one_line, printable
+from ncc.orchestrator.triage.bisect import Bisection, Probe, bisect, environment_warnings, replay_line
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

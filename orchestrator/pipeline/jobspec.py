@@ -29,9 +29,8 @@ from typing import ClassVar
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic
-from ncc.orchestrator.stage_cache import HIT, StageCache
-from ncc.orchestrator.versions import tool_version
-from ncc.orchestrator.workdir import (
+from ncc.orchestrator.pipeline.stage_cache import HIT, StageCache
+from ncc.orchestrator.pipeline.workdir import (
     CMD,
     DIAGNOSTIC,
     DRIVER_ERROR,
@@ -42,6 +41,7 @@ from ncc.orchestrator.workdir import (
     read_job_record,
     write_message_json,
 )
+from ncc.orchestrator.versions import tool_version
 from ncc.schemas import diagnostic_pb2
 
 log = logging.getLogger("ncc")

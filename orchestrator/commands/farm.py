@@ -14,16 +14,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ncc.orchestrator import luigi_setup
-from ncc.orchestrator.cmd_compile import add_compile_flags, add_result_flags, positive_int
+from ncc.orchestrator.commands.compile import add_compile_flags, add_result_flags, positive_int
 from ncc.orchestrator.config import budget_tool_threads
 from ncc.orchestrator.diagnostics import ExitCode, NccError
 from ncc.orchestrator.options import CompileOptions
-from ncc.orchestrator.stage_cache import CacheError, StageCache
-from ncc.orchestrator.workdir import WorkDir, write_json_atomic
+from ncc.orchestrator.pipeline import luigi_setup
+from ncc.orchestrator.pipeline.stage_cache import CacheError, StageCache
+from ncc.orchestrator.pipeline.workdir import WorkDir, write_json_atomic
 
 if TYPE_CHECKING:
-    from ncc.orchestrator import farm as farm_types
+    from ncc.orchestrator.farm import farm as farm_types
 
 DEFAULT_FARM_DIR = "ncc-farm"
 
@@ -87,7 +87,7 @@ def _parse_manifest_flags(words: list[str] | tuple[str, ...]) -> dict[str, objec
 
 
 def run(args: argparse.Namespace) -> int:
-    from ncc.orchestrator import farm
+    from ncc.orchestrator.farm import farm
 
     farm_dir = Path(os.path.abspath(args.farm_dir))
     try:
@@ -161,12 +161,12 @@ def run(args: argparse.Namespace) -> int:
 def _run_with_luigi(
     models: list[farm_types.FarmModel], settings: farm_types.FarmSettings, run_id: str, verbose: int
 ) -> None:
-    from ncc.orchestrator import farm
+    from ncc.orchestrator.farm import farm
 
     luigi_setup.require_shared_memory()
     luigi_setup.isolate_config()
     farm.configure_luigi(settings)
-    from ncc.orchestrator.farm_progress import Progress
+    from ncc.orchestrator.farm.progress import Progress
 
     progress = Progress(models, run_id, sys.stderr) if verbose >= 1 else None
     farm.run_farm(models, settings, run_id, progress)

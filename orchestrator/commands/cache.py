@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from ncc.orchestrator.diagnostics import NccError
-from ncc.orchestrator.stage_cache import StageCache
+from ncc.orchestrator.pipeline.stage_cache import StageCache
 
 _SIZE = re.compile(r"^(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ncc.orchestrator import digests
-from ncc.orchestrator.jobspec import JobSpec
-from ncc.orchestrator.registry import JobRegistry
+from ncc.orchestrator.pipeline.jobspec import JobSpec
+from ncc.orchestrator.pipeline.registry import JobRegistry
 from ncc.orchestrator.versions import ncc_version
 
 GOLDEN_SEED = 0

@@ -40,8 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from ncc.orchestrator.diskspace import scratch_write_error
-from ncc.orchestrator.reduce_edits import EDITS, Candidate, Edit, cleanup, element_total, instruction_count
+from ncc.orchestrator.pipeline.diskspace import scratch_write_error
+from ncc.orchestrator.triage.reduce_edits import (
+    EDITS,
+    Candidate,
+    Edit,
+    cleanup,
+    element_total,
+    instruction_count,
+)
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.hlo_printer import print_module

@@ -5,7 +5,7 @@ compile's work dir reproduced.
   the candidate's own folder with the reducer's environment; the file is HLO text.
 * `CompileTest`, made by `compile_test(WORKDIR)`: `ncc compile` of the candidate fails in the same
   job with the same signature as the work dir's failure (`ncc triage`'s signature: job, code,
-  pass, top frames or the limit that killed it; ncc.orchestrator.triage computes both sides). The
+  pass, top frames or the limit that killed it; ncc.orchestrator.triage.explain computes both sides). The
   candidate compiles with the flags of the failed compile (run_settings.json's command, without
   its output, work dir and stage cache) and its allow-listed environment (config.REPLAY_ENV, as
   recorded: NCC_FAULT_INJECT travels, so a planted crash reproduces), into a work dir of its own;
@@ -23,9 +23,9 @@ from pathlib import Path
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import REPLAY_ENV
 from ncc.orchestrator.diagnostics import NccError
-from ncc.orchestrator.reduce import Process, Verdict
-from ncc.orchestrator.triage import Failure, triage, triage_workdir
-from ncc.orchestrator.workdir import WorkDir
+from ncc.orchestrator.pipeline.workdir import WorkDir
+from ncc.orchestrator.triage.explain import Failure, triage, triage_workdir
+from ncc.orchestrator.triage.reduce import Process, Verdict
 from ncc.schemas import hlo_pb2
 from ncc.tools.hlo.hlo_printer import print_module
 

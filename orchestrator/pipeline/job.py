@@ -1,7 +1,7 @@
 """ToolJob: the Luigi task that runs one stage tool of a compile (its JobSpec says which).
 
 A job forks its stage tool (`python -m ncc.tools.<tool>`, never an import), supervises it
-(ncc.orchestrator.supervisor), and leaves in its folder `NN_JobName/` everything needed to
+(ncc.orchestrator.pipeline.supervisor), and leaves in its folder `NN_JobName/` everything needed to
 understand and replay it: cmd.sh, stdout.log, stderr.log, the tool's outputs and record.json.
 
 Contract with Luigi:
@@ -13,7 +13,7 @@ Contract with Luigi:
 * run() never lets a tool failure look like a driver bug: it writes a record with status
   "failed" and the diagnostic, then raises JobFailed so Luigi stops the pipeline there.
 Instances are cached by Luigi per parameters, so a job keeps no state besides its parameters.
-The Luigi class of each stage is made from its spec by `task_class()`: the spec (stages.py) says
+The Luigi class of each stage is made from its spec by `task_class_of()`: the spec (stages.py) says
 what the job is, ToolJob how it runs under Luigi.
 """
 
@@ -30,8 +30,8 @@ from google.protobuf.message import DecodeError
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
-from ncc.orchestrator.diskspace import is_no_space, looks_full, no_space_message
-from ncc.orchestrator.jobspec import (
+from ncc.orchestrator.pipeline.diskspace import is_no_space, looks_full, no_space_message
+from ncc.orchestrator.pipeline.jobspec import (
     DRIVER_TOOL,
     STATUS_FAILED,
     STATUS_OK,
@@ -39,11 +39,10 @@ from ncc.orchestrator.jobspec import (
     diagnostic_from_record,
     host_resource,
 )
-from ncc.orchestrator.process_end import MB, classify_abnormal_end
-from ncc.orchestrator.registry import JobRegistry
-from ncc.orchestrator.supervisor import Limits, run_supervised
-from ncc.orchestrator.versions import tool_version
-from ncc.orchestrator.workdir import (
+from ncc.orchestrator.pipeline.process_end import MB, classify_abnormal_end
+from ncc.orchestrator.pipeline.registry import JobRegistry
+from ncc.orchestrator.pipeline.supervisor import Limits, run_supervised
+from ncc.orchestrator.pipeline.workdir import (
     DIAGNOSTIC,
     DRIVER_ERROR,
     STDERR,
@@ -51,6 +50,7 @@ from ncc.orchestrator.workdir import (
     WorkDir,
     write_message_json,
 )
+from ncc.orchestrator.versions import tool_version
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.lifetime import die_with_parent
 from ncc.tools.common.toolmain import EXIT_NO_SPACE
@@ -116,7 +116,7 @@ class ToolJob(JobSpec, luigi.Task):
     def requires(self) -> list[ToolJob]:
         if self.index == 0:
             return []
-        return [JobRegistry.get(self.pipeline[self.index - 1])(**self.param_kwargs)]
+        return [task_class_of(self.pipeline[self.index - 1])(**self.param_kwargs)]
 
     def output(self) -> luigi.LocalTarget:
         return luigi.LocalTarget(str(self.record_path))
@@ -282,6 +282,14 @@ class ToolJob(JobSpec, luigi.Task):
         return record
 
 
-def task_class(spec: type[JobSpec]) -> type[ToolJob]:
-    """The Luigi task class of a stage: named like its spec (Luigi's task family, the job's name)."""
-    return type(ToolJob)(spec.__name__, (spec, ToolJob), {"__module__": __name__, "__doc__": spec.__doc__})
+_TASKS: dict[str, type[ToolJob]] = {}
+
+
+def task_class_of(name: str) -> type[ToolJob]:
+    """The Luigi task class of job `name`, made from its JobSpec the first time it is asked for:
+    named like its spec (Luigi's task family, the job's name)."""
+    if name not in _TASKS:
+        spec = JobRegistry.spec(name)
+        namespace = {"__module__": __name__, "__doc__": spec.__doc__}
+        _TASKS[name] = type(ToolJob)(spec.__name__, (spec, ToolJob), namespace)
+    return _TASKS[name]

@@ -7,7 +7,7 @@ driver, the work directory and the log). The child reports back through a small 
 carries progress lines (--verbose ≥ 2) for the parent to show; anything else it prints goes to
 driver.stderr.log, so no traceback ever reaches the user's terminal.
 
-    python -m ncc.orchestrator.compile_child --options '<CompileOptions JSON>' --result FILE
+    python -m ncc.orchestrator.pipeline.compile_child --options '<CompileOptions JSON>' --result FILE
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ import sys
 import time
 from pathlib import Path
 
-from ncc.orchestrator import luigi_setup, restore_interrupt_handler
+from ncc.orchestrator import restore_interrupt_handler
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
-from ncc.orchestrator.diskspace import is_no_space, looks_full, no_space_message
 from ncc.orchestrator.options import CompileOptions
-from ncc.orchestrator.run_settings import record_run_settings
-from ncc.orchestrator.workdir import WorkDir, write_json_atomic
+from ncc.orchestrator.pipeline import luigi_setup
+from ncc.orchestrator.pipeline.diskspace import is_no_space, looks_full, no_space_message
+from ncc.orchestrator.pipeline.run_settings import record_run_settings
+from ncc.orchestrator.pipeline.workdir import WorkDir, write_json_atomic
 from ncc.tools.common.lifetime import die_with_parent_from_env
 
 log = logging.getLogger("ncc")
@@ -59,7 +60,7 @@ def run_compile(options: CompileOptions) -> tuple[int, dict[str, object]]:
         record_run_settings(options, run_id)  # limits and environment, for `ncc triage`
         inject_driver_fault(settings().driver_fault)
         luigi_setup.require_shared_memory()
-        from ncc.orchestrator.compile_command import CompileCommand  # imports Luigi: after isolation
+        from ncc.orchestrator.pipeline.compile_command import CompileCommand  # imports Luigi: after isolation
 
         command = CompileCommand(options)
         command.run_id = run_id

@@ -4,7 +4,7 @@ but itself and the ncc tools on PATH.
     ncc-repro-<model>-<job>/
         replay.sh          reruns the job from the bundle alone and exits as the job did
         supervise.py       the limits ncc killed the job at (only when it ran under --timeout or
-                           --mem-limit): stdlib-only, ncc.orchestrator.triage_supervise
+                           --mem-limit): stdlib-only, ncc.orchestrator.triage.supervise
         README.txt         what failed and how to replay it
         failure.json       the triage of the failure (code, signal, pass, memory, time, frames)
         environment.json   the allow-listed environment the job ran with (config.REPLAY_ENV):
@@ -38,12 +38,12 @@ from pathlib import Path
 from ncc.orchestrator import digests
 from ncc.orchestrator.diagnostics import NccError
 from ncc.orchestrator.outputs import OutputError, check_writable, is_stream, write_output
-from ncc.orchestrator.triage import Failure, job_folder
+from ncc.orchestrator.pipeline.workdir import CMD, DIAGNOSTIC, DRIVER_ERROR, RECORD, STDERR, STDOUT, WorkDir
+from ncc.orchestrator.triage.explain import Failure, job_folder
 from ncc.orchestrator.versions import ncc_version
-from ncc.orchestrator.workdir import CMD, DIAGNOSTIC, DRIVER_ERROR, RECORD, STDERR, STDOUT, WorkDir
 
 LIBRARIES = ("ncc", "numpy", "protobuf", "luigi", "psutil")
-SUPERVISOR = Path(__file__).with_name("triage_supervise.py")
+SUPERVISOR = Path(__file__).with_name("supervise.py")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from ncc.orchestrator.process_end import KILLED_FOR_MEMORY, KILLED_FOR_TIMEOUT, ProcessEnd
+from ncc.orchestrator.pipeline.process_end import KILLED_FOR_MEMORY, KILLED_FOR_TIMEOUT, ProcessEnd
 from ncc.tools.common.lifetime import PARENT_ENV
 
 

@@ -20,14 +20,14 @@ from dataclasses import asdict, dataclass, field
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
-from ncc.orchestrator.diskspace import looks_full, no_space_message
-from ncc.orchestrator.jobspec import STATUS_FAILED, diagnostic_from_record
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.outputs import OutputError, write_output
-from ncc.orchestrator.registry import JobRegistry
-from ncc.orchestrator.stages import NEFF_NAME
+from ncc.orchestrator.pipeline.diskspace import looks_full, no_space_message
+from ncc.orchestrator.pipeline.jobspec import STATUS_FAILED, diagnostic_from_record
+from ncc.orchestrator.pipeline.registry import JobRegistry
+from ncc.orchestrator.pipeline.stages import NEFF_NAME
+from ncc.orchestrator.pipeline.workdir import RECORD, WorkDir, read_job_record
 from ncc.orchestrator.versions import ncc_version, tool_version
-from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
 from ncc.schemas import diagnostic_pb2
 
 log = logging.getLogger("ncc")
@@ -131,8 +131,10 @@ class CompileCommand:
         """Run every incomplete job with Luigi; raise NccError with the failed job's diagnostic."""
         import luigi
 
+        from ncc.orchestrator.pipeline.job import task_class_of
+
         started = time.time()
-        final = JobRegistry.get(jobs[-1])(**self.jobParameters(jobs))
+        final = task_class_of(jobs[-1])(**self.jobParameters(jobs))
         result = luigi.build([final], local_scheduler=True, detailed_summary=True, workers=1)
         log.debug("luigi status %s: %s", result.status.name, result.one_line_summary)
         if result.status.name in _SUCCESS and final.complete():

@@ -4,7 +4,7 @@ For each failed compile: the job, the F-code or the tool's diagnostic, the signa
 against --mem-limit, wall time against --timeout, the pass that was running, the last lines of
 the job's log and the exact replay command. Over a farm (or any folder of work dirs) failures are
 bucketed by signature, largest bucket first, one representative shown in full. `--bundle` packs
-a work dir's failed job into a self-contained reproducer (ncc.orchestrator.triage_bundle).
+a work dir's failed job into a self-contained reproducer (ncc.orchestrator.triage.bundle).
 Exit 0 when the triage itself worked, whether or not it found failures; bad input is a U-code.
 The work is in ncc.orchestrator.triage.
 """
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from ncc.orchestrator.diagnostics import NccError, printable
-from ncc.orchestrator.process_end import KILLED_FOR_MEMORY, KILLED_FOR_TIMEOUT
-from ncc.orchestrator.triage import Bucket, Failure, Triage, triage
+from ncc.orchestrator.pipeline.process_end import KILLED_FOR_MEMORY, KILLED_FOR_TIMEOUT
+from ncc.orchestrator.triage.explain import Bucket, Failure, Triage, triage
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -137,7 +137,7 @@ def render(result: Triage) -> str:
 def run(args: argparse.Namespace) -> int:
     result = triage(args.path)
     if args.bundle is not None:
-        from ncc.orchestrator.triage_bundle import write_bundle
+        from ncc.orchestrator.triage.bundle import write_bundle
 
         if result.kind != "workdir":
             examples = ", ".join(str(bucket.representative.workdir) for bucket in result.buckets[:3])

@@ -34,18 +34,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ncc.orchestrator import digests
-from ncc.orchestrator.compile_command import CompileCommand
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
-from ncc.orchestrator.jobspec import STATUS_FAILED, STATUS_OK, diagnostic_from_record, host_resource
+from ncc.orchestrator.farm.model import FarmInput, FarmModel
 from ncc.orchestrator.options import CompileOptions
-from ncc.orchestrator.registry import JobRegistry
-from ncc.orchestrator.run_settings import record_run_settings
-from ncc.orchestrator.stage_cache import CORRUPT, StageCache
-from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
+from ncc.orchestrator.pipeline.compile_command import CompileCommand
+from ncc.orchestrator.pipeline.jobspec import STATUS_FAILED, STATUS_OK, diagnostic_from_record, host_resource
+from ncc.orchestrator.pipeline.registry import JobRegistry
+from ncc.orchestrator.pipeline.run_settings import record_run_settings
+from ncc.orchestrator.pipeline.stage_cache import CORRUPT, StageCache
+from ncc.orchestrator.pipeline.workdir import RECORD, WorkDir, read_job_record
 from ncc.tools.common.protoio import write_bytes_atomic
 
 if TYPE_CHECKING:
-    from ncc.orchestrator.farm_progress import Progress
+    from ncc.orchestrator.farm.progress import Progress
 
 log = logging.getLogger("ncc")
 
@@ -54,14 +55,6 @@ MODEL_SUFFIXES = (".hlo.pb", ".hlo")
 
 def model_suffix(path: Path) -> str | None:
     return next((s for s in MODEL_SUFFIXES if path.name.endswith(s)), None)
-
-
-@dataclass(frozen=True)
-class FarmInput:
-    """One line of the farm's input list: a model file and its own compile flags."""
-
-    path: Path
-    flags: tuple[str, ...] = ()
 
 
 def _manifest_lines(manifest: Path) -> list[FarmInput]:
@@ -106,28 +99,6 @@ def collect_inputs(arguments: Iterable[Path]) -> list[FarmInput]:
     if not found:
         raise NccError.of("U001", "no models to compile (no .hlo.pb or .hlo file in the inputs)")
     return found
-
-
-@dataclass
-class FarmModel:
-    """A (model content, flags) pair to compile, and every input line that asked for it."""
-
-    inputs: list[FarmInput]
-    options: CompileOptions
-    command: CompileCommand
-    jobs: list[str]
-    neff_name: str = ""  # under the farm's neff/: the model's name, made unique by its work dir if needed
-    restored: bool = False  # finished by restore_without_tools: verified and installed already
-
-    @property
-    def workdir(self) -> Path:
-        return self.options.workdir
-
-    @property
-    def input_bytes(self) -> int:
-        """The model's size: its jobs' Luigi priority, so the largest models start first and a
-        small one, not a large one, is what still runs when the other workers have run out."""
-        return self.options.model.stat().st_size
 
 
 def _flags_digest(flags: Sequence[str]) -> str:
@@ -382,6 +353,8 @@ def run_farm(
     """Prepare every work dir and let Luigi run every incomplete job of every model."""
     import luigi
 
+    from ncc.orchestrator.pipeline.job import task_class_of
+
     tasks = []
     for model in models:
         model.workdir.mkdir(parents=True, exist_ok=True)
@@ -392,7 +365,7 @@ def run_farm(
         parameters["retries"] = settings.retries
         parameters["resources_mb"] = settings.mem_per_job_mb or 0
         parameters["model_priority"] = model.input_bytes
-        tasks.append(JobRegistry.get(model.jobs[-1])(**parameters))
+        tasks.append(task_class_of(model.jobs[-1])(**parameters))
     if settings.scheduler_url and settings.mem_per_job_mb:
         from luigi.rpc import RemoteScheduler
 

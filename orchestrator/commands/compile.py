@@ -170,7 +170,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
 
 def run(args: argparse.Namespace) -> int:
     from ncc.orchestrator.cli import keep_crash_logs_in
-    from ncc.orchestrator.driver import compile_model
+    from ncc.orchestrator.pipeline.driver import compile_model
 
     options = options_from_args(args)
     keep_crash_logs_in(options.workdir)

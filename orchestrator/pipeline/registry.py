@@ -1,10 +1,10 @@
-"""JobRegistry: job name (as it appears in a pipeline) → its JobSpec class and its Luigi task class.
+"""JobRegistry: job name (as it appears in a pipeline) → its JobSpec class.
 
 A pipeline is data — a flat list of job names from `CompileCommand.buildPipeline()` — and this
 registry is the one place that turns a name into code. The stage specs register themselves in
-`ncc.orchestrator.stages`, imported on first use so that importing the registry stays cheap;
-the Luigi task class of a stage is made from its spec the first time it is asked for, so code
-that only needs specs (a compile restored entirely from the cache) never imports Luigi.
+`ncc.orchestrator.pipeline.stages`, imported on first use so that importing the registry stays cheap;
+the Luigi task class of a stage is made from its spec by `job.task_class_of`, so code that only
+needs specs (a compile restored entirely from the cache) never imports Luigi.
 """
 
 from __future__ import annotations
@@ -13,17 +13,15 @@ import importlib
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
-    from ncc.orchestrator.job import ToolJob
-    from ncc.orchestrator.jobspec import JobSpec
+    from ncc.orchestrator.pipeline.jobspec import JobSpec
 
 S = TypeVar("S", bound="type[JobSpec]")
 
-_STAGES_MODULE = "ncc.orchestrator.stages"
+_STAGES_MODULE = "ncc.orchestrator.pipeline.stages"
 
 
 class JobRegistry:
     _specs: dict[str, type[JobSpec]] = {}
-    _tasks: dict[str, type[ToolJob]] = {}
 
     @classmethod
     def register(cls, spec_class: S) -> S:
@@ -41,16 +39,6 @@ class JobRegistry:
             return cls._specs[name]
         except KeyError:
             raise KeyError(f"no job named {name!r}; known jobs: {', '.join(sorted(cls._specs))}") from None
-
-    @classmethod
-    def get(cls, name: str) -> type[ToolJob]:
-        """The Luigi task class of job `name` (imports Luigi)."""
-        spec = cls.spec(name)
-        if name not in cls._tasks:
-            from ncc.orchestrator.job import task_class
-
-            cls._tasks[name] = task_class(spec)
-        return cls._tasks[name]
 
     @classmethod
     def names(cls) -> list[str]:

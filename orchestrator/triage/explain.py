@@ -6,7 +6,7 @@ Everything is read from what a compile leaves on disk, nothing is rerun:
 * the job's log: the last pass a tool with a pass manager logged as started (tools/common/passlog.py:
   the pass that was running), the top frames of the Python stack a crash printed (faulthandler) or
   of a traceback, and the last lines;
-* run_settings.json (ncc.orchestrator.run_settings): the --timeout and --mem-limit the job ran
+* run_settings.json (ncc.orchestrator.pipeline.run_settings): the --timeout and --mem-limit the job ran
   under and the allow-listed environment, for the run whose id history.jsonl gives the job;
 * for a compile whose driver died rather than a job: driver_result.json or driver.stderr.log.
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ncc.orchestrator.diagnostics import NccDiagnostic, NccError
-from ncc.orchestrator.jobspec import DRIVER_TOOL, STATUS_OK, diagnostic_from_record
-from ncc.orchestrator.process_end import (
+from ncc.orchestrator.pipeline.jobspec import DRIVER_TOOL, STATUS_OK, diagnostic_from_record
+from ncc.orchestrator.pipeline.process_end import (
     KILLED_FOR_MEMORY,
     KILLED_FOR_TIMEOUT,
     MB,
@@ -36,7 +36,7 @@ from ncc.orchestrator.process_end import (
     killed_for_in,
     signal_name,
 )
-from ncc.orchestrator.workdir import CMD, RECORD, STDERR, WorkDir, job_dir_name, read_job_record
+from ncc.orchestrator.pipeline.workdir import CMD, RECORD, STDERR, WorkDir, job_dir_name, read_job_record
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.passlog import last_pass_start
 

@@ -12,9 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
-from ncc.orchestrator.farm import FarmModel
-from ncc.orchestrator.jobspec import STATUS_FAILED, STATUS_OK
-from ncc.orchestrator.workdir import RECORD, WorkDir, read_job_record
+from ncc.orchestrator.farm.model import FarmModel
+from ncc.orchestrator.pipeline.jobspec import STATUS_FAILED, STATUS_OK
+from ncc.orchestrator.pipeline.workdir import RECORD, WorkDir, read_job_record
 
 
 class Progress:

@@ -46,13 +46,13 @@ from google.protobuf.message import DecodeError
 
 from ncc.orchestrator.config import FAULT_ENV, settings
 from ncc.orchestrator.diagnostics import NccError
-from ncc.orchestrator.diskspace import scratch_write_error
-from ncc.orchestrator.jobspec import STATUS_OK
-from ncc.orchestrator.process_end import classify_abnormal_end
-from ncc.orchestrator.stages import GOLDEN_SEED
-from ncc.orchestrator.supervisor import Limits, run_supervised
-from ncc.orchestrator.triage import is_workdir
-from ncc.orchestrator.workdir import RECORD, WorkDir, job_dir_name, read_job_record
+from ncc.orchestrator.pipeline.diskspace import scratch_write_error
+from ncc.orchestrator.pipeline.jobspec import STATUS_OK
+from ncc.orchestrator.pipeline.process_end import classify_abnormal_end
+from ncc.orchestrator.pipeline.stages import GOLDEN_SEED
+from ncc.orchestrator.pipeline.supervisor import Limits, run_supervised
+from ncc.orchestrator.pipeline.workdir import RECORD, WorkDir, job_dir_name, read_job_record
+from ncc.orchestrator.triage.explain import is_workdir
 from ncc.schemas import diagnostic_pb2
 from ncc.tools.common.pipeline_text import split_pipeline
 
