@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint bench bench-scale bench-fusion bench-reduce schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,14 @@ setup: $(BIN)/ncc
 demo: setup
 	$(BIN)/python scripts/demo.py
 
+# The suite on both cores (pytest-xdist; every test works in its own tmp_path), the long fuzz
+# sweeps left to test-sweeps; .ci/run runs both tiers. --durations names the slowest.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist worksteal
 test: setup
-	$(BIN)/python -m pytest -q
+	$(PYTEST) -m "not sweep" --durations=20
+
+test-sweeps: setup
+	$(PYTEST) -m sweep --durations=10
 
 lint: setup
 	$(BIN)/ruff check .

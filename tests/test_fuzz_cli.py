@@ -367,6 +367,7 @@ def fuzz_one(model: str, fmt: str, index: int) -> str:
         raise AssertionError(f"{replay} crashed the front end: {type(err).__name__}: {err}") from err
 
 
+@pytest.mark.sweep
 @pytest.mark.parametrize("fmt", ["text", "proto"])
 def test_front_end_fuzz_never_crashes(fmt: str) -> None:
     """Thousands of seeded mutants of every model: the front end ends in a program or a CompileError."""
@@ -528,6 +529,7 @@ def differential_check(data: bytes, fmt: str, neff: Path, tmp_path: Path) -> str
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_cli_fuzz_exit_codes_and_one_line_errors(tmp_path: Path) -> None:
     """~20 seeded mutants through a real `ncc compile`: exit 0, or 1 with one `ncc: error: [E...]` line."""
     codes: Counter[str] = Counter()

@@ -92,6 +92,7 @@ def test_inspect_escapes_control_characters(neff_path: Path, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.sweep
 def test_neff_mutations_under_a_2gb_address_space(neff_path: Path) -> None:
     """Seeded mutants (tests/neff_fuzz.py) through `ncc run` and `ncc inspect`, limited to 2 GB of
     address space: no traceback, no F-code, none over 5 s. `python tests/neff_fuzz.py` runs more."""

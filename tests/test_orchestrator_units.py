@@ -324,7 +324,7 @@ def test_luigi_cfg_in_the_current_directory_is_ignored(tmp_path: Path) -> None:
     code = (
         "import luigi.configuration as c\n"
         "assert c.get_config().has_section('ncc_probe')\n"  # Luigi itself read it...
-        "from ncc.orchestrator import luigi_setup\n"
+        "from ncc.orchestrator.pipeline import luigi_setup\n"
         "luigi_setup.isolate_config()\n"
         "cfg = c.get_config()\n"
         "assert not cfg.has_section('ncc_probe')\n"  # ...ncc dropped it
