@@ -12,8 +12,8 @@ from conftest import run_ncc
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
-from ncc.tools.hlo_opt.act_functions import select_act_functions
 from ncc.tools.hlo_opt.optimizer import optimize
+from ncc.tools.hlo_opt.passes.act_functions import select_act_functions
 from ncc.tools.sim.semantics import ACTIVATIONS
 
 

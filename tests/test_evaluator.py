@@ -14,8 +14,8 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_proto
 from ncc.tools.hlo.hlo_reader import load_module
 from ncc.tools.hlo.hlo_text import parse_hlo_text
-from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
-from ncc.tools.hlo_opt.golden import run_golden
+from ncc.tools.hlo_opt.golden.evaluator import evaluate, make_inputs
+from ncc.tools.hlo_opt.golden.run import run_golden
 
 MODELS = ["add_mul", "gelu", "matmul", "mlp", "rmsnorm", "softmax", "layernorm", "attention", "matmul_bf16",
           "block"]

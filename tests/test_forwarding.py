@@ -14,8 +14,8 @@ from ncc.schemas import bir_pb2, penguin_pb2
 from ncc.tools.common.hbm_traffic import hbm_bytes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
-from ncc.tools.hlo_opt.forwarding import forward_tiles
 from ncc.tools.hlo_opt.optimizer import DEFAULT_PASSES, optimize
+from ncc.tools.hlo_opt.passes.forwarding import forward_tiles
 
 BEFORE_FORWARD = list(DEFAULT_PASSES[: DEFAULT_PASSES.index("forward")])
 

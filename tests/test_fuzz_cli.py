@@ -50,7 +50,7 @@ from ncc.tools.hlo.hlo_types import T, dims, element_count, entry_computation, l
 from ncc.tools.hlo.hlo_verify import SUPPORTED_OPCODES, verify_module
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
-from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
+from ncc.tools.hlo_opt.golden.evaluator import evaluate, make_inputs
 
 MODELS = sorted(path.name[: -len(".hlo.pb")] for path in MODELS_DIR.glob("*.hlo.pb"))
 CASES_PER_MODEL = 300  # per model and per format (text, proto): 10 models → 6000 mutants

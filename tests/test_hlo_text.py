@@ -18,7 +18,7 @@ from ncc.tools.hlo.hlo_reader import load_module
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo.hlo_types import T, element_count
 from ncc.tools.hlo.hlo_verify import verify_module
-from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
+from ncc.tools.hlo_opt.golden.evaluator import evaluate, make_inputs
 
 MODELS = ["add_mul", "gelu", "matmul", "mlp", "rmsnorm", "softmax", "layernorm", "attention", "matmul_bf16",
           "block"]

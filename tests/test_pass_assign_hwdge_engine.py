@@ -12,7 +12,7 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim.api import simulate_program
 from ncc.tools.target import load_target
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.pass_manager import PassManager
 from ncc.tools.walrus_driver.passes.bir_sim import random_inputs

@@ -12,7 +12,7 @@ from ncc.schemas import bir_pb2
 from ncc.schemas.common_pb2 import ACT as ACT_ENGINE
 from ncc.schemas.common_pb2 import DVE, F32, S32
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver.engine_choice import act_equivalent
+from ncc.tools.walrus_driver.analysis.engine_choice import act_equivalent
 from ncc.tools.walrus_driver.pass_manager import default_pipeline
 
 

@@ -16,12 +16,12 @@ from ncc.tools.common.hbm_traffic import hbm_bytes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
-from ncc.tools.hlo_opt.cse import eliminate_common_loads
-from ncc.tools.hlo_opt.dce import eliminate_dead_code
-from ncc.tools.hlo_opt.fusion import fuse_nests
-from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.optimizer import optimize, pass_list
-from ncc.tools.hlo_opt.retile import retile_nests
+from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
+from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
+from ncc.tools.hlo_opt.passes.fusion import fuse_nests
+from ncc.tools.hlo_opt.passes.invariant_loads import hoist_invariant_loads
+from ncc.tools.hlo_opt.passes.retile import retile_nests
 
 S = "f32[300,2100]"  # three partition tiles (one partial), two free tiles (one partial)
 CHAIN = f"""HloModule chain

@@ -19,7 +19,7 @@ from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.optimizer import optimize, pass_list
-from ncc.tools.hlo_opt.pipelining import buffer_counts, pipeline_loops, plan_nest
+from ncc.tools.hlo_opt.passes.pipelining import buffer_counts, pipeline_loops, plan_nest
 
 DATA = Path(__file__).parent / "data"
 ACT, DVE, SP = common_pb2.ACT, common_pb2.DVE, common_pb2.SP

@@ -16,10 +16,10 @@ from ncc.tools.common.hbm_traffic import hbm_bytes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
-from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.optimizer import optimize, parse_pass
-from ncc.tools.hlo_opt.pipelining import pipeline_loops
-from ncc.tools.hlo_opt.tile_order import order_tiles
+from ncc.tools.hlo_opt.passes.invariant_loads import hoist_invariant_loads
+from ncc.tools.hlo_opt.passes.pipelining import pipeline_loops
+from ncc.tools.hlo_opt.passes.tile_order import order_tiles
 
 
 def dot(m: int, k: int, n: int, batch: int = 0) -> str:

@@ -16,7 +16,7 @@ from ncc.tools.common.toolmain import exit_now, run_tool
 
 def _body(args: argparse.Namespace) -> None:
     if args.evaluate:
-        from ncc.tools.hlo_opt.golden import run_golden
+        from ncc.tools.hlo_opt.golden.run import run_golden
 
         run_golden(args.input, args.output, args.seed, args.inputs)
         return

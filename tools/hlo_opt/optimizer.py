@@ -26,15 +26,15 @@ from collections.abc import Callable
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.pipeline_text import split_pipeline
-from ncc.tools.hlo_opt.act_functions import select_act_functions
-from ncc.tools.hlo_opt.cse import eliminate_common_loads
-from ncc.tools.hlo_opt.dce import eliminate_dead_code
-from ncc.tools.hlo_opt.forwarding import forward_tiles
-from ncc.tools.hlo_opt.fusion import fuse_nests
-from ncc.tools.hlo_opt.invariant_loads import hoist_invariant_loads
-from ncc.tools.hlo_opt.pipelining import pipeline_loops
-from ncc.tools.hlo_opt.retile import retile_nests
-from ncc.tools.hlo_opt.tile_order import order_tiles
+from ncc.tools.hlo_opt.passes.act_functions import select_act_functions
+from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
+from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
+from ncc.tools.hlo_opt.passes.forwarding import forward_tiles
+from ncc.tools.hlo_opt.passes.fusion import fuse_nests
+from ncc.tools.hlo_opt.passes.invariant_loads import hoist_invariant_loads
+from ncc.tools.hlo_opt.passes.pipelining import pipeline_loops
+from ncc.tools.hlo_opt.passes.retile import retile_nests
+from ncc.tools.hlo_opt.passes.tile_order import order_tiles
 
 PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,

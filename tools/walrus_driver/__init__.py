@@ -5,15 +5,19 @@ SP queue 0, no semaphores). Output: the same program with addresses, DMA queues 
 engines chosen, semaphore waits/updates inserted and per-engine streams, such that the simulator
 runs it race- and deadlock-free and it computes what the input order computes sequentially.
 
+The pass machinery, at the top:
   registry.py       pass name -> PassInfo (@register in each pass module), did-you-mean for typos
   pass_manager.py   pipeline text "a,b{k=v},c", DEFAULT_PASSES / default_pipeline(optlevel),
                     instruments (--print-ir-after, --timing, --verify-each, --stats)
   context.py        PassContext: program, target, dependence graph, state flags (E402 checks)
-  birutil.py        op tables, operand footprints; costs.py cost model and lower bound;
-  syncmodel.py      threads and vector clocks (alloc_semaphores and birverifier); printer.py text IR
+  printer.py        the text IR; op_patterns.py: the op= patterns of fault injection
   miscompile.py     planted miscompiles (test-only, NCC_FAULT_INJECT=walrus_driver:max_to_add@pass=P)
-  passes/           one module per pass (see `ncc-walrus-driver --list-passes`)
   __main__.py       the ncc-walrus-driver command line
+passes/             one module per pass (see `ncc-walrus-driver --list-passes`)
+analysis/           the models of the program and the machine that several passes share:
+  birutil.py        op tables, operand footprints; costs.py the cost model and lower bound;
+  depgraph.py       the dependence graph; syncmodel.py threads and vector clocks (alloc_semaphores
+                    and birverifier); engine_choice.py the exact ACT forms of DVE instructions
 
 Default pipeline (optlevel 1-3; optlevel 0 drops split_dma, dep_reduction and pre_sched):
   split_dma, anti_dependency_analyzer, dep_reduction, assign_hwdge_engine, pre_sched,

@@ -25,9 +25,9 @@ from typing import Any
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
-from ncc.tools.walrus_driver import birutil
-from ncc.tools.walrus_driver.costs import CostTable
-from ncc.tools.walrus_driver.depgraph import DepGraph
+from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis.costs import CostTable
+from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 
 # Program attribute set by lower_sync: every wait carries its encoded words, so no pass may add one.
 SYNC_LOWERED = "walrus.sync_lowered"

@@ -11,7 +11,7 @@ from __future__ import annotations
 from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
 
 
 def format_ap(ap: bir_pb2.AccessPattern) -> str:

@@ -31,9 +31,9 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver import birutil, costs, syncmodel
+from ncc.tools.walrus_driver.analysis import birutil, costs, syncmodel
+from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 from ncc.tools.walrus_driver.context import PassContext
-from ncc.tools.walrus_driver.depgraph import DepGraph
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "alloc_semaphores"

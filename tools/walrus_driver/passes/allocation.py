@@ -39,9 +39,9 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis.costs import CostTable
 from ncc.tools.walrus_driver.context import PassContext
-from ncc.tools.walrus_driver.costs import CostTable
 from ncc.tools.walrus_driver.passes import anti_dependency_analyzer, assign_hwdge_engine
 from ncc.tools.walrus_driver.registry import register
 

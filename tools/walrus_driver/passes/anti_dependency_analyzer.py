@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis.depgraph import KIND_CODE, DepGraph, edge_code
 from ncc.tools.walrus_driver.context import ANTI, FLOW, ORDERED, OUTPUT, PassContext
-from ncc.tools.walrus_driver.depgraph import KIND_CODE, DepGraph, edge_code
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "anti_dependency_analyzer"

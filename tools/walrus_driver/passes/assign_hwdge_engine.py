@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import ENGINES, INDIRECT_DMA_OPS, Target, is_dma
-from ncc.tools.walrus_driver import birutil, costs
+from ncc.tools.walrus_driver.analysis import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -31,7 +31,8 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_bytes_atomic
-from ncc.tools.walrus_driver import birutil, costs, printer, syncmodel
+from ncc.tools.walrus_driver import printer
+from ncc.tools.walrus_driver.analysis import birutil, costs, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -32,7 +32,7 @@ from ncc.tools.common import dtypes, forked, loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import INDIRECT_DMA_OPS, WAIT_VALUE_LIMIT, Target, encoded_wait_value, is_dma
 from ncc.tools.target.costs import SBUF_PORT
-from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver.analysis import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ncc.schemas import bir_pb2
-from ncc.tools.walrus_driver import birutil, costs
+from ncc.tools.walrus_driver.analysis import birutil, costs
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 from ncc.tools.walrus_driver.context import PassContext
-from ncc.tools.walrus_driver.depgraph import DepGraph
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "dep_reduction"

@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.passes import pre_sched
 from ncc.tools.walrus_driver.registry import register

@@ -58,9 +58,9 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target, is_dma
-from ncc.tools.walrus_driver import birutil, costs, engine_choice
+from ncc.tools.walrus_driver.analysis import birutil, costs, engine_choice
+from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 from ncc.tools.walrus_driver.context import PassContext
-from ncc.tools.walrus_driver.depgraph import DepGraph
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "pre_sched"

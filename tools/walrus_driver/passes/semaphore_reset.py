@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver.analysis import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.target import DMA_SPLIT_MAX_EXTRA, DMA_SPLIT_MAX_PARTS, DMA_SPLIT_MIN_BYTES, dma_pieces
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -28,7 +28,7 @@ program does not use both engines, as nothing then needs checking), `drains`, `w
 from __future__ import annotations
 
 from ncc.schemas import bir_pb2
-from ncc.tools.walrus_driver import birutil, syncmodel
+from ncc.tools.walrus_driver.analysis import birutil, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence, instance
-from ncc.tools.hlo_opt.pipelining import ROW_BLOCK, requests_pipelining
+from ncc.tools.hlo_opt.passes.pipelining import ROW_BLOCK, requests_pipelining
 from ncc.tools.target import load_target
 
 MAX_ROW_BLOCK = 4

@@ -41,8 +41,8 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import box_key
 from ncc.tools.common.dtypes import itemsize
-from ncc.tools.hlo_opt.fusion import one_axis_per_dimension
 from ncc.tools.hlo_opt.nonfinite import nonfinite_tensors
+from ncc.tools.hlo_opt.passes.fusion import one_axis_per_dimension
 
 PARTITIONS = 128
 MAX_BYTES = 16 * 1024  # a forwarded tile's blocks together, per partition

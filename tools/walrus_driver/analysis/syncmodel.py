@@ -28,7 +28,7 @@ import numpy as np
 from ncc.schemas import bir_pb2
 from ncc.tools.target import is_dma
 from ncc.tools.target.costs import SBUF_PORT
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
 
 Thread = tuple[str, int, int]  # ("E", engine, 0) or ("Q", queue, trigger engine)
 Clock = np.ndarray  # int32 per thread of a ClockSpace: the last position known complete, -1 none

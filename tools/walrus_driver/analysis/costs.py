@@ -16,9 +16,9 @@ import numpy as np
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.target import Target, is_dma
 from ncc.tools.target import costs as target_costs
-from ncc.tools.walrus_driver import birutil
-from ncc.tools.walrus_driver.birutil import Operands
-from ncc.tools.walrus_driver.depgraph import DepGraph
+from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis.birutil import Operands
+from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.dtypes import is_float
-from ncc.tools.walrus_driver import birutil
+from ncc.tools.walrus_driver.analysis import birutil
 
 ACT = common_pb2.ACT
 DVE = common_pb2.DVE

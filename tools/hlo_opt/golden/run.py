@@ -15,7 +15,7 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import read_proto, write_proto
 from ncc.tools.hlo.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
 from ncc.tools.hlo.hlo_verify import verify_module
-from ncc.tools.hlo_opt.evaluator import evaluate, make_inputs
+from ncc.tools.hlo_opt.golden.evaluator import evaluate, make_inputs
 
 
 def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str | None) -> None:

@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
-from ncc.tools.hlo_opt.pipelining import requests_pipelining
+from ncc.tools.hlo_opt.passes.pipelining import requests_pipelining
 
 ELEMENTWISE_OPS = frozenset({"dma", "tensor_tensor", "tensor_scalar", "activation", "tensor_copy"})
 MIN_TILES = 8  # tiles a nest needs for its loads, compute and stores to overlap
