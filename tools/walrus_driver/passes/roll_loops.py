@@ -50,6 +50,7 @@ WHOLE_MEMORY = {common_pb2.SBUF: "@SBUF", common_pb2.PSUM: "@PSUM"}
 _CANDIDATES = 12  # candidate periods tried from one position
 _CHUNK = 1024  # entries compared at once when extending a run
 _PREFIX_REPS = 16  # iterations whose offsets are checked before the whole run is
+_SCALAR_STEPS = 8  # entries of a candidate run compared in Python before numpy takes over
 
 
 @dataclass
@@ -128,10 +129,16 @@ def _leaf(index: int, instr: bir_pb2.Instruction, addresses: dict[str, int], key
 # ---- finding repeated runs --------------------------------------------------------------------
 
 
-def _run_reps(keys: np.ndarray, i: int, period: int) -> int:
-    """How many times the `period` entries from i repeat, by shape."""
-    n = len(keys)
+def _run_reps(keys: np.ndarray, key_list: list[int], i: int, period: int, most: int | None = None) -> int:
+    """How many times the `period` entries from i repeat, by shape (at most `most` times). The
+    first entries are compared one by one (most candidates differ there), then in numpy chunks."""
+    n = len(keys) if most is None else min(len(keys), i + most * period)
     t = i
+    for t in range(i, min(i + _SCALAR_STEPS, n - period)):
+        if key_list[t] != key_list[t + period]:
+            return 1 + (t - i) // period
+    else:
+        t = max(i, min(i + _SCALAR_STEPS, n - period))
     while t + period < n:
         hi = min(n - period, t + _CHUNK)
         differ = np.flatnonzero(keys[t:hi] != keys[t + period : hi + period])
@@ -202,10 +209,11 @@ class _Roller:
         flat = np.concatenate([item.ints for item in items]) if starts[-1] else np.zeros(0, np.int64)
         affine = np.concatenate([item.affine_only for item in items]) if starts[-1] else np.zeros(0, bool)
         following = self._next_same(keys)
+        key_list = keys.tolist()
         out: list[_Item] = []
         i = 0
         while i < n:
-            best = self._best_run(keys, following, starts, flat, affine, i)
+            best = self._best_run(keys, key_list, following, starts, flat, affine, i)
             if best is None:
                 out.append(items[i])
                 i += 1
@@ -225,7 +233,7 @@ class _Roller:
             last[key] = position
         return following
 
-    def _best_run(self, keys, following, starts, flat, affine, i):
+    def _best_run(self, keys, key_list, following, starts, flat, affine, i):
         options = self.options
         best = None
         best_cover = 0
@@ -235,15 +243,17 @@ class _Roller:
             period = j - i
             tried += 1
             j = int(following[j])
-            reps = _run_reps(keys, i, period)
-            if reps < options.min_trip or period * reps <= best_cover:
+            # a prefix first, shapes then offsets: a position where nothing repeats costs
+            # O(_PREFIX_REPS * period), and only a run whose prefix holds is followed to its end
+            counted = _run_reps(keys, key_list, i, period, most=_PREFIX_REPS)
+            if counted < options.min_trip:
                 continue
             width = int(starts[i + period] - starts[i])
             lo = int(starts[i])
-            counted = min(reps, _PREFIX_REPS)
             matrix = flat[lo : lo + counted * width].reshape(counted, width)
             good = _consistent_reps(matrix, affine[lo : lo + width])
-            if good == counted and reps > counted:
+            if good == counted == _PREFIX_REPS:
+                reps = _run_reps(keys, key_list, i, period)
                 matrix = flat[lo : lo + reps * width].reshape(reps, width)
                 good = _consistent_reps(matrix, affine[lo : lo + width])
             if good < options.min_trip or period * (good - 1) <= 1 or period * good <= best_cover:
