@@ -58,9 +58,7 @@ def describe(neff: bir_pb2.Neff) -> dict[str, Any]:
             {
                 "engine": name,
                 "instructions": len(stream.instructions),
-                "executed": sum(
-                    n for n, i in zip(runs, stream.instructions, strict=True) if i.op != loops.LOOP_OP
-                ),
+                "executed": loops.check_stream(stream, "E502"),
                 "ops": dict(sorted(ops.items(), key=lambda item: (-item[1], item[0]))),
             }
         )
