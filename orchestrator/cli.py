@@ -174,10 +174,11 @@ def _reexec_in_utf8_mode(args: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ncc` console script; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
-    restore_interrupt_handler()
-    if argv is None:
-        _reexec_in_utf8_mode(args)
     try:
+        # inside the try: a Ctrl-C that lands as the start-up handler is swapped out is a U007 too
+        restore_interrupt_handler()
+        if argv is None:
+            _reexec_in_utf8_mode(args)
         return dispatch(args)
     except NccError as err:
         diagnostic = err.diagnostic
