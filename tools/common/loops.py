@@ -203,12 +203,15 @@ def instance(body: bir_pb2.Instruction, point: tuple[int, ...], code: str = "E60
     for wait in result.waits:
         if wait.loop_steps:
             value = wait.value + sum(s * r for s, r in zip(wait.loop_steps, point, strict=True))
-            if not 0 <= value < min(WAIT_VALUE_LIMIT, _INT64):
+            if value >= min(WAIT_VALUE_LIMIT, _INT64):
                 raise CompileError(
                     code,
                     f"instruction {result.name!r}: a wait threshold {value} outside 0 .. 2^63 - 1",
                     result.name,
                 )
+            # below 0: an earlier iteration that does not exist (a rotation wait of the first
+            # iterations), so the wait holds at once
+            value = max(0, value)
             wait.value = value
             if wait.HasField("value_lo"):
                 wait.value_lo, wait.value_hi = wait_words(value)

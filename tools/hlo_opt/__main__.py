@@ -27,7 +27,7 @@ def _body(args: argparse.Namespace) -> None:
 
     program = read_proto(args.input, penguin_pb2.Program, "Penguin program")
     optimize(program, pass_list(args.penguin_passes, args.optlevel), num_stages=args.num_stages)
-    write_proto(args.output, lower_to_bir(program, args.target))
+    write_proto(args.output, lower_to_bir(program, args.target, args.loops))
 
 
 def main() -> None:
@@ -47,6 +47,8 @@ def main() -> None:
     parser.add_argument("--num-stages", type=int, default=0, metavar="N",
                         help="software-pipeline every eligible loop in N stages (where the pipeline pass "
                         "runs; annotated loops keep their own count; 0 or 1: only annotated loops)")
+    parser.add_argument("--loops", choices=("unrolled", "rolled"), default="unrolled",
+                        help="keep the loops that can stay loops rolled in BIR, or unroll every loop")
     exit_now(run_tool("hlo_opt", parser, _body))
 
 

@@ -16,6 +16,15 @@ instruction whose operands are concrete access patterns:
     which the scheduler and the allocator would have to keep on chip all along.
 The list is in program order, which is a valid order; the backend reorders, allocates and syncs.
 
+Loops that stay loops (`loops` = "rolled"): the axes rolling.plan_rolling keeps rolled are not
+unrolled; each becomes a `loop` entry of the global order whose body is the rest of the nest at
+the axis's first steady iteration, with the iterations outside its steady range peeled (unrolled
+before and after it). Body instructions name their loop (`in_loop`); an HBM operand's offset
+moves by its step per iteration (`AccessPattern.loop`); an on-chip tensor private to each
+iteration becomes buffers marked `private_to` the loop (allocation may rotate them over several
+copies); a shared one keeps one buffer for every iteration and is never renamed inside the loop
+(its value may carry from one iteration to the next). docs/ir.md, Loops in the global order.
+
 The instruction budget (tools/common/penguin_budget.py) is checked before anything unrolls.
 """
 
@@ -30,9 +39,12 @@ from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.loops import LOOP_OP
 from ncc.tools.common.penguin_budget import check_budget
+from ncc.tools.hlo_opt import rolling
 
 PARTITIONS = 128  # an on-chip buffer's partitions at most
+LOOP_MODES = ("unrolled", "rolled")
 
 _ROLE = {
     penguin_pb2.INPUT: bir_pb2.INPUT,
@@ -42,8 +54,24 @@ _ROLE = {
 }
 
 
+@dataclass
+class _OpenLoop:
+    """A loop being emitted: its axis, its entry in the BIR list, where its body starts."""
+
+    axis: str
+    entry: bir_pb2.Instruction
+    start: int
+
+
 class BirCodeGenLoop:
-    def __init__(self, program: penguin_pb2.Program, target: str = "trn1") -> None:
+    def __init__(self, program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled") -> None:
+        if loops not in LOOP_MODES:
+            raise CompileError("E301", f"loop mode {loops!r} is not one of {', '.join(LOOP_MODES)}")
+        self.loops = loops
+        self.open_loops: list[_OpenLoop] = []  # outermost first
+        self.roll: rolling.RollPlan | None = None  # of the nest being emitted
+        self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it moves with
+        self.onchip_users: dict[str, set[str]] = {}
         self.penguin = program
         self.tensors = {t.name: t for t in program.tensors}
         self.bir = bir_pb2.Program(name=program.name, target=target)
@@ -54,6 +82,8 @@ class BirCodeGenLoop:
 
     def run(self) -> bir_pb2.Program:
         check_budget(self.penguin)
+        if self.loops == "rolled":
+            self.onchip_users = rolling.onchip_users(self.penguin)
         for tensor in self.penguin.tensors:
             if tensor.memory == common_pb2.HBM and not tensor.view_of:
                 self.bir.hbm.add(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape,
@@ -72,16 +102,86 @@ class BirCodeGenLoop:
         predicates = [self._compiled(affine.predicate_function, st.predicates, names, st)
                       for st in nest.statements]
         plans: dict[int, _StatementPlan] = {}
-        for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
-            env = dict(zip(names, point, strict=True))
-            label = ",".join(f"{n}{v}" for n, v in env.items() if len(names) > 0)
-            resolved: dict[tuple, tuple[bir_pb2.AccessPattern, list[int]] | None] = {}  # this point's
-            for k, statement in enumerate(nest.statements):
-                if predicates[k](point):
-                    plan = plans.get(k)
-                    if plan is None:
-                        plan = plans[k] = self._statement_plan(nest, statement, names)
-                    self._statement(nest, statement, plan, env, point, label, resolved)
+        self.roll = self._roll_plan(nest)
+        if self.roll is None:
+            for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
+                self._point(nest, names, predicates, plans, point, ())
+            return
+        self._axes(nest, names, predicates, plans, [])
+        self.roll = None
+
+    def _roll_plan(self, nest: penguin_pb2.LoopNest) -> rolling.RollPlan | None:
+        if self.loops != "rolled":
+            return None
+        elsewhere = {t for t, users in self.onchip_users.items() if users != {nest.name}}
+        plan = rolling.plan_rolling(nest, self.tensors, elsewhere, min_trip=2)
+        self.private_axes = {}
+        if plan is not None:
+            rolled = {a.name for a in plan.axes}
+            for tensor in plan.private:
+                self.private_axes[tensor] = {a for a in rolled if self._moves_with(nest, tensor, a)}
+        return plan
+
+    @staticmethod
+    def _moves_with(nest: penguin_pb2.LoopNest, tensor: str, axis: str) -> bool:
+        return any(term.var == axis and term.coeff
+                   for st in nest.statements for access in (*st.outputs, *st.inputs) if access.tensor == tensor
+                   for start in access.starts for term in start.terms)
+
+    def _axes(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
+              values: list[int]) -> None:
+        """Emit the nest's points from axis len(values) on: an axis kept rolled as a loop over its
+        steady iterations (the body at the first of them) between its peeled ones."""
+        depth = len(values)
+        if depth == len(names):
+            symbolic = tuple(loop.axis for loop in self.open_loops)
+            self._point(nest, names, predicates, plans, tuple(values), symbolic)
+            return
+        axis = nest.axes[depth]
+        assert self.roll is not None
+        rolled = self.roll.rolled(axis.name)
+        if rolled is None:
+            for v in range(axis.extent):
+                self._axes(nest, names, predicates, plans, [*values, v])
+            return
+        for v in range(rolled.lo):
+            self._axes(nest, names, predicates, plans, [*values, v])
+        self._open_loop(nest, axis.name, rolled.trip)
+        self._axes(nest, names, predicates, plans, [*values, rolled.lo])
+        self._close_loop()
+        for v in range(rolled.hi, axis.extent):
+            self._axes(nest, names, predicates, plans, [*values, v])
+
+    def _open_loop(self, nest: penguin_pb2.LoopNest, axis: str, trip: int) -> None:
+        entry = self._add_instruction(name=f"{nest.name}/loop.{axis}", op=LOOP_OP, source=nest.source)
+        entry.trip_count = trip
+        self.open_loops.append(_OpenLoop(axis, entry, len(self.bir.instructions)))
+
+    def _close_loop(self) -> None:
+        loop = self.open_loops.pop()
+        loop.entry.body_length = len(self.bir.instructions) - loop.start
+        if loop.entry.body_length == 0:  # every statement of the body was clipped away
+            del self.bir.instructions[-1]
+
+    def _add_instruction(self, **fields) -> bir_pb2.Instruction:
+        """A new instruction at the end of the list, inside the innermost open loop."""
+        instr = self.bir.instructions.add(id=len(self.bir.instructions), **fields)
+        if self.open_loops:
+            instr.in_loop = self.open_loops[-1].entry.id
+        return instr
+
+    def _point(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
+               point: tuple, symbolic: tuple[str, ...]) -> None:
+        """The instructions of one iteration point (a body's, at its loops' first steady iteration)."""
+        env = dict(zip(names, point, strict=True))
+        label = ",".join(f"{n}*" if n in symbolic else f"{n}{v}" for n, v in env.items())
+        resolved: dict[tuple, tuple[bir_pb2.AccessPattern, list[int]] | None] = {}  # this point's
+        for k, statement in enumerate(nest.statements):
+            if predicates[k](point):
+                plan = plans.get(k)
+                if plan is None:
+                    plan = plans[k] = self._statement_plan(nest, statement, names)
+                self._statement(nest, statement, plan, env, point, label, resolved)
 
     def _statement_plan(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement,
                         names: list[str]) -> _StatementPlan:
@@ -102,8 +202,7 @@ class BirCodeGenLoop:
         inputs = [self._resolve(a, point, resolved) for a in plan.inputs]
         if any(ap is None for ap in outputs + inputs):
             return  # an empty box: the clipped tile has no elements
-        instr = self.bir.instructions.add(
-            id=len(self.bir.instructions),
+        instr = self._add_instruction(
             name=f"{nest.name}/{st.name}[{label}]",
             op=st.op,
             engine=st.engine,
@@ -112,6 +211,9 @@ class BirCodeGenLoop:
         )
         instr.outputs.extend(ap for ap, _ in outputs)
         instr.inputs.extend(ap for ap, _ in inputs)
+        if self.open_loops:
+            self._loop_steps(instr.outputs, plan.outputs)
+            self._loop_steps(instr.inputs, plan.inputs)
         instr.scalars.extend(st.scalars)
         if st.op == "matmul":
             axis = plan.accumulate_axis
@@ -128,6 +230,16 @@ class BirCodeGenLoop:
         if st.op == "dma" and _partition_broadcast(instr):
             self._broadcast_on_chip(instr)
 
+    def _loop_steps(self, operands, plans: list[_AccessPlan]) -> None:
+        """An HBM operand inside loops moves by its step per iteration of each (on-chip ones do
+        not: a private buffer's copies rotate, which allocation decides; a shared one stays)."""
+        for ap, plan in zip(operands, plans, strict=True):
+            if ap.memory != common_pb2.HBM:
+                continue
+            steps = [plan.hbm_step(loop.axis) for loop in self.open_loops]
+            if any(steps):
+                ap.loop.extend(bir_pb2.LoopVariation(step=step) for step in steps)
+
     def _broadcast_on_chip(self, load: bir_pb2.Instruction) -> None:
         """A load whose HBM rows repeat across the partitions (a [N] vector broadcast to a [P, N]
         tile) reads the row from HBM once, into one partition, and a second dma copies that
@@ -135,8 +247,10 @@ class BirCodeGenLoop:
         out, src = load.outputs[0], load.inputs[0]
         row = f"{out.tensor}.row{load.id}"
         free = math.prod(d.count for d in out.dims)
-        self.bir.buffers.add(name=row, memory=out.memory, partitions=1,
-                             bytes_per_partition=free * itemsize(out.dtype), address=-1)
+        buffer = self.bir.buffers.add(name=row, memory=out.memory, partitions=1,
+                                      bytes_per_partition=free * itemsize(out.dtype), address=-1)
+        if self.open_loops:  # loaded afresh at every iteration
+            buffer.private_to = self.open_loops[-1].entry.id
         spread = self.bir.instructions.add()
         spread.CopyFrom(load)
         spread.id = len(self.bir.instructions) - 1
@@ -147,6 +261,15 @@ class BirCodeGenLoop:
         del src.dims[0]
         del load.outputs[:]
         load.outputs.add(memory=out.memory, tensor=row, dtype=out.dtype, partition_count=1, dims=out.dims)
+
+    def _private_loop(self, tensor: str) -> int | None:
+        """The innermost open loop each of whose iterations has its own blocks of `tensor`."""
+        axes = self.private_axes.get(tensor)
+        if axes:
+            for loop in reversed(self.open_loops):
+                if loop.axis in axes:
+                    return loop.entry.id
+        return None
 
     def _version(self, instr: bir_pb2.Instruction) -> None:
         """Name the buffer versions `instr` reads and writes (the module docstring's last point)."""
@@ -162,12 +285,18 @@ class BirCodeGenLoop:
             written = self.versions.get(block)
             if written is None:
                 self.versions[block] = 0  # the first write keeps the block's own name
-            elif name not in reads and not instr.accumulate and self._covers(ap, self.buffers[block]):
+            elif (name not in reads and not instr.accumulate and self._covers(ap, self.buffers[block])
+                  and not self._shared_in_loop(self.buffers[block])):
                 self.versions[block] = written + 1
                 name = self.current[block] = f"{block}#{written + 1}"
                 self.bir.buffers.add().CopyFrom(self.buffers[block])
                 self.bir.buffers[-1].name = name
             ap.tensor = name
+
+    def _shared_in_loop(self, buffer: bir_pb2.Buffer) -> bool:
+        """Inside a loop, a buffer every iteration shares keeps its one name: what an iteration
+        writes in full may still be read by the next one before it is written again."""
+        return bool(self.open_loops) and not buffer.HasField("private_to")
 
     @staticmethod
     def _covers(ap: bir_pb2.AccessPattern, buffer: bir_pb2.Buffer) -> bool:
@@ -207,7 +336,13 @@ class BirCodeGenLoop:
         if len(access.starts) != len(shape) or len(access.extents) != len(shape):
             raise CompileError("E301", f"access rank does not match tensor '{tensor.name}'", st.name)
         starts = self._compiled(affine.point_function, access.starts, axes, st)
-        return _AccessPlan(tensor, shape, starts, tuple(access.extents))
+        steps: dict[str, int] = {}
+        if tensor.memory == common_pb2.HBM and self.roll is not None:
+            strides = tensor.view_strides if tensor.view_of else affine.row_major_strides(tensor.shape)
+            for start, stride in zip(access.starts, strides, strict=True):
+                for term in start.terms:
+                    steps[term.var] = steps.get(term.var, 0) + term.coeff * stride
+        return _AccessPlan(tensor, shape, starts, tuple(access.extents), steps)
 
     @staticmethod
     def _compiled(make, exprs, axes: list[str], st: penguin_pb2.Statement):
@@ -273,10 +408,13 @@ class BirCodeGenLoop:
             # tensor narrower than a block) holds only the elements that exist, not a full block.
             first = starts[-1] - inner[-1]
             held = min(block[-1], layout.last_extent - first)
-            self.buffers[name] = self.bir.buffers.add(
+            buffer = self.buffers[name] = self.bir.buffers.add(
                 name=name, memory=tensor.memory, partitions=rows, bytes_per_partition=held * size,
                 address=-1,
             )
+            loop = self._private_loop(tensor.name)
+            if loop is not None:
+                buffer.private_to = loop
         return bir_pb2.AccessPattern(
             memory=tensor.memory,
             tensor=name,
@@ -340,8 +478,13 @@ class _AccessPlan:
     shape: tuple[int, ...]
     starts: Callable[[tuple], list[int]]
     extents: tuple[int, ...]
+    steps: dict[str, int]  # HBM: the element offset's step per iteration of each axis it moves with
+
+    def hbm_step(self, axis: str) -> int:
+        return self.steps.get(axis, 0)
 
 
-def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1") -> bir_pb2.Program:
-    """Unroll `program` into BIR; E302 if it exceeds the instruction budget, E301 if it is malformed."""
-    return BirCodeGenLoop(program, target).run()
+def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled") -> bir_pb2.Program:
+    """Lower `program` to BIR, unrolled or with loops kept rolled (`loops`); E302 if it exceeds the
+    instruction budget, E301 if it is malformed."""
+    return BirCodeGenLoop(program, target, loops).run()

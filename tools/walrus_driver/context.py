@@ -25,7 +25,7 @@ from typing import Any
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
-from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis import birutil, loopnest
 from ncc.tools.walrus_driver.analysis.costs import CostTable
 from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 
@@ -85,6 +85,12 @@ class PassContext:
     # the passes after it add only waits, nops, drains and the reset, which the bound leaves out.
     # A forked.Forked; dropped (its child stopped) when instructions change
     final_bound: Any = None
+    # Programs whose global order keeps loops (analysis/loopnest.py): the dependences each loop
+    # carries from one iteration to a later one (loop_deps.Carried), beside the DAG in `deps`
+    carried: list[Any] = field(default_factory=list)
+    # ... and its loop entries, by id, kept out of program.instructions while the passes run
+    # (loopnest.extract / restore): every pass sees the static program, one iteration of each body
+    loop_entries: dict[int, bir_pb2.Instruction] = field(default_factory=dict)
 
     def costs(self) -> CostTable:
         """The shared memo of instruction costs, reset when instructions change."""
@@ -95,17 +101,28 @@ class PassContext:
     @classmethod
     def for_program(cls, program: bir_pb2.Program, target: Target) -> PassContext:
         """A context whose flags describe what the incoming program already has."""
+        input_bytes = program.SerializeToString()
+        entries = loopnest.extract(program)
         onchip = [b for b in program.buffers if b.memory in birutil.ONCHIP]
         synced = program.num_semaphores > 0 or any(i.waits or i.updates for i in program.instructions)
         return cls(
             program=program,
             target=target,
-            input_bytes=program.SerializeToString(),
+            loop_entries=entries,
+            input_bytes=input_bytes,
             allocated=all(b.address >= 0 for b in onchip),
             synchronized=synced,
             ports_synchronized=synced,
             codegen_done=len(program.streams) > 0,
         )
+
+    def loops(self) -> loopnest.LoopNest:
+        """The loop structure of the static program (empty when it keeps no loops)."""
+        return loopnest.LoopNest.of(self.loop_entries, self.program.instructions)
+
+    def restore_loops(self) -> None:
+        """Put the loop entries back into program.instructions (before the program is written)."""
+        loopnest.restore(self.program.instructions, self.loop_entries)
 
     @property
     def input_program(self) -> bir_pb2.Program | None:
@@ -198,6 +215,7 @@ class PassContext:
         self.hbm_edges = None
         self.order_before_schedule = self.triggers_before_schedule = None
         self.deps_valid = self.deps_valid_for_addresses = self.deps_reduced = False
+        self.carried = []
         self.scheduled = False
         self.codegen_done = False
         self.sync_walk = None

@@ -184,6 +184,7 @@ class PassManager:
             if "all" in wanted or info.name in wanted:
                 self.instruments.stream.write(f"// ----- IR after {label} -----\n")
                 self.instruments.stream.write(printer.format_program(ctx.program))
+        ctx.restore_loops()
         if self.instruments.timing:
             self.instruments.stream.write(self.timing_report())
 

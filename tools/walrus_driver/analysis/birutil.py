@@ -424,7 +424,7 @@ def live_together(
     for start, end, b in used:
         active = [entry for entry in active if entry[0] >= start]
         b_address = b.address
-        b_end = b_address + b.bytes_per_partition
+        b_end = b_address + b.bytes_per_partition * max(1, b.slots)  # every copy of a rotating one
         for _, a_address, a_end, a in active:
             if a_address < b_end and b_address < a_end:
                 first, second = (a, b) if a_address <= b_address else (b, a)
@@ -456,6 +456,20 @@ def buffer_map(program: bir_pb2.Program) -> dict[str, bir_pb2.Buffer]:
 
 
 SBUF_ALIGN = 64  # bytes: where allocation places SBUF buffers (its default `sbuf_align`)
+
+# Inside a loop of an engine stream an on-chip operand names its memory as a whole, at its
+# absolute address (docs/ir.md, Loops): the buffers that span each memory from address 0.
+WHOLE_MEMORY = {SBUF: "@SBUF", PSUM: "@PSUM"}
+
+
+def add_whole_memories(program: bir_pb2.Program, target: Any, memories: Iterable[int]) -> None:
+    """Declare the whole-memory buffers of `memories` (WHOLE_MEMORY) that the program lacks."""
+    present = {b.name for b in program.buffers}
+    for memory in sorted(set(memories)):
+        if WHOLE_MEMORY[memory] not in present:
+            size = target.sbuf_usable_bytes if memory == SBUF else target.psum_bytes_per_partition
+            program.buffers.add(name=WHOLE_MEMORY[memory], memory=memory, partitions=target.partitions,
+                                bytes_per_partition=size, address=0)
 
 
 def sbuf_holds_every_buffer(program: bir_pb2.Program, capacity: int) -> bool:

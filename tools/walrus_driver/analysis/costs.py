@@ -177,6 +177,7 @@ def lower_bound_ns(
     table: CostTable | None = None,
     flow_only: bool = False,
     topological: bool = False,
+    runs: dict[int, int] | None = None,
 ) -> dict[str, float]:
     """The lower bounds of any schedule and their maximum (key 'lower_bound_ns'). With `flow_only`
     the critical path follows only FLOW (true data) edges: after allocation the graph also holds
@@ -193,7 +194,11 @@ def lower_bound_ns(
     queues are one such resource, `dma_queues` of them: a transfer holds its queue for at least
     its fixed latency and its bytes at the queue's bandwidth, so the queues' work is the sum of
     that over every transfer, shared by all of them (a program of many small transfers pays the
-    fixed latency of each)."""
+    fixed latency of each).
+
+    `runs` (a program that keeps loops): how many times each instruction runs; its work and
+    bytes count that many times, while heads, tails and the critical path are those of one
+    iteration (later iterations start no earlier), so the result is still a lower bound."""
     table = table or CostTable(target)
     # resource -> the positions (in `ids`) of its instructions, and their work there
     users: dict[object, list[int]] = defaultdict(list)
@@ -209,17 +214,19 @@ def lower_bound_ns(
         latency[node] = cost.latency_ns
         if instr.op in _SYNC_ONLY:  # carries waits, moves no data: it bounds nothing
             continue
+        times = runs.get(node, 1) if runs else 1
         position = len(ids)
         ids.append(node)
         for resource in (instr.engine, *cost.ports):
-            work[resource] += engine_ns
+            work[resource] += engine_ns * times
             users[resource].append(position)
-            shares[resource].append(engine_ns)
+            shares[resource].append(engine_ns * times)
         if cost.transfer_ns:  # the queues' work, shared by all of them
-            work[_QUEUES] += cost.transfer_ns / queue_count
+            share = cost.transfer_ns * times / queue_count
+            work[_QUEUES] += share
             users[_QUEUES].append(position)
-            shares[_QUEUES].append(cost.transfer_ns / queue_count)
-        moved += cost.moved_bytes
+            shares[_QUEUES].append(share)
+        moved += cost.moved_bytes * times
     critical = 0.0
     head: dict[int, float] = {}
     tail: dict[int, float] = {}

@@ -15,6 +15,13 @@ Among the remaining producers, those implied by another one's completion are dro
 `max_waits_per_instruction` waits stay on the instruction; the others go on `nop`s inserted on
 the same engine just before it.
 
+Loops (a program that keeps them, analysis/loopnest.py): the walk is over the static order, one
+iteration of each body, which orders each iteration's dependences as it orders straight-line
+code; the dependences a loop carries from one iteration to a later one (ctx.carried) get waits
+of their own unless one thread runs both ends (they stay out of the clocks: their producer may
+come later in the static order). Every threshold then becomes the producer's count at the
+consumer's iteration, growing by `loop_steps` (analysis/loop_sync.py).
+
 Needs: allocated addresses, a dependence graph computed for them, and the final order (nothing
 may reorder, reallocate or change dma queues afterwards). Sets program.num_semaphores. When the
 program has more threads than the target has semaphores (less the one semaphore_reset needs),
@@ -31,7 +38,8 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver.analysis import birutil, costs, syncmodel
+from ncc.tools.walrus_driver.analysis import birutil, costs, loop_sync, loopnest, syncmodel
+from ncc.tools.walrus_driver.analysis.loop_deps import Carried
 from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -49,15 +57,17 @@ def run(ctx: PassContext) -> None:
     merged = _merge_transfer_threads(program, deps, target.num_semaphores - 1)  # 1 for semaphore_reset
     # The order is final from here on: codegen's lower bound of it is computed meanwhile on the
     # spare core (what this pass and the ones after it add carries only synchronization)
-    ctx.final_bound = forked.Forked(
-        functools.partial(costs.lower_bound_ns, program.instructions, deps, target, ctx.costs(),
-                          flow_only=True, topological=True),
-        parallel=len(program.instructions) >= forked.MIN_INSTRUCTIONS,
-    )
+    if not ctx.loop_entries:  # (with loops codegen bounds the iterations itself)
+        ctx.final_bound = forked.Forked(
+            functools.partial(costs.lower_bound_ns, program.instructions, deps, target, ctx.costs(),
+                              flow_only=True, topological=True),
+            parallel=len(program.instructions) >= forked.MIN_INSTRUCTIONS,
+        )
     try:
         _insert(ctx, deps, merged)
     except BaseException:
-        ctx.final_bound.cancel()
+        if ctx.final_bound is not None:
+            ctx.final_bound.cancel()
         ctx.final_bound = None
         raise
 
@@ -72,7 +82,9 @@ def _insert(ctx: PassContext, deps: DepGraph, merged: int) -> None:
     next_id = birutil.next_instruction_id(program)
 
     new_order: list[bir_pb2.Instruction] = []
-    wait_for: dict[int, list[int]] = {}  # instruction id -> producer ids it waits for
+    # instruction id -> producer ids it waits for (with the Carried dependence, or None)
+    wait_for: dict[int, list[tuple[int, Carried | None]]] = {}
+    carried_into = _carried_waits(ctx, by_id) if ctx.loop_entries else {}
     nops = needed_total = implied = cross_covered = same_thread = 0
     thread_index, position = walk.thread_index, walk.position
     rows, threads, positions = walk.rows, walk.threads, walk.positions
@@ -104,7 +116,8 @@ def _insert(ctx: PassContext, deps: DepGraph, merged: int) -> None:
             ]
             implied += len(needed) - len(kept_ids)
             kept_ids.sort(key=lambda p: (thread_index[p], position[p]))
-        kept = [by_id[p] for p in kept_ids]
+        kept: list[tuple[int, Carried | None]] = [(p, None) for p in kept_ids]
+        kept += [(c.src, c) for c in carried_into.get(node, ())]
         groups = [kept[i : i + max_waits] for i in range(0, len(kept), max_waits)] or [[]]
         for group in groups[:-1]:  # extra waits ride on nops just before the instruction
             nop = bir_pb2.Instruction(
@@ -115,19 +128,21 @@ def _insert(ctx: PassContext, deps: DepGraph, merged: int) -> None:
                 source=instr.source,
                 attributes={"inserted_by": NAME},
             )
+            if instr.HasField("in_loop"):
+                nop.in_loop = instr.in_loop
             next_id += 1
             nops += 1
-            walk.step(nop, [walk.completion_clock[p.id] for p in group])
-            wait_for[nop.id] = [p.id for p in group]
+            walk.step(nop, _clocks(walk, group))
+            wait_for[nop.id] = group
             new_order.append(nop)
             deps.add_node(nop.id)
-        walk.step(instr, [walk.completion_clock[p.id] for p in groups[-1]])
+        walk.step(instr, _clocks(walk, groups[-1]))
         if groups[-1]:
-            wait_for[instr.id] = [p.id for p in groups[-1]]
+            wait_for[instr.id] = groups[-1]
         new_order.append(instr)
 
     # Running counts: the k-th waited-on producer of a thread brings its semaphore to k.
-    waited = {pid for producers in wait_for.values() for pid in producers}
+    waited = {pid for producers in wait_for.values() for pid, _ in producers}
     semaphore: dict[syncmodel.Thread, int] = {}
     count: dict[syncmodel.Thread, int] = {}
     value: dict[int, tuple[int, int]] = {}  # producer id -> (its semaphore, the count it brings)
@@ -148,10 +163,13 @@ def _insert(ctx: PassContext, deps: DepGraph, merged: int) -> None:
             NAME,
         )
     updated = {i.id: i for i in new_order}
-    for consumer, producers in wait_for.items():
-        waits = updated[consumer].waits
-        for sem, val in sorted(value[p] for p in producers):
-            waits.add(semaphore=sem, value=val)
+    if ctx.loop_entries:
+        _loop_waits(ctx, new_order, waited, wait_for, semaphore, updated)
+    else:
+        for consumer, producers in wait_for.items():
+            waits = updated[consumer].waits
+            for sem, val in sorted(value[p] for p, _ in producers):
+                waits.add(semaphore=sem, value=val)
 
     birutil.set_order(program, new_order)
     program.num_semaphores = len(semaphore)
@@ -173,6 +191,59 @@ def _insert(ctx: PassContext, deps: DepGraph, merged: int) -> None:
     ctx.set_stat("nops_inserted", nops)
     ctx.set_stat("semaphores", len(semaphore))
     ctx.set_stat("transfer_threads_merged", merged)
+    if ctx.loop_entries:
+        ctx.set_stat("carried_waits", sum(1 for ws in wait_for.values() for _, c in ws if c is not None))
+
+
+def _clocks(walk: syncmodel.ClockWalk, group: list[tuple[int, Carried | None]]) -> list[syncmodel.Clock]:
+    """The completion clocks the walk joins for a group of waits: a carried dependence's producer
+    is an earlier iteration's, which the clocks of one iteration do not describe."""
+    return [walk.completion_clock[p] for p, carried in group if carried is None]
+
+
+def _carried_waits(ctx: PassContext, by_id: dict[int, bir_pb2.Instruction]) -> dict[int, list[Carried]]:
+    """The carried dependences that need a wait, by consumer: not those one thread orders (a
+    queue thread, an engine, or a dma triggered on the engine that produced its source), and of
+    several on one producing thread and loop only the one at the shortest distance from the
+    latest producer."""
+    best: dict[tuple[int, syncmodel.Thread, int], Carried] = {}
+    position = {instr.id: index for index, instr in enumerate(ctx.program.instructions)}
+    for dependence in ctx.carried:
+        producer, consumer = by_id.get(dependence.src), by_id.get(dependence.dst)
+        if producer is None or consumer is None:
+            continue
+        thread = syncmodel.access_thread(producer)
+        if thread == syncmodel.access_thread(consumer):
+            continue
+        if not is_dma(producer.op) and producer.engine == consumer.engine:
+            continue  # the consumer's engine (or its trigger) runs after the producer completed
+        key = (dependence.dst, thread, dependence.loop)
+        old = best.get(key)
+        if old is None or (dependence.distance, -position[dependence.src]) < (old.distance, -position[old.src]):
+            best[key] = dependence
+    result: dict[int, list[Carried]] = {}
+    for (consumer, _, _), dependence in sorted(best.items(), key=lambda item: item[0][0]):
+        result.setdefault(consumer, []).append(dependence)
+    return result
+
+
+def _loop_waits(ctx: PassContext, order: list[bir_pb2.Instruction], waited: set[int],
+                wait_for: dict[int, list[tuple[int, Carried | None]]],
+                semaphore: dict[syncmodel.Thread, int], updated: dict[int, bir_pb2.Instruction]) -> None:
+    """The waits of a program with loops: thresholds at every iteration (analysis/loop_sync.py)."""
+    nest = loopnest.LoopNest.of(ctx.loop_entries, order)
+    counts = loop_sync.LoopCounts(nest, order, waited, syncmodel.access_thread)
+    for consumer, producers in wait_for.items():
+        found = []
+        for producer, carried in producers:
+            if carried is None:
+                value, steps = counts.threshold(producer, consumer)
+            else:
+                value, steps = counts.threshold(producer, consumer, carried.loop, carried.distance)
+            found.append((semaphore[counts.thread[producer]], value, steps))
+        waits = updated[consumer].waits
+        for sem, value, steps in sorted(found):
+            waits.add(semaphore=sem, value=value, loop_steps=steps)
 
 
 def _merge_transfer_threads(program: bir_pb2.Program, deps: DepGraph, limit: int) -> int:

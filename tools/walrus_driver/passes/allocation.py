@@ -21,6 +21,17 @@ together, and the message then says which constraint failed (size, bank rule). M
 `too_many_spills` spills mark the program `too_many_spills` (dep_reduction skips such programs).
 PSUM buffers are never spilled (the scheduler bounds PSUM pressure; a dma cannot read PSUM).
 
+Loops (a static program whose global order keeps loops, analysis/loopnest.py). Positions are
+those of the static order, the body once. A buffer used inside a loop whose every iteration does
+not hold it afresh (a loop-invariant tile, an accumulator, anything not `private_to` that loop or
+a loop within it) is live over the loop's whole body, since every iteration uses it. A buffer
+private to a loop gets `rotation` copies (`slots`) side by side, which the loop's iterations take
+in turn (address rotation: iteration r uses copy r mod slots), so that an iteration's writes need
+not wait for the previous iteration's readers of the same buffer; in PSUM only when the copies
+keep the bank rule. When the buffers do not fit with their copies, the scan starts again with one
+copy each. A buffer used inside a loop is never spilled (its store and reload would run at every
+iteration); the others are, at the top level.
+
 Reusing freed space creates new WAR/WAW hazards between different buffers, so the dependence
 graph is no longer valid for addresses: anti_dependency_analyzer must run again before
 alloc_semaphores. When spills added instructions, the graph between virtual buffers is rebuilt
@@ -39,7 +50,7 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis import birutil, loopnest
 from ncc.tools.walrus_driver.analysis.costs import CostTable
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.passes import anti_dependency_analyzer, assign_hwdge_engine
@@ -59,6 +70,7 @@ class Options:
     psum_align: int = 4  # bytes (one fp32)
     policy: str = "next_fit"  # next_fit (rotate through free space) | first_fit (lowest address)
     spill: bool = True  # spill SBUF buffers to HBM when they do not fit (else E403)
+    rotation: int = 2  # copies of a buffer private to a loop's iterations (address rotation)
     too_many_spills: int = 64  # more spills than this mark the program too_many_spills
 
 
@@ -91,9 +103,14 @@ class _Layout:
     spills: int = 0
     spilled_bytes: int = 0
     new_buffers: list[bir_pb2.Buffer] = field(default_factory=list)
+    # Loops: a buffer's live range where loops widen it (every use of it inside a loop it is not
+    # private to keeps it live over the whole body), and the buffers used inside any loop
+    ranges: dict[str, tuple[Key, Key]] = field(default_factory=dict)
+    in_loops: set[str] = field(default_factory=set)
 
     @classmethod
-    def of(cls, program: bir_pb2.Program, costs: CostTable, cache: dict[int, Any] | None = None) -> _Layout:
+    def of(cls, program: bir_pb2.Program, costs: CostTable, cache: dict[int, Any] | None = None,
+           nest: loopnest.LoopNest | None = None) -> _Layout:
         """The layout of the program's order; `cache`: the analyzer's footprints, which name each
         instruction's buffers (birutil.touched_buffers)."""
         instructions: dict[Key, bir_pb2.Instruction] = {}
@@ -112,7 +129,7 @@ class _Layout:
                     uses[name] = [key]
             if is_dma(instr.op):
                 queue_load[instr.dma_queue] += costs(instr).moved_bytes
-        return cls(
+        layout = cls(
             instructions,
             uses,
             touched,
@@ -120,6 +137,16 @@ class _Layout:
             birutil.next_instruction_id(program),
             queue_load,
         )
+        if nest:
+            layout._widen_for_loops(program, nest)
+        return layout
+
+    def _widen_for_loops(self, program: bir_pb2.Program, nest: loopnest.LoopNest) -> None:
+        live = {name: (keys[0][0], keys[-1][0]) for name, keys in self.uses.items()}
+        self.in_loops = loopnest.widen_live_ranges(live, program.instructions, nest, self.buffers)
+        for name in self.in_loops:
+            first, last = live[name]
+            self.ranges[name] = ((first, 0, 0), (last, 0, 0))
 
     def next_key(self, anchor: Key, after: bool) -> Key:
         """A key just after `anchor` (a store) or just before it (a reload)."""
@@ -134,21 +161,19 @@ def run(ctx: PassContext) -> None:
     options: Options = ctx.options or Options()
     ctx.forbid_after_sync()
     program = ctx.program
-    layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache)
+    nest = ctx.loops()
+    rotation = _set_slots(ctx, options.rotation) if nest else 0
     try:
-        _allocate_psum(ctx, options, layout)
-    except CompileError:
-        # The scheduler interleaved more accumulation groups than PSUM holds. The order it was
-        # given (the frontend's, one group at a time) is a valid order of the same program:
-        # fall back to it rather than refuse the program.
-        if not _restore_order_before_schedule(ctx):
+        layout = _allocate(ctx, options, nest)
+    except CompileError as err:
+        if err.code != "E403" or rotation <= 1:
             raise
-        ctx.set_stat("psum_fallback_to_program_order", 1)
-        layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache)
-        _allocate_psum(ctx, options, layout)
-    _scan(ctx, options, layout, birutil.SBUF, spill=options.spill).run(
-        [b for b in program.buffers if b.memory == birutil.SBUF], _policy(options.policy)
-    )
+        _set_slots(ctx, 1)  # the buffers do not fit with their copies: one each
+        for buffer in program.buffers:
+            if buffer.memory in birutil.ONCHIP:
+                buffer.address = -1
+        layout = _allocate(ctx, options, nest)
+        ctx.set_stat("rotation_fallback_to_one_copy", 1)
     if layout.spills:
         order = sorted(layout.instructions)
         birutil.set_order(program, [layout.instructions[key] for key in order])
@@ -163,6 +188,46 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("spilled_bytes_per_partition", layout.spilled_bytes)
     ctx.allocated = True
     ctx.addresses_changed()
+
+
+def _set_slots(ctx: PassContext, copies: int) -> int:
+    """Give every buffer private to a loop `copies` slots (in PSUM only where each copy keeps the
+    bank rule); returns the most given to any."""
+    bank = ctx.target.psum_bank_bytes
+    most = 0
+    for buffer in ctx.program.buffers:
+        if not buffer.HasField("private_to") or buffer.memory not in birutil.ONCHIP:
+            continue
+        slots = copies
+        size = buffer.bytes_per_partition
+        if buffer.memory == birutil.PSUM and size and not (size % bank == 0 or bank % size == 0):
+            slots = 1
+        buffer.slots = slots if slots > 1 else 0
+        most = max(most, slots)
+    if most:
+        ctx.set_stat("rotating_buffers", sum(1 for b in ctx.program.buffers if b.slots > 1))
+    return most
+
+
+def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest) -> _Layout:
+    """PSUM, then SBUF (with spills); the layout of the order it allocated."""
+    program = ctx.program
+    layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache, nest)
+    try:
+        _allocate_psum(ctx, options, layout)
+    except CompileError:
+        # The scheduler interleaved more accumulation groups than PSUM holds. The order it was
+        # given (the frontend's, one group at a time) is a valid order of the same program:
+        # fall back to it rather than refuse the program.
+        if not _restore_order_before_schedule(ctx):
+            raise
+        ctx.set_stat("psum_fallback_to_program_order", 1)
+        layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache, nest)
+        _allocate_psum(ctx, options, layout)
+    _scan(ctx, options, layout, birutil.SBUF, spill=options.spill).run(
+        [b for b in program.buffers if b.memory == birutil.SBUF], _policy(options.policy)
+    )
+    return layout
 
 
 def _scan(ctx: PassContext, options: Options, layout: _Layout, memory: int, spill: bool) -> _Scan:
@@ -224,10 +289,8 @@ class _Scan:
 
     def _entry(self, buffer: bir_pb2.Buffer) -> tuple[Key, int, str, bir_pb2.Buffer]:
         name = buffer.name
-        uses = self.layout.uses.get(name)
-        # Untouched buffers get a live range before everything, so they never constrain the others.
-        start = uses[0] if uses else (-1, 0, 0)
-        return (start, -buffer.bytes_per_partition, name, buffer)
+        start = self._range(name)[0]  # an untouched buffer's is before everything: it constrains none
+        return (start, -_footprint(buffer), name, buffer)
 
     def _push(self, buffer: bir_pb2.Buffer) -> None:
         heapq.heappush(self.pending, self._entry(buffer))
@@ -241,6 +304,9 @@ class _Scan:
         return heapq.heappop(pending) if pending else None
 
     def _range(self, name: str) -> tuple[Key, Key]:
+        widened = self.layout.ranges.get(name)
+        if widened is not None:
+            return widened
         uses = self.layout.uses.get(name)
         return (uses[0], uses[-1]) if uses else ((-1, 0, 0), (-1, 0, 0))
 
@@ -254,7 +320,7 @@ class _Scan:
             start, _, _, buffer = item
             count += 1
             live = [entry for entry in live if entry.end >= start]
-            size = buffer.bytes_per_partition
+            size = _footprint(buffer)
             address = _fit(live, size, self.capacity, self.align, self.bank, cursor if next_fit else 0)
             while address is None:
                 victim = self._victim(live, start) if self.spill else None
@@ -290,7 +356,7 @@ class _Scan:
         busy = self.layout.touched.get(at, set()) | self.layout.touched.get(consumer, set())
         best: tuple[Key, _Live] | None = None
         for entry in live:
-            if entry.name in busy or entry.start >= at:
+            if entry.name in busy or entry.start >= at or entry.name in self.layout.in_loops:
                 continue
             uses = self.layout.uses[entry.name]
             later = bisect.bisect_right(uses, consumer)
@@ -378,7 +444,7 @@ class _Scan:
         self._push(reloaded)
 
     def _fail(self, buffer: bir_pb2.Buffer, live: list[_Live], at: Key) -> None:
-        size = buffer.bytes_per_partition
+        size = _footprint(buffer)
         free = _largest_gap(live, self.capacity)
         consumer = self.layout.instructions.get(self._consumer(at))
         together = sorted(self.layout.touched.get(self._consumer(at), set()) | {buffer.name})
@@ -407,6 +473,11 @@ class _Scan:
             f"allocation: {self.memory} buffer '{buffer.name}' needs {size} bytes per partition: {why}",
             buffer.name,
         )
+
+
+def _footprint(buffer: bir_pb2.Buffer) -> int:
+    """Bytes per partition a buffer takes: every copy of a rotating one."""
+    return buffer.bytes_per_partition * max(1, buffer.slots)
 
 
 def _written_box(name: str, instructions: list[bir_pb2.Instruction]) -> tuple[int, int, int, int, int] | None:

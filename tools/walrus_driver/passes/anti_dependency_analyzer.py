@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis import birutil, loop_deps
 from ncc.tools.walrus_driver.analysis.depgraph import KIND_CODE, DepGraph, edge_code
 from ncc.tools.walrus_driver.context import ANTI, FLOW, ORDERED, OUTPUT, PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -98,6 +98,9 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     program = ctx.program
     if ctx.hbm_widths is None:  # one view per tensor for as long as footprints stay cached
         ctx.hbm_widths = birutil.hbm_widths(program)
+    if ctx.loop_entries:
+        _analyze_loops(ctx, use_addresses)
+        return
     hbm_edges = ctx.hbm_edges
     hbm_walk = None
     many = len(program.instructions) >= forked.MIN_INSTRUCTIONS
@@ -133,6 +136,26 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     ctx.set_stat("retired_entries", onchip_retired + hbm_retired)
     ctx.set_stat("hbm_edges_reused", int(hbm_walk is None))
     ctx.set_stat("forked", int(fork))
+
+
+def _analyze_loops(ctx: PassContext, use_addresses: bool) -> None:
+    """A program that keeps loops: the DAG of one iteration and the carried dependences
+    (analysis/loop_deps.py); the static program is small, so no walk is forked."""
+    analysis = loop_deps.LoopDeps(ctx.program, ctx.loops(), use_addresses, ctx.hbm_widths or {})
+    graph = analysis.graph()
+    ctx.deps, ctx.carried = graph, analysis.carried
+    ctx.deps_rebuild = None
+    ctx.deps_valid = True
+    ctx.deps_valid_for_addresses = use_addresses
+    ctx.deps_reduced = False
+    ctx.set_stat("nodes", graph.number_of_nodes())
+    ctx.set_stat("edges", graph.number_of_edges())
+    by_kind = graph.kind_counts()
+    for kind in (FLOW, ANTI, OUTPUT, ORDERED):
+        ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
+    ctx.set_stat("edges_carried", len(analysis.carried))
+    ctx.set_stat("loops", len(analysis.nest.loops))
+    ctx.set_stat("address_mode", 1 if use_addresses else 0)
 
 
 def _walk_onchip(ctx: PassContext, use_addresses: bool, options: Options, fork: bool) -> tuple[DepGraph, int]:

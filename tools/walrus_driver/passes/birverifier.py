@@ -11,6 +11,16 @@ within 0 .. 2^64 - 1 and encoded as the words that make them up (`wait_value`, l
 equal to the global order; a program that updates semaphores ends SP's stream with one sem_reset
 ordered after every update (`semaphore_reset`; a missing one is reported once codegen ran).
 
+A program that keeps loops (analysis/loopnest.py) is checked as its static program, with three
+differences: a buffer used inside a loop it is not private to is live over the loop's whole
+body, and a rotating buffer takes every copy (`address_bounds`, `allocation_overlap`); an HBM
+operand must stay inside its tensor at its loops' last iteration too (`loop_bounds`); and the
+dynamic checks run on the expansion of the streams (codegen's, or the static order's put in
+loops as codegen would), up to `max_expanded` executed instructions, beyond which only the
+static checks run (counter `execution_checked`). A wait inside loops may start below 0 (it holds
+at once: docs/ir.md, Loops) and its words then encode 0. The dependence coverage check reads the
+DAG of one iteration and is left to the simulator's race detector for loops (`--verify`).
+
 Dynamic checks, by abstract execution of the streams (every engine runs while its waits hold,
 transfers complete as issued): a deadlock is reported with the blocked instructions; a DVE or POOL
 instruction needing the shared SBUF port may not wait for work that can still need the other
@@ -32,7 +42,7 @@ from ncc.tools.common import dtypes, forked, loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import INDIRECT_DMA_OPS, WAIT_VALUE_LIMIT, Target, encoded_wait_value, is_dma
 from ncc.tools.target.costs import SBUF_PORT
-from ncc.tools.walrus_driver.analysis import birutil, syncmodel
+from ncc.tools.walrus_driver.analysis import birutil, loopnest, syncmodel
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
@@ -46,6 +56,7 @@ class Options:
     # yes | no | auto (= from forked.MIN_INSTRUCTIONS up): the synchronization checks and the
     # abstract execution run in a forked child while this process checks instructions and buffers
     fork: str = "auto"
+    max_expanded: int = 250_000  # loops: executed instructions up to which the dynamic checks run
 
 
 # An instruction's waits as (semaphore, value) and its updates as (semaphore, increment).
@@ -73,8 +84,14 @@ def run(ctx: PassContext) -> None:
     # other core) while this process checks instructions and buffers. The problems are reported
     # in the order one process finds them, so the first one named is the same either way.
     report = _Report()
-    dynamic = forked.Forked(functools.partial(_check_synchronization, ctx, check_sync, report), parallel=fork)
+    dynamic = forked.Forked(
+        functools.partial(_check_synchronization, ctx, check_sync, report, options.max_expanded), parallel=fork
+    )
     live = _check_instructions(ctx, report)
+    if ctx.loop_entries:
+        nest = ctx.loops()
+        loopnest.widen_live_ranges(live, program.instructions, nest, birutil.buffer_map(program))
+        _check_loop_bounds(ctx, nest, report)
     _check_buffers(ctx, report, require_allocated, live)
     limits, execution = dynamic.result()
     limits_ok = not report.problems and not limits.problems
@@ -98,7 +115,7 @@ def run(ctx: PassContext) -> None:
 
 
 def _check_synchronization(
-    ctx: PassContext, check_sync: bool, static: _Report
+    ctx: PassContext, check_sync: bool, static: _Report, max_expanded: int
 ) -> tuple[_Report, _Report | None]:
     """The semaphore limits and the engine streams, then, if they and the `static` rules hold,
     the abstract execution: their two reports, the second None when it did not run.
@@ -109,15 +126,84 @@ def _check_synchronization(
     other rule, so in the child an exception it raises is kept in its report, not raised."""
     limits = _Report()
     sync = _check_sync_limits(ctx, limits)
-    _check_streams(ctx.program, limits)
+    if ctx.loop_entries:
+        _check_loop_streams(ctx, limits)
+    else:
+        _check_streams(ctx.program, limits)
     if limits.problems or static.problems:
         return limits, None
     execution = _Report()
     try:
-        _check_execution(ctx, execution, check_sync, sync)
+        streams = _loop_execution_streams(ctx, max_expanded) if ctx.loop_entries else _streams(ctx.program)
+        if streams is not None:
+            _check_execution(ctx, execution, check_sync and not ctx.loop_entries, sync, streams)
     except Exception as error:
         execution.error = error
     return limits, execution
+
+
+def _check_loop_streams(ctx: PassContext, report: _Report) -> None:
+    """A program with loops: each stream, loop entries aside, is the static order of its engine."""
+    program = ctx.program
+    if not program.streams:
+        return
+    expected: dict[int, list[str]] = defaultdict(list)
+    for instr in program.instructions:
+        expected[instr.engine].append(instr.name)
+    for stream in program.streams:
+        report.checks += 1
+        got = [instr.name for instr in stream.instructions if instr.op != loops.LOOP_OP]
+        if got != expected.get(stream.engine, []):
+            report.fail("streams", birutil.engine_name(stream.engine),
+                        "stream differs from the static order filtered by engine")
+    missing = set(expected) - {stream.engine for stream in program.streams}
+    if missing:
+        report.fail("streams", program.name,
+                    f"no stream for {', '.join(birutil.engine_name(e) for e in sorted(missing))}")
+
+
+def _loop_execution_streams(ctx: PassContext, limit: int) -> dict[int, list[bir_pb2.Instruction]] | None:
+    """The expanded streams the dynamic checks of a program with loops run on: codegen's, or the
+    static order put in loops per engine; None (and counter execution_checked 0) past `limit`."""
+    program = ctx.program
+    streams = list(program.streams) or _static_streams(ctx)
+    executed = loops.executed_instructions(streams, "E410")
+    ctx.set_stat("executed_instructions", executed)
+    if executed > limit:
+        ctx.set_stat("execution_checked", 0)
+        return None
+    ctx.set_stat("execution_checked", 1)
+    expanded = loops.expand_streams(streams, "E410", limit)
+    return {stream.engine: list(stream.instructions) for stream in expanded}
+
+
+def _static_streams(ctx: PassContext) -> list[bir_pb2.Stream]:
+    """Per engine, its instructions of the static order inside their loops (as codegen writes
+    them, operands aside): what the engines execute."""
+    nest = ctx.loops()
+    streams: dict[int, bir_pb2.Stream] = {}
+    open_entries: dict[int, list[tuple[int, bir_pb2.Instruction]]] = defaultdict(list)
+    for instr in ctx.program.instructions:
+        stream = streams.get(instr.engine)
+        if stream is None:
+            stream = streams[instr.engine] = bir_pb2.Stream(engine=instr.engine)
+        chain = nest.chain_of(instr.id)
+        entries = open_entries[instr.engine]
+        shared = 0
+        while shared < min(len(chain), len(entries)) and entries[shared][0] == chain[shared]:
+            shared += 1
+        del entries[shared:]
+        for loop_id in chain[shared:]:
+            loop = nest.loops[loop_id]
+            for _, outer in entries:  # an inner loop's entry is part of the outer bodies
+                outer.body_length += 1
+            entry = stream.instructions.add(id=loop_id, name=loop.name, op=loops.LOOP_OP, engine=instr.engine,
+                                            trip_count=loop.trip)
+            entries.append((loop_id, entry))
+        for _, entry in entries:
+            entry.body_length += 1
+        stream.instructions.append(instr)
+    return [streams[engine] for engine in sorted(streams)]
 
 
 def _decide(setting: str, auto: bool) -> bool:
@@ -189,6 +275,37 @@ def _check_instructions(ctx: PassContext, report: _Report) -> dict[str, tuple[in
                 if memory == birutil.PSUM and pool:
                     report.fail("pool_psum", where, f"POOL cannot access PSUM (operand {ap.tensor!r})")
     return live
+
+
+def _check_loop_bounds(ctx: PassContext, nest: loopnest.LoopNest, report: _Report) -> None:
+    """Rule loop_bounds: an HBM operand that moves with its loops stays inside its tensor at the
+    iterations where it reaches furthest (each loop's first or last, by the sign of its step)."""
+    tensors = {t.name: t for t in ctx.program.hbm}
+    for instr in ctx.program.instructions:
+        chain = nest.chain_of(instr.id)
+        for ap in (*instr.inputs, *instr.outputs):
+            if ap.memory != birutil.HBM or not ap.loop:
+                continue
+            report.checks += 1
+            if len(ap.loop) != len(chain):
+                report.fail("loop_bounds", instr.name, f"operand {ap.tensor!r} has {len(ap.loop)} loop variations "
+                            f"inside {len(chain)} loops")
+                continue
+            span = birutil.element_span(ap)
+            tensor = tensors.get(ap.tensor)
+            if span is None or tensor is None:
+                continue
+            low = high = ap.offset
+            for variation, loop_id in zip(ap.loop, chain, strict=True):
+                reach = variation.step * (nest.loops[loop_id].trip - 1)
+                low, high = low + min(0, reach), high + max(0, reach)
+            size = 1
+            for dim in tensor.shape:
+                size *= dim
+            if low + span[0] < 0 or high + span[1] >= size:
+                report.fail("loop_bounds", instr.name, f"operand {ap.tensor!r} reaches elements "
+                            f"[{low + span[0]}, {high + span[1]}] over its loops' iterations, outside "
+                            f"its {size} elements")
 
 
 def _check_operand(
@@ -399,7 +516,7 @@ def _check_buffers(
             if require_allocated:
                 report.fail("allocated", where, "buffer has no address (run allocation)")
             continue
-        end = buffer.address + buffer.bytes_per_partition
+        end = buffer.address + buffer.bytes_per_partition * max(1, buffer.slots)
         if buffer.memory == birutil.SBUF and end > target.sbuf_usable_bytes:
             report.fail(
                 "address_bounds",
@@ -493,6 +610,8 @@ def _check_wait_values(instr: bir_pb2.Instruction, where: str, lowered: bool, re
     make it up; in a lowered program every wait carries its words."""
     for wait in instr.waits:
         value, words = wait.value, encoded_wait_value(wait)
+        if wait.loop_steps:  # a loop's wait may start below 0 (it holds at once)
+            value = max(0, value)
         what = f"wait for semaphore {wait.semaphore} >= {value}"
         if not 0 <= value < WAIT_VALUE_LIMIT:
             report.fail("wait_value", where, f"{what}: the threshold is outside 0 .. 2^64 - 1")
@@ -648,16 +767,17 @@ def _check_port_waits(
 
 
 def _check_execution(
-    ctx: PassContext, report: _Report, check_sync: bool, global_sync: dict[int, _Sync]
+    ctx: PassContext, report: _Report, check_sync: bool, global_sync: dict[int, _Sync],
+    streams: dict[int, list[bir_pb2.Instruction]],
 ) -> None:
     """Abstract execution of the streams: deadlock freedom, then dependence coverage by clocks.
     `global_sync`: _sync_of every instruction of the global order by id (_check_sync_limits)."""
     program = ctx.program
-    streams = _streams(program)
     every = [instr for stream in streams.values() for instr in stream]
     # per engine, _sync_of each instruction of its stream: program.streams hold instructions of
-    # their own (equal to the global order's only where _check_streams had one to compare with)
-    own = bool(program.streams)
+    # their own (equal to the global order's only where _check_streams had one to compare with);
+    # an expansion of loops holds instances, each with its own thresholds
+    own = bool(program.streams) or bool(ctx.loop_entries)
     sync = {
         engine: [_sync_of(instr) if own else global_sync[instr.id] for instr in stream]
         for engine, stream in streams.items()

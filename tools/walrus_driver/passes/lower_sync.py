@@ -9,7 +9,9 @@ the program lowered (attribute `walrus.sync_lowered`), after which a pass that w
 What reads the words: the simulator executes a lowered wait from them, not from `value`, as the
 hardware would; birverifier's rule `wait_value` refuses a program whose words disagree with the
 threshold, a threshold outside 0 .. 2^64 - 1, or, once the program is lowered, a wait without
-words. A threshold that does not fit (a negative one, possible only in hand-made BIR) is E405.
+words. A threshold that does not fit (a negative one, possible only in hand-made BIR) is E405;
+inside a loop a threshold may start below 0 (a rotation wait of the first iterations, which
+holds at once) and its words encode the first iteration's, 0.
 
 Needs semaphores (alloc_semaphores); runs after every pass that adds waits and before codegen,
 which copies the instructions into the streams the NEFF carries. Counters: waits_lowered,
@@ -36,6 +38,8 @@ def run(ctx: PassContext) -> None:
     for instr in program.instructions:
         for wait in instr.waits:
             value = wait.value
+            if wait.loop_steps:  # a loop's wait: the words encode its first iteration's threshold
+                value = max(0, value)
             if not 0 <= value < WAIT_VALUE_LIMIT:
                 raise CompileError(
                     "E405",

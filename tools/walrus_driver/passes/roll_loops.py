@@ -39,14 +39,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ncc.schemas import bir_pb2, common_pb2
+from ncc.schemas import bir_pb2
 from ncc.tools.common.loops import LOOP_OP, MAX_LOOP_DEPTH, MAX_ROTATION
 from ncc.tools.target import wait_words
+from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "roll_loops"
-WHOLE_MEMORY = {common_pb2.SBUF: "@SBUF", common_pb2.PSUM: "@PSUM"}
+WHOLE_MEMORY = birutil.WHOLE_MEMORY
 _CANDIDATES = 12  # candidate periods tried from one position
 _CHUNK = 1024  # entries compared at once when extending a run
 _PREFIX_REPS = 16  # iterations whose offsets are checked before the whole run is
@@ -385,18 +386,10 @@ def run(ctx: PassContext) -> None:
         loops += writer.loops
         depth = max(depth, writer.depth)
         used |= writer.onchip_used
-    for memory in sorted(used):
-        if WHOLE_MEMORY[memory] not in addresses:
-            program.buffers.add(
-                name=WHOLE_MEMORY[memory], memory=memory, partitions=ctx.target.partitions,
-                bytes_per_partition=_memory_bytes(ctx, memory), address=0,
-            )
+    birutil.add_whole_memories(program, ctx.target, used)
     ctx.set_stat("static_instructions", static)
     ctx.set_stat("dynamic_instructions", dynamic)
     ctx.set_stat("loops", loops)
     ctx.set_stat("loop_depth", depth)
 
 
-def _memory_bytes(ctx: PassContext, memory: int) -> int:
-    target = ctx.target
-    return target.sbuf_usable_bytes if memory == common_pb2.SBUF else target.psum_bytes_per_partition

@@ -23,6 +23,11 @@ it on SP, as alloc_semaphores does for wide joins. Waits are elided by the same 
 updates already order needs no arrival. The barrier semaphore is one more than alloc_semaphores
 used; a program already at the target's limit is E404.
 
+A program that keeps loops gets the plain barrier: each engine other than SP that waits at all
+arrives, and the reset waits for every semaphore's final count, each update counted once per
+iteration of its loops (the clocks of the static order do not say which waits an iteration's
+updates already cover).
+
 Needs: semaphores inserted (alloc_semaphores) and nothing reordered afterwards. birverifier's rule
 `semaphore_reset` checks the result: every update and every wait is ordered before the reset,
 which is the last instruction of SP's stream. A program without semaphores needs no reset and gets none.
@@ -49,6 +54,9 @@ def run(ctx: PassContext) -> None:
         raise CompileError("E402", f"pass {NAME}: the program already ends with a semaphore reset", NAME)
     if program.num_semaphores == 0:
         ctx.set_stat("reset_waits", 0)
+        return
+    if ctx.loop_entries:
+        _loop_barrier(ctx)
         return
     walk, value_of = _walk(program, ctx.sync_walk)
     sp_clock = walk.base_clock(bir_pb2.Instruction(engine=birutil.SP))
@@ -97,8 +105,46 @@ def run(ctx: PassContext) -> None:
     final = {semaphore: count for semaphore, (count, _) in highest.items()}
     semaphore_of = {producer: semaphore for semaphore, producer in last_updater.items()}
     waits += [(semaphore_of[p], final[semaphore_of[p]]) for p in needed(arrivals)]
-    waits.sort()
+    _add_reset(ctx, next_id, waits)
+    ctx.set_stat("barrier_arrivals", len(arriving))
 
+
+def _loop_barrier(ctx: PassContext) -> None:
+    """The reset of a program that keeps loops (the module docstring): every waiting engine but SP
+    arrives at a barrier; the reset waits for it and for each semaphore's final count."""
+    program, target = ctx.program, ctx.target
+    nest = ctx.loops()
+    final: dict[int, int] = {}
+    for instr in program.instructions:
+        for update in instr.updates:
+            final[update.semaphore] = final.get(update.semaphore, 0) + update.increment * nest.trips(
+                nest.owner(instr.id))
+    arriving = sorted(engine for engine in _last_waiting_position(program) if engine != birutil.SP)
+    next_id = birutil.next_instruction_id(program)
+    waits = sorted(final.items())
+    if arriving:
+        barrier = program.num_semaphores
+        if barrier >= target.num_semaphores:
+            raise CompileError(
+                "E404",
+                f"{NAME}: the end-of-inference barrier needs a semaphore, but alloc_semaphores used all "
+                f"{target.num_semaphores} of target {target.name}",
+                NAME,
+            )
+        program.num_semaphores += 1
+        for engine in arriving:
+            arrival = _add(ctx, next_id, f"{NAME}.arrive.{birutil.engine_name(engine)}", "nop", engine)
+            arrival.updates.add(semaphore=barrier, increment=1)
+            next_id += 1
+        waits.append((barrier, len(arriving)))
+    _add_reset(ctx, next_id, waits)
+    ctx.set_stat("barrier_arrivals", len(arriving))
+
+
+def _add_reset(ctx: PassContext, next_id: int, waits: list[tuple[int, int]]) -> None:
+    """The reset on SP, with `waits` ((semaphore, value)) on it and on nops just before it."""
+    target = ctx.target
+    waits.sort()
     per_instruction = max(1, target.max_waits_per_instruction)
     groups = [waits[i : i + per_instruction] for i in range(0, len(waits), per_instruction)] or [[]]
     for number, group in enumerate(groups):
@@ -109,7 +155,6 @@ def run(ctx: PassContext) -> None:
         for semaphore, value in group:
             instr.waits.add(semaphore=semaphore, value=value)
     ctx.order_changed()
-    ctx.set_stat("barrier_arrivals", len(arriving))
     ctx.set_stat("reset_waits", len(waits))
     ctx.set_stat("reset_nops", len(groups) - 1)
 

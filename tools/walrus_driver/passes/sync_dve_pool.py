@@ -19,6 +19,10 @@ extra semaphore update is needed (the production pass, whose port is arbitrated 
 a second +1 update to the POOL instruction). Waits that cannot need the partner stay on X: most
 programs get no drain at all.
 
+In a program that keeps loops a wait's producer may be an earlier iteration's, which the clocks
+of the static order do not describe: there every wait of a DVE or POOL instruction that holds
+the port moves to its drain (in the same loop body), the safe choice.
+
 Needs: semaphores inserted (alloc_semaphores) and nothing reordered afterwards; run before
 semaphore_reset. birverifier's rule `dve_pool_port` checks the result. Counters:
 `port_instructions_waiting` (DVE/POOL instructions needing the port that carry waits; 0 when the
@@ -52,12 +56,16 @@ def run(ctx: PassContext) -> None:
     next_id = birutil.next_instruction_id(program)
     new_order: list[bir_pb2.Instruction] = []
     checked = moved = 0
+    loops = bool(ctx.loop_entries)
     for instr in program.instructions:
-        clocks = [walk.completion_clock[producers.producer(w)] for w in instr.waits]
+        clocks = [] if loops else [walk.completion_clock[producers.producer(w)] for w in instr.waits]
         if syncmodel.waits_holding_port(instr, costs(instr).ports):
             checked += 1
-            base = walk.base_clock(instr)
-            risky = [syncmodel.needs_partner_at_dispatch(walk, instr, clock, base) for clock in clocks]
+            if loops:
+                risky = [True] * len(instr.waits)
+            else:
+                base = walk.base_clock(instr)
+                risky = [syncmodel.needs_partner_at_dispatch(walk, instr, clock, base) for clock in clocks]
             if any(risky):
                 drain = bir_pb2.Instruction(
                     id=next_id,
@@ -67,25 +75,30 @@ def run(ctx: PassContext) -> None:
                     source=instr.source,
                     attributes={"inserted_by": NAME},
                 )
+                if instr.HasField("in_loop"):
+                    drain.in_loop = instr.in_loop
                 next_id += 1
-                waits = [(w.semaphore, w.value) for w in instr.waits]
+                waits = [bir_pb2.SemaphoreWait(semaphore=w.semaphore, value=w.value, loop_steps=w.loop_steps)
+                         for w in instr.waits]
                 del instr.waits[:]
-                for (semaphore, value), to_drain in zip(waits, risky, strict=True):
-                    (drain if to_drain else instr).waits.add(semaphore=semaphore, value=value)
-                walk.step(drain, [c for c, r in zip(clocks, risky, strict=True) if r])
+                for wait, to_drain in zip(waits, risky, strict=True):
+                    (drain if to_drain else instr).waits.append(wait)
+                if not loops:
+                    walk.step(drain, [c for c, r in zip(clocks, risky, strict=True) if r])
+                    clocks = [c for c, r in zip(clocks, risky, strict=True) if not r]
                 new_order.append(drain)
                 if ctx.deps is not None:
                     ctx.deps.add_node(drain.id)  # no operands: no dependence edge
-                clocks = [c for c, r in zip(clocks, risky, strict=True) if not r]
                 moved += sum(risky)
-        walk.step(instr, clocks)
+        if not loops:
+            walk.step(instr, clocks)
         producers.record(instr)
         new_order.append(instr)
     drains = len(new_order) - len(program.instructions)
     if drains:
         birutil.set_order(program, new_order)
         ctx.order_changed()
-    ctx.sync_walk = walk  # the clocks of exactly this order (semaphore_reset reads them)
+    ctx.sync_walk = None if loops else walk  # the clocks of exactly this order (semaphore_reset reads them)
     ctx.set_stat("port_instructions_waiting", checked)
     ctx.set_stat("drains", drains)
     ctx.set_stat("waits_moved", moved)

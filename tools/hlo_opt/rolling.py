@@ -1,0 +1,270 @@
+"""Which axes of a Penguin nest stay loops in BIR, and over which of their iterations.
+
+BirCodeGenLoop unrolls every axis unless told otherwise; this module decides which axes it may
+keep rolled instead (`plan_rolling`), so that BIR holds a `loop` entry and one body for them and
+a compile costs what the program's text costs, not its trip counts (docs/ir.md, Loops).
+
+An axis can stay a loop over a *steady range* of its iterations [lo, hi) when every iteration in
+the range lowers to the same instructions but for offsets that move by a fixed step:
+  * every predicate of every statement has the same outcome at every iteration of the range, for
+    every value of the nest's other axes (an `i == 0` initialization, a `k == K - 1` evacuation,
+    a pipelined stage's guards: the iterations where the outcome changes are peeled, i.e. unrolled
+    before or after the loop);
+  * a matmul's accumulate flag (off at its accumulation axis's first step) is the same too;
+  * no access is clipped at its tensor's edge (a partial last tile is peeled);
+  * an iota's values do not depend on the axis (its scalars cannot vary per iteration);
+  * each on-chip tensor is either *shared* by the iterations (no access moves with the axis: the
+    same blocks every time, e.g. an accumulator, or weights loaded before the loop) or *private*
+    to each iteration: every access moves by a whole number of blocks per iteration, so the blocks
+    of different iterations are disjoint, and no other nest touches the tensor. A private tensor's
+    blocks become one buffer per block of the body, which allocation may give several rotating
+    copies (address rotation); a shared one keeps its blocks' buffers for the whole loop.
+HBM offsets are always affine in the axis (a view's strides times the access's coefficients), so
+they need nothing: the body instruction's offset moves by that step per iteration.
+
+Nothing here is exact about the other axes: each is taken to range over its whole extent, so an
+axis is kept rolled only where that holds for every value of the others (a conservative test: an
+axis that fails it is unrolled, which is always correct).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ncc.schemas import common_pb2, penguin_pb2
+
+
+@dataclass(frozen=True)
+class RolledAxis:
+    """One axis kept as a loop: the iterations [lo, hi) run as its trip count, the others peeled."""
+
+    index: int  # position in the nest's axes
+    name: str
+    lo: int
+    hi: int
+
+    @property
+    def trip(self) -> int:
+        return self.hi - self.lo
+
+
+@dataclass
+class RollPlan:
+    """The axes of a nest kept rolled (outermost first), and for each on-chip tensor that is
+    private to one of their loops, the name of that axis (the innermost it moves with)."""
+
+    axes: list[RolledAxis]
+    private: dict[str, str] = field(default_factory=dict)
+
+    def rolled(self, axis: str) -> RolledAxis | None:
+        return next((a for a in self.axes if a.name == axis), None)
+
+
+def plan_rolling(
+    nest: penguin_pb2.LoopNest,
+    tensors: dict[str, penguin_pb2.TensorDecl],
+    elsewhere: set[str],
+    min_trip: int,
+    max_depth: int = 3,
+) -> RollPlan | None:
+    """The axes of `nest` to keep rolled: from the outermost, each axis of at least `min_trip`
+    steady iterations that passes the tests of the module docstring, at most `max_depth` of them.
+    `elsewhere`: the on-chip tensors some other nest touches (they cannot be private here).
+    None when no axis qualifies."""
+    extents = {axis.name: int(axis.extent) for axis in nest.axes}
+    if any(e <= 0 for e in extents.values()):
+        return None
+    plan = RollPlan(axes=[])
+    for index, axis in enumerate(nest.axes):
+        if len(plan.axes) >= max_depth:
+            break
+        if extents[axis.name] < min_trip:
+            continue
+        analysis = _AxisAnalysis(nest, tensors, extents, axis.name)
+        steady = analysis.steady_range(elsewhere)
+        if steady is None or steady[1] - steady[0] < min_trip:
+            continue
+        plan.axes.append(RolledAxis(index, axis.name, *steady))
+        for tensor in analysis.private:
+            plan.private[tensor] = axis.name  # inner axes overwrite: the innermost it moves with
+    return plan if plan.axes else None
+
+
+class _NotRollable(Exception):
+    """The axis fails one of the tests (it is then unrolled)."""
+
+
+class _AxisAnalysis:
+    """The tests of the module docstring for one axis `name` of the nest."""
+
+    def __init__(self, nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
+                 extents: dict[str, int], name: str) -> None:
+        self.nest, self.tensors, self.extents, self.name = nest, tensors, extents, name
+        self.cuts: set[int] = set()  # iterations where some outcome may change (a range may start there)
+        self.lo, self.hi = 0, extents[name]  # the iterations every access stays unclipped in
+        self.private: set[str] = set()
+
+    def steady_range(self, elsewhere: set[str]) -> tuple[int, int] | None:
+        """The longest range of iterations with no cut inside, within [lo, hi); None if not rollable."""
+        try:
+            for statement in self.nest.statements:
+                self._statement(statement)
+            self._onchip_tensors(elsewhere)
+        except _NotRollable:
+            return None
+        points = sorted({self.lo, self.hi, *(c for c in self.cuts if self.lo < c < self.hi)})
+        best = max(zip(points, points[1:]), key=lambda r: (r[1] - r[0], -r[0]), default=None)
+        return best
+
+    # ---- affine bounds ------------------------------------------------------------------------
+    def _split(self, expr: penguin_pb2.AffineExpr) -> tuple[int, int, int]:
+        """(coefficient of the axis, least and greatest value of the rest over the other axes)."""
+        coeff = 0
+        lo = hi = expr.constant
+        for term in expr.terms:
+            if term.var == self.name:
+                coeff += term.coeff
+                continue
+            extent = self.extents.get(term.var)
+            if extent is None:
+                raise _NotRollable  # an unknown variable: bir_codegen reports it
+            reach = term.coeff * (extent - 1)
+            if reach < 0:
+                lo += reach
+            else:
+                hi += reach
+        return coeff, lo, hi
+
+    def _statement(self, st: penguin_pb2.Statement) -> None:
+        for predicate in st.predicates:
+            self._predicate(predicate)
+        if st.op == "matmul":
+            axis = st.attributes.get("accumulate_axis", "")
+            if axis == self.name:  # accumulates except at its group's first step
+                shift = int(st.attributes.get("stage", "0")) if self._pipelined() else 0
+                self.cuts.update((shift, shift + 1))
+        for access in (*st.outputs, *st.inputs):
+            self._access(access)
+        if st.op == "iota" and "iota_dimension" in st.attributes and st.outputs:
+            dim = int(st.attributes["iota_dimension"])
+            starts = st.outputs[0].starts
+            if dim < len(starts) and self._split(starts[dim])[0]:
+                raise _NotRollable  # its values move with the axis: scalars cannot
+
+    def _pipelined(self) -> bool:
+        return any(a.name == self.name and "pipelined" in a.attributes for a in self.nest.axes)
+
+    def _predicate(self, predicate: penguin_pb2.Predicate) -> None:
+        c, g_lo, g_hi = self._split(predicate.expr)
+        if c == 0:
+            return
+        if predicate.relation == penguin_pb2.GE:  # c*v + g >= 0 switches where v crosses -g / c
+            if c > 0:
+                first, last = -((g_hi) // c), -((g_lo) // c)  # ceil(-g / c) over g in [g_lo, g_hi]
+            else:
+                first, last = g_lo // -c + 1, g_hi // -c + 1  # floor(g / |c|) + 1
+            self._cut_between(first, last)
+        elif predicate.relation == penguin_pb2.EQ:  # true at v = -g / c only: each such v alone
+            a, b = sorted((-g_lo / c, -g_hi / c))
+            first, last = math.ceil(a), math.floor(b)
+            self._cut_between(first, last + 1)
+        else:
+            raise _NotRollable
+
+    def _cut_between(self, first: int, last: int) -> None:
+        """Every iteration in [first, last] is a cut (clamped to the axis: far ones do not matter)."""
+        first, last = max(first, 0), min(last, self.extents[self.name])
+        if last - first > 4096:  # a range that long leaves no steady run worth a loop anyway
+            raise _NotRollable
+        self.cuts.update(range(first, last + 1))
+
+    def _access(self, access: penguin_pb2.Access) -> None:
+        tensor = self.tensors.get(access.tensor)
+        if tensor is None or len(access.starts) != len(tensor.shape):
+            raise _NotRollable  # malformed: bir_codegen reports it
+        for start, extent, size in zip(access.starts, access.extents, tensor.shape, strict=True):
+            c, h_lo, h_hi = self._split(start)
+            if c == 0:
+                continue
+            # unclipped and non-empty for every value of the other axes: 0 <= start, start + extent <= size
+            e, limit = int(extent), int(size)
+            if c > 0:
+                self.lo = max(self.lo, _ceil_div(-h_lo, c))
+                self.hi = min(self.hi, (limit - e - h_hi) // c + 1)
+            else:
+                self.lo = max(self.lo, _ceil_div(h_hi + e - limit, -c))
+                self.hi = min(self.hi, h_lo // -c + 1)
+        if self.hi <= self.lo:
+            raise _NotRollable
+
+    def _onchip_tensors(self, elsewhere: set[str]) -> None:
+        """Each on-chip tensor of the nest is shared by the iterations or private to each."""
+        moves: dict[str, list[tuple[int, ...]]] = {}  # tensor -> per access: block steps per dimension
+        spans: dict[str, list[tuple[int, int]]] = {}  # tensor -> per moving dim: (least, greatest) block
+        for st in self.nest.statements:
+            for access in (*st.outputs, *st.inputs):
+                tensor = self.tensors[access.tensor]
+                if tensor.memory == common_pb2.HBM:
+                    continue
+                steps, ranges = self._block_steps(tensor, access)
+                moves.setdefault(tensor.name, []).append(steps)
+                spans.setdefault(tensor.name, []).append(ranges)
+        for name, per_access in moves.items():
+            if len(set(per_access)) > 1:
+                raise _NotRollable  # accesses move differently: blocks would alias across iterations
+            steps = per_access[0]
+            if not any(steps):
+                continue  # shared by every iteration
+            if name in elsewhere:
+                raise _NotRollable  # another nest reads or writes its blocks of every iteration
+            for dim, step in enumerate(steps):
+                if not step:
+                    continue
+                least = min(r[dim][0] for r in spans[name])
+                greatest = max(r[dim][1] for r in spans[name])
+                if greatest - least >= abs(step):
+                    raise _NotRollable  # one iteration's blocks reach into the next one's
+            self.private.add(name)
+
+    def _block_steps(self, tensor: penguin_pb2.TensorDecl, access: penguin_pb2.Access
+                     ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+        """Per dimension: the blocks an access moves by per iteration, and the least and greatest
+        block its start reaches at the axis's iteration 0 (for the moving dimensions)."""
+        block = list(tensor.block_shape) or [1] * len(tensor.shape)
+        replicated = set(tensor.replicated_dims)
+        steps, ranges = [], []
+        for dim, start in enumerate(access.starts):
+            c, h_lo, h_hi = self._split(start)
+            if dim in replicated or c == 0:
+                steps.append(0)
+                ranges.append((0, 0))
+                continue
+            size = int(block[dim]) if dim < len(block) and block[dim] > 0 else 1
+            if c % size:
+                raise _NotRollable  # the axis moves within a block: iterations share blocks
+            steps.append(c // size)
+            ranges.append((h_lo // size, h_hi // size))
+        return tuple(steps), tuple(ranges)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def onchip_users(program: penguin_pb2.Program) -> dict[str, set[str]]:
+    """Each on-chip tensor -> the nests that access it."""
+    onchip = {t.name for t in program.tensors if t.memory != common_pb2.HBM}
+    users: dict[str, set[str]] = {}
+    for nest in program.nests:
+        for st in nest.statements:
+            for access in _accesses(st):
+                if access.tensor in onchip:
+                    users.setdefault(access.tensor, set()).add(nest.name)
+    return users
+
+
+def _accesses(st: penguin_pb2.Statement) -> Iterable[penguin_pb2.Access]:
+    yield from st.outputs
+    yield from st.inputs
