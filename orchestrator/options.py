@@ -21,6 +21,10 @@ def default_workdir(output: Path) -> Path:
     return output.parent / f"{output.stem}{WORKDIR_SUFFIX}"
 
 
+LOOP_MODES = ("rolled", "unrolled")
+DEFAULT_LOOPS = "unrolled"  # the Frontend's --loops
+
+
 @dataclass(frozen=True)
 class CompileOptions:
     model: Path
@@ -31,6 +35,7 @@ class CompileOptions:
     walrus_passes: tuple[str, ...] = field(default_factory=tuple)
     penguin_passes: tuple[str, ...] = field(default_factory=tuple)  # () = the optlevel's default
     num_stages: int = 0  # software-pipeline every eligible loop in this many stages (0: annotated only)
+    loops: str = DEFAULT_LOOPS  # "rolled": loops that can stay loops do; "unrolled": every loop unrolls
     timeout_s: float | None = None  # per job
     mem_limit_mb: int | None = None  # per job, resident memory of the tool's process tree
     verbose: int = 1
@@ -47,6 +52,8 @@ class CompileOptions:
             flags.append(f"--penguin-passes={','.join(self.penguin_passes)}")
         if self.num_stages:
             flags.append(f"--num-stages={self.num_stages}")
+        if self.loops != DEFAULT_LOOPS:
+            flags.append(f"--loops={self.loops}")
         return flags
 
     def to_json(self) -> str:
@@ -69,6 +76,7 @@ class CompileOptions:
             walrus_passes=tuple(data["walrus_passes"]),
             penguin_passes=tuple(data.get("penguin_passes", ())),
             num_stages=int(data.get("num_stages", 0)),
+            loops=str(data.get("loops", DEFAULT_LOOPS)),
             timeout_s=data["timeout_s"],
             mem_limit_mb=data["mem_limit_mb"],
             verbose=int(data["verbose"]),

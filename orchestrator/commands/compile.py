@@ -13,7 +13,14 @@ import re
 import sys
 from pathlib import Path
 
-from ncc.orchestrator.options import DEFAULT_OPTLEVEL, OPTLEVELS, CompileOptions, default_workdir
+from ncc.orchestrator.options import (
+    DEFAULT_LOOPS,
+    DEFAULT_OPTLEVEL,
+    LOOP_MODES,
+    OPTLEVELS,
+    CompileOptions,
+    default_workdir,
+)
 from ncc.orchestrator.outputs import is_stream
 from ncc.tools.common.pipeline_text import split_pipeline
 
@@ -113,6 +120,11 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
         help="software-pipeline every eligible loop in N stages where the pipeline pass runs (loops "
         "annotated with ncc_num_stages keep theirs; a loop it would make wrong is left as it is)",
     )
+    parser.add_argument(
+        "--loops", choices=LOOP_MODES, default=DEFAULT_LOOPS,
+        help="rolled: a loop whose iterations lower alike stays a loop in BIR and the NEFF, so the compile "
+        f"costs what the program's text costs; unrolled: every loop is unrolled (default {DEFAULT_LOOPS})",
+    )
 
 
 def add_compile_flags(parser: argparse.ArgumentParser) -> None:
@@ -161,6 +173,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         walrus_passes=tuple(args.walrus_passes),
         penguin_passes=tuple(args.penguin_passes),
         num_stages=args.num_stages,
+        loops=args.loops,
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,

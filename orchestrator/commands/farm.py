@@ -83,6 +83,8 @@ def _parse_manifest_flags(words: list[str] | tuple[str, ...]) -> dict[str, objec
         overrides["penguin_passes"] = tuple(args.penguin_passes)
     if "--num-stages" in given:
         overrides["num_stages"] = args.num_stages
+    if "--loops" in given:
+        overrides["loops"] = args.loops
     return overrides
 
 
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         walrus_passes=tuple(args.walrus_passes),
         penguin_passes=tuple(args.penguin_passes),
         num_stages=args.num_stages,
+        loops=args.loops,
         timeout_s=args.timeout,
         mem_limit_mb=args.mem_limit,
         verbose=args.verbose,

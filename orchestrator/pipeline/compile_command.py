@@ -121,6 +121,7 @@ class CompileCommand:
             "walrus_passes": ",".join(self.options.walrus_passes),
             "penguin_passes": ",".join(self.options.penguin_passes),
             "num_stages": self.options.num_stages,
+            "loops": self.options.loops,
             "run_id": self.run_id,
             "timeout_s": self.options.timeout_s,
             "mem_limit_mb": self.options.mem_limit_mb,

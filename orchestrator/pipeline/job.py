@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic, one_line
+from ncc.orchestrator.options import DEFAULT_LOOPS
 from ncc.orchestrator.pipeline.diskspace import is_no_space, looks_full, no_space_message
 from ncc.orchestrator.pipeline.jobspec import (
     DRIVER_TOOL,
@@ -80,6 +81,7 @@ class ToolJob(JobSpec, luigi.Task):
                                      description="comma-separated Penguin pass list, '' = default")
     num_stages = luigi.IntParameter(default=0,
                                     description="software-pipeline stages for every eligible loop, 0 = none")
+    loops = luigi.Parameter(default=DEFAULT_LOOPS, description="rolled: loops stay loops in BIR, or unrolled")
     # How it is run: never part of a job's identity.
     run_id = luigi.Parameter(default="", significant=False, description="id of this ncc invocation")
     timeout_s = luigi.OptionalFloatParameter(

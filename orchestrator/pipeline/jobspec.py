@@ -29,6 +29,7 @@ from typing import ClassVar
 from ncc.orchestrator import digests
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import NccDiagnostic
+from ncc.orchestrator.options import DEFAULT_LOOPS
 from ncc.orchestrator.pipeline.stage_cache import HIT, StageCache
 from ncc.orchestrator.pipeline.workdir import (
     CMD,
@@ -85,6 +86,7 @@ class JobSpec(abc.ABC):
     walrus_passes: str
     penguin_passes: str
     num_stages: int
+    loops: str
     run_id: str
     cache_dir: str
 
@@ -93,6 +95,7 @@ class JobSpec(abc.ABC):
         "walrus_passes": "",
         "penguin_passes": "",
         "num_stages": 0,
+        "loops": DEFAULT_LOOPS,
         "run_id": "",
         "cache_dir": "",
     }

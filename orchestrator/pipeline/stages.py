@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ncc.orchestrator import digests
+from ncc.orchestrator.options import DEFAULT_LOOPS
 from ncc.orchestrator.pipeline.jobspec import JobSpec
 from ncc.orchestrator.pipeline.registry import JobRegistry
 from ncc.orchestrator.versions import ncc_version
@@ -85,7 +86,8 @@ class Frontend(JobSpec):
     def flags(self) -> list[str]:
         passes = ["--penguin-passes", self.penguin_passes] if self.penguin_passes else []
         stages = ["--num-stages", str(self.num_stages)] if self.num_stages else []
-        return [*passes, *stages, "--optlevel", str(self.optlevel)]
+        loops = ["--loops", self.loops] if self.loops != DEFAULT_LOOPS else []
+        return [*passes, *stages, *loops, "--optlevel", str(self.optlevel)]
 
     def tool_arguments(self) -> list[str]:
         (penguin,) = self.input_paths()

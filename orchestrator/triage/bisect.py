@@ -61,7 +61,7 @@ _MARKER = ".ncc-bisect"  # says the folder is ours to clear
 CONTEXT = 4  # instructions shown on each side of the one that differs
 MATCHES, DIFFERS, ERROR = "matches", "differs", "error"
 _PENGUIN_LOG = re.compile(r"^penguin-opt: (\w+): ", re.M)
-_FRONTEND_FLAGS = ("--optlevel", "--num-stages", "--target")
+_FRONTEND_FLAGS = ("--optlevel", "--num-stages", "--loops", "--target")
 _WALRUS_FLAGS = ("--optlevel", "--target")
 _CHECK_CODES = {"E410", "E411", "E412"}  # a verifier or the simulator judged the program wrong
 

@@ -61,13 +61,17 @@ class _OpenLoop:
     axis: str
     entry: bir_pb2.Instruction
     start: int
+    copies: int  # consecutive iterations of the axis each loop iteration runs (unroll and jam)
+    first: int  # the axis's value at the loop's first iteration
 
 
 class BirCodeGenLoop:
-    def __init__(self, program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled") -> None:
+    def __init__(self, program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled",
+                 jam: int = 1) -> None:
         if loops not in LOOP_MODES:
             raise CompileError("E301", f"loop mode {loops!r} is not one of {', '.join(LOOP_MODES)}")
         self.loops = loops
+        self.jam = jam
         self.open_loops: list[_OpenLoop] = []  # outermost first
         self.roll: rolling.RollPlan | None = None  # of the nest being emitted
         self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it moves with
@@ -105,7 +109,7 @@ class BirCodeGenLoop:
         self.roll = self._roll_plan(nest)
         if self.roll is None:
             for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
-                self._point(nest, names, predicates, plans, point, ())
+                self._point(nest, names, predicates, plans, point, {})
             return
         self._axes(nest, names, predicates, plans, [])
         self.roll = None
@@ -118,15 +122,15 @@ class BirCodeGenLoop:
         self.private_axes = {}
         if plan is not None:
             rolled = {a.name for a in plan.axes}
+            moves: dict[str, set[str]] = {}  # tensor -> the axes some access of it moves with
+            for st in nest.statements:
+                for access in (*st.outputs, *st.inputs):
+                    if access.tensor in plan.private:
+                        axes = moves.setdefault(access.tensor, set())
+                        axes.update(t.var for start in access.starts for t in start.terms if t.coeff)
             for tensor in plan.private:
-                self.private_axes[tensor] = {a for a in rolled if self._moves_with(nest, tensor, a)}
+                self.private_axes[tensor] = rolled & moves.get(tensor, set())
         return plan
-
-    @staticmethod
-    def _moves_with(nest: penguin_pb2.LoopNest, tensor: str, axis: str) -> bool:
-        return any(term.var == axis and term.coeff
-                   for st in nest.statements for access in (*st.outputs, *st.inputs) if access.tensor == tensor
-                   for start in access.starts for term in start.terms)
 
     def _axes(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
               values: list[int]) -> None:
@@ -134,7 +138,7 @@ class BirCodeGenLoop:
         steady iterations (the body at the first of them) between its peeled ones."""
         depth = len(values)
         if depth == len(names):
-            symbolic = tuple(loop.axis for loop in self.open_loops)
+            symbolic = {loop.axis: loop.first for loop in self.open_loops}
             self._point(nest, names, predicates, plans, tuple(values), symbolic)
             return
         axis = nest.axes[depth]
@@ -144,18 +148,32 @@ class BirCodeGenLoop:
             for v in range(axis.extent):
                 self._axes(nest, names, predicates, plans, [*values, v])
             return
+        copies = self._copies(rolled)
+        trip = rolled.trip // copies
+        looped = rolled.lo + trip * copies  # the iterations from here on are peeled after the loop
         for v in range(rolled.lo):
             self._axes(nest, names, predicates, plans, [*values, v])
-        self._open_loop(nest, axis.name, rolled.trip)
-        self._axes(nest, names, predicates, plans, [*values, rolled.lo])
-        self._close_loop()
-        for v in range(rolled.hi, axis.extent):
+        if trip >= 2:
+            self._open_loop(nest, axis.name, trip, copies, rolled.lo)
+            for v in range(rolled.lo, rolled.lo + copies):
+                self._axes(nest, names, predicates, plans, [*values, v])
+            self._close_loop()
+        else:
+            looped = rolled.lo
+        for v in range(looped, axis.extent):
             self._axes(nest, names, predicates, plans, [*values, v])
 
-    def _open_loop(self, nest: penguin_pb2.LoopNest, axis: str, trip: int) -> None:
+    def _copies(self, rolled: rolling.RolledAxis) -> int:
+        """How many consecutive iterations one body holds (unroll and jam): `self.jam` for the
+        innermost rolled axis when at least two loop iterations remain, else 1."""
+        assert self.roll is not None
+        innermost = rolled is self.roll.axes[-1]
+        return self.jam if innermost and self.jam > 1 and rolled.trip >= self.jam else 1
+
+    def _open_loop(self, nest: penguin_pb2.LoopNest, axis: str, trip: int, copies: int, first: int) -> None:
         entry = self._add_instruction(name=f"{nest.name}/loop.{axis}", op=LOOP_OP, source=nest.source)
         entry.trip_count = trip
-        self.open_loops.append(_OpenLoop(axis, entry, len(self.bir.instructions)))
+        self.open_loops.append(_OpenLoop(axis, entry, len(self.bir.instructions), copies, first))
 
     def _close_loop(self) -> None:
         loop = self.open_loops.pop()
@@ -171,10 +189,11 @@ class BirCodeGenLoop:
         return instr
 
     def _point(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
-               point: tuple, symbolic: tuple[str, ...]) -> None:
-        """The instructions of one iteration point (a body's, at its loops' first steady iteration)."""
+               point: tuple, symbolic: dict[str, int]) -> None:
+        """The instructions of one iteration point (a body's, at its loops' first steady iteration;
+        `symbolic`: each rolled axis and its value there)."""
         env = dict(zip(names, point, strict=True))
-        label = ",".join(f"{n}*" if n in symbolic else f"{n}{v}" for n, v in env.items())
+        label = ",".join(_label(n, v, symbolic) for n, v in env.items())
         resolved: dict[tuple, tuple[bir_pb2.AccessPattern, list[int]] | None] = {}  # this point's
         for k, statement in enumerate(nest.statements):
             if predicates[k](point):
@@ -236,7 +255,7 @@ class BirCodeGenLoop:
         for ap, plan in zip(operands, plans, strict=True):
             if ap.memory != common_pb2.HBM:
                 continue
-            steps = [plan.hbm_step(loop.axis) for loop in self.open_loops]
+            steps = [plan.hbm_step(loop.axis) * loop.copies for loop in self.open_loops]
             if any(steps):
                 ap.loop.extend(bir_pb2.LoopVariation(step=step) for step in steps)
 
@@ -450,6 +469,15 @@ class _BlockLayout:
         slabbed = math.prod(block[:-2]) > 1 or block[-2] > rows
         return cls(block, rows, slabbed, frozenset(tensor.replicated_dims), itemsize(tensor.dtype),
                    tensor.shape[-1])
+
+
+def _label(axis: str, value: int, symbolic: dict[str, int]) -> str:
+    """An axis's part of an instruction name: `i3` at a point, `i*` in a loop body (`i*+1` for
+    the second iteration a jammed body holds)."""
+    first = symbolic.get(axis)
+    if first is None:
+        return f"{axis}{value}"
+    return f"{axis}*" if value == first else f"{axis}*+{value - first}"
 
 
 def _partition_broadcast(load: bir_pb2.Instruction) -> bool:

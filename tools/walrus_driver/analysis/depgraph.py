@@ -171,6 +171,10 @@ class DepGraph:
     def predecessors(self, node: int) -> Iterable[int]:
         return self._pred[node].keys()
 
+    def pred_codes(self, node: int) -> dict[int, int]:
+        """{predecessor: edge code} of `node` (read-only)."""
+        return self._pred[node]
+
     def predecessors_of_kind(self, node: int, kind: str) -> list[int]:
         rank = KIND_CODE[kind]
         return [pred for pred, code in self._pred[node].items() if code >> 2 == rank]

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis import birutil, syncmodel
 from ncc.tools.walrus_driver.analysis.depgraph import KIND_CODE, DepGraph, edge_code
 from ncc.tools.walrus_driver.analysis.loopnest import ROOT, Loop, LoopNest
 
@@ -60,8 +60,8 @@ class Carried:
 class _Box(NamedTuple):
     """One operand's bytes: region (virtual buffer, "" for an allocated memory, or an HBM tensor),
     partitions [p0, p1), bytes or (HBM) columns [c0, c1) and rows [b0, b1); a rotating buffer's
-    operand also carries its buffer (`rotor`) and its box within one copy (s0, s1), and its
-    [b0, b1) then spans every copy."""
+    operand also carries its rotation group (`rotor`: LoopDeps._rotor) and its box within one
+    copy (s0, s1), and its [b0, b1) then spans every copy."""
 
     memory: int
     region: str
@@ -75,6 +75,7 @@ class _Box(NamedTuple):
     rotor: str
     s0: int
     s1: int
+    buffer: str = ""  # on chip: the virtual buffer
 
 
 class _Operand(NamedTuple):
@@ -98,6 +99,7 @@ class LoopDeps:
         self.instructions = list(program.instructions)
         self.operands = {i.id: list(self._operands(i)) for i in self.instructions}
         self.carried: list[Carried] = []
+        self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
 
     # ---- operands and boxes -----------------------------------------------------------------
     def _operands(self, instr: bir_pb2.Instruction) -> Iterator[_Operand]:
@@ -135,13 +137,15 @@ class LoopDeps:
             return None
         _, p0, p1, b0, b1 = span
         if not self.use_addresses:
-            return _Box(ap.memory, ap.tensor, p0, p1, 0, 1, b0, b1, write, "", 0, 0)
+            return _Box(ap.memory, ap.tensor, p0, p1, 0, 1, b0, b1, write, "", 0, 0, ap.tensor)
         buffer = self.buffers[ap.tensor]
         base = buffer.address
         if buffer.slots > 1:
             span_bytes = (buffer.slots - 1) * buffer.bytes_per_partition
-            return _Box(ap.memory, "", p0, p1, 0, 1, base + b0, base + b1 + span_bytes, write, ap.tensor, b0, b1)
-        return _Box(ap.memory, "", p0, p1, 0, 1, base + b0, base + b1, write, "", 0, 0)
+            rotor = self._rotor(buffer)
+            return _Box(ap.memory, "", p0, p1, 0, 1, base + b0, base + b1 + span_bytes, write, rotor, b0, b1,
+                        ap.tensor)
+        return _Box(ap.memory, "", p0, p1, 0, 1, base + b0, base + b1, write, "", 0, 0, ap.tensor)
 
     @staticmethod
     def _hbm_box(ap: bir_pb2.AccessPattern, width: int, steps: tuple[int, ...], swept: list[int],
@@ -167,6 +171,15 @@ class LoopDeps:
                 r1 = (ap.offset + span[1] + high) // width + 1
         return _Box(birutil.HBM, ap.tensor, 0, 1, c0, c1, r0, r1, write, "", 0, 0)
 
+    def _rotor(self, buffer: bir_pb2.Buffer) -> str:
+        """The rotation group of a rotating buffer: the buffers at one address with one copy size,
+        as many copies and one loop rotating them take the same copy at every iteration, so
+        their operands compare within one copy (`s0`, `s1`)."""
+        key = (buffer.memory, buffer.address, buffer.bytes_per_partition, buffer.slots, buffer.private_to)
+        name = "@".join(str(k) for k in key)
+        self.rotors.setdefault(name, (buffer.private_to, buffer.slots, buffer.bytes_per_partition))
+        return name
+
     # ---- the DAG ----------------------------------------------------------------------------
     def graph(self) -> DepGraph:
         graph = DepGraph()
@@ -174,14 +187,14 @@ class LoopDeps:
             graph.add_node(instr.id)
         self._ordered(graph)
         self._walk(graph, ROOT, self.instructions, 0)
-        for loop_id in self.nest.loops:
-            members = self._members(loop_id)
-            self._walk(graph, loop_id, members, self.nest.loops[loop_id].depth)
-            self._carry(loop_id, members)
+        members: dict[int, list[bir_pb2.Instruction]] = {loop_id: [] for loop_id in self.nest.loops}
+        for instr in self.instructions:
+            for loop_id in self.nest.chain_of(instr.id):
+                members[loop_id].append(instr)
+        for loop_id, body in members.items():
+            self._walk(graph, loop_id, body, self.nest.loops[loop_id].depth)
+            self._carry(loop_id, body)
         return graph
-
-    def _members(self, loop_id: int) -> list[bir_pb2.Instruction]:
-        return [i for i in self.instructions if loop_id in self.nest.chain_of(i.id)]
 
     def _ordered(self, graph: DepGraph) -> None:
         names: dict[str, int] = {}
@@ -196,11 +209,57 @@ class LoopDeps:
             names[instr.name] = instr.id
 
     def _walk(self, graph: DepGraph, block: int, members: list[bir_pb2.Instruction], level: int) -> None:
-        """Conflicts at one iteration of `block` among its members (docstring: the walks)."""
+        """Conflicts at one iteration of `block` among its members (docstring: the walks).
+
+        An instruction of an inner loop stands, for what follows the loop, for the latest
+        instruction of that loop on its thread, whose last iteration completes after every earlier
+        one's: what follows a loop gets an edge per thread of it, not one per instruction (and a
+        box is kept once per thread). Its on-chip writes retire what came before the loop where
+        the loop writes a whole buffer (every copy of a rotating one, in turn) over its
+        iterations; never the loop's own accesses, whose order is the loop's own walk's to say."""
         pages: dict[tuple, list[list[tuple]]] = {}
+        latest: dict[tuple, int] = {}  # (inner loop, thread) -> its latest instruction
+        whole = self._whole_buffers(members, level)  # (inner loop, buffer) -> the box it writes whole
+        seen: dict[tuple, set[tuple]] = {}  # page -> the (group, box) of inner loops it holds
+        # An inner loop's boxes join the pages when the walk leaves the loop, so that its own
+        # instructions look only at what came before it (and each sees all of that).
+        pending: list[tuple[tuple, _Box]] = []  # (group, box) of the inner loop being walked
+        current: int | None = None
+
+        def leave_loop() -> None:
+            footprints = {box.buffer: whole[(current, box.buffer)] for _, box in pending
+                          if box.write and (current, box.buffer) in whole}
+            for footprint in footprints.values():  # what the loop writes whole retires what it covers
+                for key in _pages(footprint):
+                    entries = pages.get(key)
+                    if entries is not None:
+                        for kind in (0, 1):
+                            entries[kind][:] = [e for e in entries[kind] if not _covers(footprint, e[2])]
+            hulls: dict[tuple, _Box] = {}  # an inner loop's HBM accesses: one hull per thread and tensor
+            exact: list[tuple[tuple, _Box]] = []
+            for group, box in pending:
+                if box.memory == birutil.HBM:
+                    key = (group, box.region, box.write)
+                    old = hulls.get(key)
+                    hulls[key] = box if old is None else _hull(old, box)
+                else:
+                    exact.append((group, box))
+            exact += [(key[0], box) for key, box in hulls.items()]
+            for group, box in exact:
+                for key in _pages(box):
+                    kept = seen.setdefault(key, set())
+                    if (group, box) not in kept:
+                        kept.add((group, box))
+                        pages.setdefault(key, [[], []])[1 if box.write else 0].append((group, current, box))
+            pending.clear()
+
         for instr in members:
             chain = self.nest.chain_of(instr.id)
             inner = chain[level] if len(chain) > level else None  # the child loop of block holding it
+            if inner != current:
+                if current is not None:
+                    leave_loop()
+                current = inner
             incoming: dict[int, int] = {}
             boxes = [box for _, box in self.boxes(instr, level)]
             for box in boxes:
@@ -211,64 +270,183 @@ class LoopDeps:
                     checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
                     for which, kind in checks:
                         for other, other_inner, obox in entries[which]:
-                            if other == instr.id or (inner is not None and other_inner == inner):
+                            if not _meet(box, obox):
                                 continue
-                            if _meet(box, obox):
-                                code = kind + box.memory
-                                if incoming.get(other, -1) < code:
-                                    incoming[other] = code
-            for box in boxes:
-                for key in _pages(box):
-                    entries = pages.setdefault(key, [[], []])
-                    if box.write and inner is None:  # a write of this block retires what it covers
-                        for which in (0, 1):
-                            entries[which][:] = [e for e in entries[which] if not _covers(box, e[2])]
-                    entries[1 if box.write else 0].append((instr.id, inner, box))
+                            if other_inner is not None:
+                                other = latest[other]  # other is the (inner loop, thread) group
+                            code = kind + box.memory
+                            if incoming.get(other, -1) < code:
+                                incoming[other] = code
+            if inner is not None:
+                group = (inner, syncmodel.access_thread(instr))
+                latest[group] = instr.id
+                pending.extend((group, box) for box in boxes)
+            else:
+                for box in boxes:
+                    for key in _pages(box):
+                        entries = pages.setdefault(key, [[], []])
+                        if box.write:  # a write of this block retires what it covers
+                            for kind in (0, 1):
+                                entries[kind][:] = [e for e in entries[kind] if not _covers(box, e[2])]
+                        entries[1 if box.write else 0].append((instr.id, None, box))
             if incoming:
                 graph.merge_strongest(instr.id, incoming)
+
+    def _whole_buffers(self, members: list[bir_pb2.Instruction], level: int) -> dict[tuple, _Box]:
+        """(inner loop, on-chip buffer) -> the buffer's whole box (every copy), for the buffers an
+        inner loop's writes cover whole between them (a tile written in pieces of partitions, as
+        split_dma cuts it), every copy of a rotating one over the iterations of a loop inside."""
+        writes: dict[tuple, list[_Box]] = {}
+        for instr in members:
+            chain = self.nest.chain_of(instr.id)
+            if len(chain) <= level:
+                continue
+            for _, box in self.boxes(instr, level):
+                if box.write and box.memory != birutil.HBM:
+                    writes.setdefault((chain[level], box.buffer), []).append(box)
+        found: dict[tuple, _Box] = {}
+        for (inner, name), boxes in writes.items():
+            buffer = self.buffers[name]
+            size = buffer.bytes_per_partition
+            relative = [b._replace(b0=b.s0, b1=b.s1) if b.rotor else b for b in boxes]
+            base = 0 if not self.use_addresses or boxes[0].rotor else buffer.address
+            target = boxes[0]._replace(p0=0, p1=buffer.partitions, b0=base, b1=base + size, rotor="")
+            if not _union_covers(relative, target):
+                continue
+            if boxes[0].rotor and not self._rotates_whole(boxes[0].rotor, inner):
+                continue
+            copies = max(1, buffer.slots) if self.use_addresses else 1
+            start = buffer.address if self.use_addresses else 0
+            found[(inner, name)] = target._replace(b0=start, b1=start + copies * size)
+        return found
+
+    def _rotates_whole(self, rotor: str, inner: int) -> bool:
+        """Whether a rotating buffer's copies all get written over the iterations of loop `inner`:
+        the loop it rotates at is `inner` or inside it and runs at least once per copy."""
+        loop_id, slots, _ = self.rotors[rotor]
+        if loop_id not in self.nest.loops:
+            return False
+        return inner in self.nest.chain(loop_id) and self.nest.loops[loop_id].trip >= slots
 
     # ---- carried ----------------------------------------------------------------------------
     def _carry(self, loop_id: int, members: list[bir_pb2.Instruction]) -> None:
         """The dependences loop `loop_id` carries between its members (docstring: carried)."""
         loop = self.nest.loops[loop_id]
+        if loop.trip < 2:
+            return
         level = loop.depth  # boxes at iteration 0 of the loop, swept over the loops inside it
-        whole = loop.depth - 1  # ... and swept over this loop too: every iteration
-        pages: dict[tuple, list[_Entry]] = {}
+        onchip: list[_Entry] = []
+        hbm: list[_Entry] = []
         for instr in members:
-            exact = dict(self.boxes(instr, level))
-            for index, hull in self.boxes(instr, whole):
-                entry = _Entry(instr.id, index, hull, exact[index])
-                for key in _pages(hull):
-                    pages.setdefault(key, []).append(entry)
+            chain = self.nest.chain_of(instr.id)
+            child = chain[level] if len(chain) > level else None  # the loop inside this one holding it
+            for index, box in self.boxes(instr, level):
+                entry = _Entry(instr.id, index, box, box, child)
+                (hbm if box.memory == birutil.HBM else onchip).append(entry)
+        for distance in sorted(self._onchip_distances(loop, onchip)):
+            self._carry_onchip(loop, onchip, distance)
+        self._carry_hbm(loop, hbm)
+
+    def _onchip_distances(self, loop: Loop, entries: list[_Entry]) -> set[int]:
+        """The distances at which on-chip operands of the loop can meet again: 1, and the copies of
+        each buffer that rotates at this loop's iterations."""
+        found = {1}
+        for entry in entries:
+            rotor = entry.box.rotor
+            if rotor and self._rotor_loop(rotor) == loop.id:
+                found.add(self._rotor_slots(rotor))
+        return found
+
+    def _carry_onchip(self, loop: Loop, entries: list[_Entry], distance: int) -> None:
+        """The on-chip dependences of iteration r on iteration r - distance: the loop body walked
+        twice, as the earlier iteration and then the later one, with the analyzer's retiring of
+        covered accesses (an access the earlier iteration overwrote itself, or the later one
+        before, is ordered through that write), so only the accesses that stay exposed across the
+        iteration boundary give an edge. A pair meets at this distance when it meets in one buffer
+        (or copy of a rotating one) `distance` iterations apart (`_meets_at`)."""
+        pages: dict[tuple, list[list[tuple[bool, _Entry]]]] = {}
+        found: dict[tuple[int, int], int] = {}
+        for later in (False, True):
+            for entry in entries:
+                box = entry.box
+                keys = _pages(box)
+                if later:
+                    checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
+                    for key in keys:
+                        lists = pages.get(key)
+                        if lists is None:
+                            continue
+                        for which, kind in checks:
+                            for from_later, other in lists[which]:
+                                if from_later or other.node == entry.node:
+                                    continue
+                                if self._meets_at(loop, other, entry, distance):
+                                    pair = (other.node, entry.node)
+                                    if found.get(pair, -1) < kind + box.memory:
+                                        found[pair] = kind + box.memory
+                for key in keys:
+                    lists = pages.setdefault(key, [[], []])
+                    if box.write and entry.child is None:  # a write of the body retires what it covers
+                        for which in (0, 1):
+                            lists[which][:] = [e for e in lists[which] if not _covers(box, e[1].box)]
+                    lists[1 if box.write else 0].append((later, entry))
+        for (src, dst), code in found.items():
+            self.carried.append(Carried(src, dst, loop.id, distance, code))
+
+    def _meets_at(self, loop: Loop, earlier: _Entry, later: _Entry, distance: int) -> bool:
+        """Whether on-chip operands `earlier` (iteration r - distance) and `later` (iteration r)
+        touch common bytes. Pairs within one inner loop are that loop's to order: its own carried
+        dependences cover this loop's iterations too, since every buffer they meet in is the same
+        at each iteration or rotates over copies that divide the inner loop's trip (allocation),
+        which then follow on across this loop's iterations, and a wait of the inner loop for "d
+        iterations back" computes, at its first iterations, a threshold no less than that of the
+        instance it needs in this loop's previous iteration (loop_sync)."""
+        a, b = earlier.box, later.box
+        if earlier.child is not None and earlier.child == later.child:
+            return False
+        if not self.use_addresses:  # virtual buffers: only one that every iteration shares carries
+            if distance != 1 or a.region != b.region or not _meet(a, b):
+                return False
+            buffer = self.buffers[a.region]
+            return not (buffer.HasField("private_to") and loop.id in self._chain_to(buffer.private_to))
+        same_rotor = a.rotor and a.rotor == b.rotor
+        rotating_here = same_rotor and self._rotor_loop(a.rotor) == loop.id
+        if rotating_here:  # copy r mod N: the same copy again N iterations later, and only then
+            return distance == self._rotor_slots(a.rotor) and _meet(a, b)
+        return distance == 1 and _meet(a, b)
+
+    def _rotor_loop(self, rotor: str) -> int:
+        return self.rotors[rotor][0]
+
+    def _rotor_slots(self, rotor: str) -> int:
+        return self.rotors[rotor][1]
+
+    def _carry_hbm(self, loop: Loop, entries: list[_Entry]) -> None:
+        """HBM dependences the loop carries: per tensor that the body writes, every pair with a
+        write at its least distance (_hbm_distance)."""
+        by_tensor: dict[str, list[_Entry]] = {}
+        for entry in entries:
+            by_tensor.setdefault(entry.box.region, []).append(entry)
         best: dict[tuple[int, int], tuple[int, int]] = {}  # (src, dst) -> (distance, code)
-        for entries in pages.values():
-            if not any(e.hull.write for e in entries):
+        for group in by_tensor.values():
+            writes = [e for e in group if e.box.write]
+            if not writes:
                 continue
-            for a in entries:
-                for b in entries:
+            for a in group:
+                for b in writes if not a.box.write else group:
                     # b at iteration r - d, a at r: src b, dst a (one instruction is one thread, in order)
-                    if a.node == b.node or not (a.hull.write or b.hull.write) or not _meet(a.hull, b.hull):
+                    if a.node == b.node or not (a.box.write or b.box.write):
                         continue
-                    distance = self._distance(loop, a, b)
+                    distance = self._hbm_distance(loop, a, b)
                     if distance is None:
                         continue
-                    kind = _OUTPUT if a.hull.write and b.hull.write else (_FLOW if b.hull.write else _ANTI)
-                    code = kind + a.hull.memory
+                    kind = _OUTPUT if a.box.write and b.box.write else (_FLOW if b.box.write else _ANTI)
                     key = (b.node, a.node)
                     old = best.get(key)
-                    if old is None or distance < old[0] or (distance == old[0] and code > old[1]):
-                        best[key] = (distance, code)
+                    if old is None or distance < old[0] or (distance == old[0] and kind > old[1]):
+                        best[key] = (distance, kind + birutil.HBM)
         for (src, dst), (distance, code) in best.items():
-            self.carried.append(Carried(src, dst, loop_id, distance, code))
-
-    def _distance(self, loop: Loop, a: _Entry, b: _Entry) -> int | None:
-        """The least d >= 1 at which a's operand (iteration r) meets b's (iteration r - d); None
-        when they never meet at different iterations of the loop."""
-        if loop.trip < 2:
-            return None
-        if a.box.memory == birutil.HBM:
-            return self._hbm_distance(loop, a, b)
-        return self._onchip_distance(loop.id, a.box, b.box)
+            self.carried.append(Carried(src, dst, loop.id, distance, code))
 
     def _hbm_distance(self, loop: Loop, a: _Entry, b: _Entry) -> int | None:
         operand_a, operand_b = self.operands[a.node][a.operand], self.operands[b.node][b.operand]
@@ -286,22 +464,6 @@ class LoopDeps:
         span_a, span_b = _elements(operand_a.ap), _elements(operand_b.ap)
         return _least_shift(span_a[0], span_a[1], span_b[0], span_b[1], step_a, loop.trip)
 
-    def _onchip_distance(self, loop_id: int, box_a: _Box, box_b: _Box) -> int | None:
-        if not self.use_addresses:
-            if box_a.region != box_b.region or not _meet(box_a, box_b):
-                return None
-            buffer = self.buffers[box_a.region]
-            if buffer.HasField("private_to") and loop_id in self._chain_to(buffer.private_to):
-                return None  # fresh at every iteration of this loop
-            return 1
-        if not _meet(box_a, box_b):
-            return None
-        if box_a.rotor and box_a.rotor == box_b.rotor:
-            buffer = self.buffers[box_a.rotor]
-            if buffer.private_to == loop_id:  # copy r mod N: the same copy again N iterations on
-                return max(1, buffer.slots)  # (_meet compared the boxes within one copy)
-        return 1
-
     def _chain_to(self, loop_id: int) -> tuple[int, ...]:
         return self.nest.chain(loop_id) if loop_id in self.nest.loops else ()
 
@@ -314,6 +476,7 @@ class _Entry(NamedTuple):
     operand: int
     hull: _Box
     box: _Box
+    child: int | None  # the loop inside the searched one that holds the instruction (None: none)
 
 
 def _step(operand: _Operand, depth: int) -> int:
@@ -360,10 +523,31 @@ def _meet(a: _Box, b: _Box) -> bool:
     return True
 
 
+def _hull(a: _Box, b: _Box) -> _Box:
+    """The least box holding both (of one memory and region)."""
+    return a._replace(p0=min(a.p0, b.p0), p1=max(a.p1, b.p1), c0=min(a.c0, b.c0), c1=max(a.c1, b.c1),
+                      b0=min(a.b0, b.b0), b1=max(a.b1, b.b1))
+
+
+def _union_covers(writes: list[_Box], b: _Box) -> bool:
+    """Whether the writes together cover every byte of b: those that span b's bytes cover its
+    partitions between them (a tile written in pieces of partitions, as split_dma cuts one)."""
+    spans = sorted((w.p0, w.p1) for w in writes
+                   if w.c0 <= b.c0 and b.c1 <= w.c1 and w.b0 <= b.b0 and b.b1 <= w.b1)
+    reached = b.p0
+    for p0, p1 in spans:
+        if p0 > reached:
+            break
+        reached = max(reached, p1)
+    return reached >= b.p1
+
+
 def _covers(a: _Box, b: _Box) -> bool:
-    """Whether write a covers every byte b touches (at one iteration)."""
-    if a.rotor or b.rotor:
-        if not (a.rotor and a.rotor == b.rotor):
+    """Whether write a covers every byte b touches (at one iteration): a write of one copy of a
+    rotating buffer covers only accesses of that copy; any other write its box, which then holds
+    every copy of a rotating b."""
+    if a.rotor:
+        if a.rotor != b.rotor:
             return False
         return a.p0 <= b.p0 and b.p1 <= a.p1 and a.s0 <= b.s0 and b.s1 <= a.s1
     return (a.p0 <= b.p0 and b.p1 <= a.p1 and a.c0 <= b.c0 and b.c1 <= a.c1 and a.b0 <= b.b0

@@ -191,14 +191,18 @@ def run(ctx: PassContext) -> None:
 
 
 def _set_slots(ctx: PassContext, copies: int) -> int:
-    """Give every buffer private to a loop `copies` slots (in PSUM only where each copy keeps the
-    bank rule); returns the most given to any."""
+    """Give every buffer private to a loop up to `copies` slots: the most that divide the loop's
+    trip count, so that the copies an iteration takes follow on across the iterations of the
+    loops around it (loop_deps: then the loop's own rotation waits order those too); in PSUM
+    only where each copy keeps the bank rule. Returns the most given to any."""
     bank = ctx.target.psum_bank_bytes
+    loops = {loop_id: int(entry.trip_count) for loop_id, entry in ctx.loop_entries.items()}
     most = 0
     for buffer in ctx.program.buffers:
         if not buffer.HasField("private_to") or buffer.memory not in birutil.ONCHIP:
             continue
-        slots = copies
+        trip = loops.get(buffer.private_to, 1)
+        slots = next((n for n in range(copies, 1, -1) if trip % n == 0), 1)
         size = buffer.bytes_per_partition
         if buffer.memory == birutil.PSUM and size and not (size % bank == 0 or bank % size == 0):
             slots = 1

@@ -100,8 +100,10 @@ def run(ctx: PassContext) -> None:
     # A dma nothing waits for (a final store) needs no semaphore, unless allocation reuses the
     # space it reads (the next writer there must wait for it). When every SBUF buffer fits at
     # once nothing is reused, and such dmas take any queue outside the pools' budget.
+    # (In a program that keeps loops a store of a loop body is reused by the next iteration's
+    # writer whatever allocation does, and the graph names one store per thread of a loop.)
     sinks: set[int] = set()
-    if birutil.sbuf_holds_every_buffer(program, target.sbuf_usable_bytes):
+    if not ctx.loop_entries and birutil.sbuf_holds_every_buffer(program, target.sbuf_usable_bytes):
         sinks = {dma.id for dma in dmas if deps.out_degree(dma.id) == 0}
     ctx.unpooled_dmas = sinks
     ctx.queue_pools = _assign_queues(

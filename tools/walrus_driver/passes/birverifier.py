@@ -531,10 +531,9 @@ def _check_buffers(
                     where,
                     f"PSUM bytes [{buffer.address}, {end}) exceed {target.psum_bytes_per_partition}",
                 )
-            elif (
-                buffer.bytes_per_partition <= bank
-                and buffer.bytes_per_partition > 0
-                and buffer.address // bank != (end - 1) // bank
+            elif any(  # each copy of a rotating buffer is a buffer of its own here
+                0 < buffer.bytes_per_partition <= bank and start // bank != (start + buffer.bytes_per_partition - 1) // bank
+                for start in range(buffer.address, end, buffer.bytes_per_partition or 1)
             ):
                 report.fail(
                     "psum_bank",

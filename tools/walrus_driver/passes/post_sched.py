@@ -32,7 +32,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
-from ncc.tools.walrus_driver.analysis import birutil
+from ncc.tools.walrus_driver.analysis import birutil, loopnest
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.passes import pre_sched
 from ncc.tools.walrus_driver.registry import register
@@ -61,12 +61,19 @@ def run(ctx: PassContext) -> None:
         spread_to_act=options.spread_to_act,
         choose_triggers=options.choose_triggers,
     )
-    pre_sched.schedule(ctx, settings, deps, unpooled, functools.partial(_allocation_holds, ctx))
+    holds = functools.partial(_allocation_holds, ctx)
+    if ctx.loop_entries:  # block by block, as pre_sched schedules a program that keeps loops
+        pre_sched.schedule_blocks(ctx, settings, deps, unpooled, holds)
+        return
+    pre_sched.schedule(ctx, settings, deps, unpooled, holds)
 
 
 def _allocation_holds(ctx: PassContext, order: list[bir_pb2.Instruction]) -> bool:
     """Does no pair of buffers that share bytes stay live at once in this order?"""
     live = birutil.live_ranges(order, ctx.footprint_cache)
+    if ctx.loop_entries:
+        nest = loopnest.LoopNest.of(ctx.loop_entries, order)
+        loopnest.widen_live_ranges(live, order, nest, birutil.buffer_map(ctx.program))
     placed: dict[int, list[bir_pb2.Buffer]] = defaultdict(list)
     for buffer in ctx.program.buffers:
         if buffer.memory in birutil.ONCHIP and buffer.address >= 0:

@@ -36,6 +36,13 @@ order anyway. The kept input order still runs a DVE instruction on ACT where tha
 sooner, chosen in program order (the D = 2048 and 4096 MLPs, whose schedules pass PSUM, took
 1111.8 and 3787.6 µs with the choices of the whole schedule they built; 1090.3 and 3765.0 now).
 
+A program that keeps loops (analysis/loopnest.py) is scheduled block by block: each maximal run
+of the static order whose instructions share their innermost loop (a loop body between its inner
+loops, or the top level between loops) is scheduled on its own, over the dependences within it,
+and no instruction leaves its block, so every body stays one run of the order. Iterations
+overlap at run time through the engines' separate streams and rotating buffers, not through this
+order.
+
 The new order is written to program.instructions (the input order stays when the model says it
 is faster). With `tries` > 1 (--optlevel 3) the scheduler runs again under other pressure limits
 and keeps the order of least estimated makespan. Counters: the estimated makespan of the input
@@ -292,7 +299,81 @@ def _place_in_order(
 @register(NAME, Options)
 def run(ctx: PassContext) -> None:
     ctx.forbid_after_sync()
+    if ctx.loop_entries:
+        schedule_blocks(ctx, ctx.options or Options(), ctx.require_deps(), ctx.unpooled_dmas)
+        return
     schedule(ctx, ctx.options or Options(), ctx.require_deps(), ctx.unpooled_dmas)
+
+
+def schedule_blocks(
+    ctx: PassContext,
+    options: Options,
+    deps: DepGraph,
+    unpooled: set[int],
+    acceptable: Callable[[list[bir_pb2.Instruction]], bool] | None = None,
+) -> None:
+    """schedule() for a program that keeps loops: each block apart (the module docstring), the
+    whole order checked by `acceptable` at the end (refused: the input order stays)."""
+    program = ctx.program
+    nest = ctx.loops()
+    input_order = list(program.instructions)
+    blocks: list[list[bir_pb2.Instruction]] = []
+    for instr in input_order:
+        if blocks and nest.owner(blocks[-1][-1].id) == nest.owner(instr.id):
+            blocks[-1].append(instr)
+        else:
+            blocks.append([instr])
+    by_id = {instr.id: instr for instr in input_order}
+    new_order: list[bir_pb2.Instruction] = []
+    saved = {node: _copy(instr) for node, instr in by_id.items()}
+    triggers: dict[int, bir_pb2.Instruction] = {}
+    totals: dict[str, float] = {}
+    # Inside a loop a store keeps the trigger engine assign_hwdge_engine gave it: one iteration
+    # scheduled alone looks no worse with its stores on SP, but there they would hold up the
+    # loads SP issues for the next iterations (an engine runs its stream in order).
+    in_loop = Options(**{**options.__dict__, "choose_triggers": False})
+    for block in blocks:
+        if len(block) < 2:
+            new_order += block
+            continue
+        sub = PassContext(program=bir_pb2.Program(name=program.name, target=program.target, buffers=program.buffers,
+                                                  hbm=program.hbm),
+                          target=ctx.target, queues_assigned=ctx.queues_assigned, queue_pools=ctx.queue_pools,
+                          unpooled_dmas=ctx.unpooled_dmas, footprint_cache=ctx.footprint_cache)
+        sub._cost_table = ctx.costs()
+        sub.current_pass, sub.current_label = ctx.current_pass, ctx.current_label
+        sub.program.instructions.extend(block)
+        ids = {instr.id for instr in block}
+        graph = DepGraph()
+        for instr in block:
+            graph.set_predecessors(instr.id, {p: code for p, code in deps.pred_codes(instr.id).items() if p in ids})
+        schedule(sub, in_loop if nest.owner(block[0].id) in nest.loops else options, graph, unpooled)
+        for instr in sub.program.instructions:  # the block's order and the forms it chose
+            by_id[instr.id].CopyFrom(instr)
+            new_order.append(by_id[instr.id])
+        triggers.update(sub.triggers_before_schedule or {})
+        for name, value in sub.stats.get(ctx.current_label, {}).items():
+            if name.startswith("est_makespan") or name.endswith("_moved") or name in ("instructions", "moved_to_act"):
+                totals[name] = totals.get(name, 0) + value
+    if acceptable is not None and not acceptable(new_order):
+        for node, instr in by_id.items():
+            instr.CopyFrom(saved[node])
+        ctx.set_stat("schedules_refused", 1)
+        return
+    birutil.set_order(program, new_order)
+    ctx.order_before_schedule = [instr.id for instr in input_order]
+    ctx.triggers_before_schedule = {node: saved[node] for node in triggers}
+    ctx.scheduled = True
+    ctx.order_changed()
+    for name, value in totals.items():
+        ctx.set_stat(name, value)
+    ctx.set_stat("blocks", len(blocks))
+
+
+def _copy(instr: bir_pb2.Instruction) -> bir_pb2.Instruction:
+    copy = bir_pb2.Instruction()
+    copy.CopyFrom(instr)
+    return copy
 
 
 def schedule(
