@@ -21,8 +21,8 @@ def default_workdir(output: Path) -> Path:
     return output.parent / f"{output.stem}{WORKDIR_SUFFIX}"
 
 
-LOOP_MODES = ("rolled", "unrolled")
-DEFAULT_LOOPS = "unrolled"  # the Frontend's --loops
+LOOP_MODES = ("auto", "rolled", "unrolled")
+DEFAULT_LOOPS = "auto"  # the Frontend's --loops
 
 
 @dataclass(frozen=True)

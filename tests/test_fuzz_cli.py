@@ -446,15 +446,17 @@ def test_malformed_predicates_are_compile_errors() -> None:
 
 
 def test_cli_refuses_a_program_over_the_budget(tmp_path: Path) -> None:
-    """Through `ncc compile --verify`: exit 1, one line naming E302, the first job and the HLO instruction.
-
-    The first job refuses it, so the golden evaluator never tries to evaluate 100M elements."""
+    """Through `ncc compile --loops unrolled --verify`: exit 1, one line naming E302, the first job
+    and the HLO instruction. The first job refuses it, so the golden evaluator never tries to
+    evaluate 100M elements. (Its loops kept rolled, the same module is 44 NEFF instructions:
+    tests/test_rolled_loops.py.)"""
     model = tmp_path / "huge.hlo"
     model.write_text(
         "HloModule huge\nENTRY main {\n  x = f32[100000000,1] parameter(0)\n"
         "  ROOT e = f32[100000000,1] exponential(x)\n}\n"
     )
-    proc = run_ncc("compile", str(model), "--output", str(tmp_path / "huge.neff"), "--verify", timeout=60)
+    proc = run_ncc("compile", str(model), "--loops", "unrolled", "--output", str(tmp_path / "huge.neff"),
+                   "--verify", timeout=60)
     assert proc.returncode == 1, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     expected = "ncc: error: [E302] job HLOToTensorizer: program too large: 2,343,750 backend instructions"

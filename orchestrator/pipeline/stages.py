@@ -38,7 +38,8 @@ class HLOToTensorizer(JobSpec):
         return [Path(self.model)]
 
     def flags(self) -> list[str]:
-        return []  # nothing in lowering depends on --optlevel yet
+        # nothing in lowering depends on --optlevel yet; --loops decides where the size is checked
+        return ["--loops", self.loops] if self.loops != DEFAULT_LOOPS else []
 
     def tool_arguments(self) -> list[str]:
         penguin, module = self.output_paths()

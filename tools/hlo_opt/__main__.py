@@ -47,8 +47,9 @@ def main() -> None:
     parser.add_argument("--num-stages", type=int, default=0, metavar="N",
                         help="software-pipeline every eligible loop in N stages (where the pipeline pass "
                         "runs; annotated loops keep their own count; 0 or 1: only annotated loops)")
-    parser.add_argument("--loops", choices=("unrolled", "rolled"), default="unrolled",
-                        help="keep the loops that can stay loops rolled in BIR, or unroll every loop")
+    parser.add_argument("--loops", choices=("auto", "rolled", "unrolled"), default="auto",
+                        help="keep the loops that can stay loops rolled in BIR (rolled), unroll every "
+                        "loop (unrolled), or roll only a program too large to unroll cheaply (auto)")
     exit_now(run_tool("hlo_opt", parser, _body))
 
 

@@ -40,11 +40,21 @@ from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.loops import LOOP_OP
-from ncc.tools.common.penguin_budget import check_budget
+from ncc.tools.common.penguin_budget import (
+    MAX_INSTRUCTIONS,
+    backend_instruction_count,
+    check_budget,
+    nest_backend_instructions,
+    with_pieces,
+)
 from ncc.tools.hlo_opt import rolling
 
 PARTITIONS = 128  # an on-chip buffer's partitions at most
-LOOP_MODES = ("unrolled", "rolled")
+LOOP_MODES = ("auto", "rolled", "unrolled")
+# `auto` keeps loops rolled in a program that would unroll to at least this many backend
+# instructions, and unrolls a smaller one: there the backend's list scheduler, free to interleave
+# every tile, is worth the compile time, which is a few seconds at most (docs/architecture.md).
+AUTO_ROLL_ABOVE = 20_000
 
 _ROLE = {
     penguin_pb2.INPUT: bir_pb2.INPUT,
@@ -67,13 +77,14 @@ class _OpenLoop:
 
 class BirCodeGenLoop:
     def __init__(self, program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled",
-                 jam: int = 1) -> None:
+                 jam: int = 0) -> None:
         if loops not in LOOP_MODES:
             raise CompileError("E301", f"loop mode {loops!r} is not one of {', '.join(LOOP_MODES)}")
         self.loops = loops
         self.jam = jam
         self.open_loops: list[_OpenLoop] = []  # outermost first
         self.roll: rolling.RollPlan | None = None  # of the nest being emitted
+        self.plans: dict[int, rolling.RollPlan | None] = {}  # nest index -> its loops (rolled modes)
         self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it moves with
         self.onchip_users: dict[str, set[str]] = {}
         self.penguin = program
@@ -85,19 +96,45 @@ class BirCodeGenLoop:
         self.layouts: dict[str, _BlockLayout] = {}  # on-chip tensor -> how its blocks are named
 
     def run(self) -> bir_pb2.Program:
-        check_budget(self.penguin)
-        if self.loops == "rolled":
+        rolled = self.loops == "rolled" or (
+            self.loops == "auto" and backend_instruction_count(self.penguin)[0] >= AUTO_ROLL_ABOVE)
+        if rolled:
             self.onchip_users = rolling.onchip_users(self.penguin)
+            self.plans = {k: self._plan_nest(nest) for k, nest in enumerate(self.penguin.nests)}
+            self._check_static_budget()
+        else:
+            check_budget(self.penguin)
         for tensor in self.penguin.tensors:
             if tensor.memory == common_pb2.HBM and not tensor.view_of:
                 self.bir.hbm.add(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape,
                                  role=_ROLE[tensor.role],
                                  index=tensor.index, data=tensor.data)
-        for nest in self.penguin.nests:
-            self._nest(nest)
+        for k, nest in enumerate(self.penguin.nests):
+            self._nest(nest, self.plans.get(k))
         return self.bir
 
-    def _nest(self, nest: penguin_pb2.LoopNest) -> None:
+    def _check_static_budget(self) -> None:
+        """E302 when the rolled program is still over the instruction budget: each nest counts
+        its unrolled backend instructions times the share of its points that are emitted (the
+        peeled ones, and a body's copies for its loop)."""
+        tensors = self.tensors
+        whole = extra = 0
+        largest, largest_count = None, 0
+        for k, nest in enumerate(self.penguin.nests):
+            nest_whole, nest_extra = nest_backend_instructions(nest, tensors)
+            share = _emitted_share(nest, self.plans.get(k))
+            nest_whole, nest_extra = math.ceil(nest_whole * share), math.ceil(nest_extra * share)
+            whole, extra = whole + nest_whole, extra + nest_extra
+            if nest_whole + nest_extra > largest_count:
+                largest, largest_count = nest, nest_whole + nest_extra
+        total = with_pieces(whole, extra)
+        if total > MAX_INSTRUCTIONS:
+            where = (largest.source or largest.name) if largest is not None else self.penguin.name
+            raise CompileError("E302", f"program too large: {total:,} backend instructions with its loops kept "
+                                       f"rolled (limit {MAX_INSTRUCTIONS:,}); the largest nest, from HLO "
+                                       f"instruction '{where}', still emits {largest_count:,}", where)
+
+    def _nest(self, nest: penguin_pb2.LoopNest, plan: rolling.RollPlan | None) -> None:
         names = [axis.name for axis in nest.axes]
         if any(axis.extent == 0 for axis in nest.axes):
             return  # an empty iteration space (a zero-element tensor): never build its other axes' ranges
@@ -106,7 +143,8 @@ class BirCodeGenLoop:
         predicates = [self._compiled(affine.predicate_function, st.predicates, names, st)
                       for st in nest.statements]
         plans: dict[int, _StatementPlan] = {}
-        self.roll = self._roll_plan(nest)
+        self.roll = plan
+        self.private_axes = self._private_axes(nest, plan) if plan is not None else {}
         if self.roll is None:
             for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
                 self._point(nest, names, predicates, plans, point, {})
@@ -114,23 +152,24 @@ class BirCodeGenLoop:
         self._axes(nest, names, predicates, plans, [])
         self.roll = None
 
-    def _roll_plan(self, nest: penguin_pb2.LoopNest) -> rolling.RollPlan | None:
-        if self.loops != "rolled":
+    def _plan_nest(self, nest: penguin_pb2.LoopNest) -> rolling.RollPlan | None:
+        """The axes of `nest` that stay loops (rolling.plan_rolling), or None to unroll it."""
+        if any(axis.extent == 0 for axis in nest.axes):
             return None
         elsewhere = {t for t, users in self.onchip_users.items() if users != {nest.name}}
-        plan = rolling.plan_rolling(nest, self.tensors, elsewhere, min_trip=2)
-        self.private_axes = {}
-        if plan is not None:
-            rolled = {a.name for a in plan.axes}
-            moves: dict[str, set[str]] = {}  # tensor -> the axes some access of it moves with
-            for st in nest.statements:
-                for access in (*st.outputs, *st.inputs):
-                    if access.tensor in plan.private:
-                        axes = moves.setdefault(access.tensor, set())
-                        axes.update(t.var for start in access.starts for t in start.terms if t.coeff)
-            for tensor in plan.private:
-                self.private_axes[tensor] = rolled & moves.get(tensor, set())
-        return plan
+        return rolling.plan_rolling(nest, self.tensors, elsewhere, min_trip=2)
+
+    @staticmethod
+    def _private_axes(nest: penguin_pb2.LoopNest, plan: rolling.RollPlan) -> dict[str, set[str]]:
+        """Each tensor private to a loop of `plan` -> the rolled axes its accesses move with."""
+        rolled = {a.name for a in plan.axes}
+        moves: dict[str, set[str]] = {}
+        for st in nest.statements:
+            for access in (*st.outputs, *st.inputs):
+                if access.tensor in plan.private:
+                    axes = moves.setdefault(access.tensor, set())
+                    axes.update(t.var for start in access.starts for t in start.terms if t.coeff)
+        return {tensor: rolled & moves.get(tensor, set()) for tensor in plan.private}
 
     def _axes(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
               values: list[int]) -> None:
@@ -164,11 +203,13 @@ class BirCodeGenLoop:
             self._axes(nest, names, predicates, plans, [*values, v])
 
     def _copies(self, rolled: rolling.RolledAxis) -> int:
-        """How many consecutive iterations one body holds (unroll and jam): `self.jam` for the
-        innermost rolled axis when at least two loop iterations remain, else 1."""
+        """How many consecutive iterations one body holds (unroll and jam, rolling.body_copies):
+        the plan's for the innermost rolled axis (`self.jam` when set), 1 for the others."""
         assert self.roll is not None
-        innermost = rolled is self.roll.axes[-1]
-        return self.jam if innermost and self.jam > 1 and rolled.trip >= self.jam else 1
+        if rolled is not self.roll.axes[-1]:
+            return 1
+        copies = self.jam or self.roll.copies
+        return copies if rolled.trip >= copies else 1
 
     def _open_loop(self, nest: penguin_pb2.LoopNest, axis: str, trip: int, copies: int, first: int) -> None:
         entry = self._add_instruction(name=f"{nest.name}/loop.{axis}", op=LOOP_OP, source=nest.source)
@@ -471,6 +512,21 @@ class _BlockLayout:
                    tensor.shape[-1])
 
 
+def _emitted_share(nest: penguin_pb2.LoopNest, plan: rolling.RollPlan | None) -> float:
+    """The share of a nest's points that are emitted when `plan` keeps its loops: per rolled
+    axis, its peeled iterations and the iterations one body holds, out of all."""
+    share = 1.0
+    if plan is None:
+        return share
+    extents = {axis.name: int(axis.extent) for axis in nest.axes}
+    for rolled in plan.axes:
+        copies = plan.copies if rolled is plan.axes[-1] else 1
+        trip = rolled.trip // copies if rolled.trip >= copies else 0
+        emitted = extents[rolled.name] - (trip - 1) * copies if trip >= 2 else extents[rolled.name]
+        share *= emitted / max(1, extents[rolled.name])
+    return share
+
+
 def _label(axis: str, value: int, symbolic: dict[str, int]) -> str:
     """An axis's part of an instruction name: `i3` at a point, `i*` in a loop body (`i*+1` for
     the second iteration a jammed body holds)."""
@@ -512,7 +568,8 @@ class _AccessPlan:
         return self.steps.get(axis, 0)
 
 
-def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled") -> bir_pb2.Program:
-    """Lower `program` to BIR, unrolled or with loops kept rolled (`loops`); E302 if it exceeds the
-    instruction budget, E301 if it is malformed."""
+def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1",
+                 loops: str = "unrolled") -> bir_pb2.Program:
+    """Lower `program` to BIR, unrolled or with loops kept rolled (`loops`: LOOP_MODES); E302 if
+    it exceeds the instruction budget, E301 if it is malformed."""
     return BirCodeGenLoop(program, target, loops).run()

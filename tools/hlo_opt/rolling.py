@@ -22,6 +22,17 @@ the range lowers to the same instructions but for offsets that move by a fixed s
 HBM offsets are always affine in the axis (a view's strides times the access's coefficients), so
 they need nothing: the body instruction's offset moves by that step per iteration.
 
+Unroll and jam (`body_copies`). An engine runs its stream in order, so a body that is one chain of
+dependent statements alternating between engines (ACT, then DVE, then ACT ...) keeps each engine
+waiting on the other, iteration after iteration; the unrolled program's scheduler interleaved
+independent tiles instead. The innermost rolled loop's body therefore holds U consecutive
+iterations, the smallest U (at most MAX_COPIES) for which the body's critical path fits in U
+times the busiest engine's work of one iteration (with 10 % slack): backend scheduling then
+interleaves the copies' chains. Likewise for the DMA queues: a dma instruction of a body has one
+queue at every iteration, so a body of few transfers (a copy loop: one load, one store) keeps few
+queues busy; U copies spread them over U times as many. A body with many independent points (a
+matmul's tiles) needs no copies. The cost is U times the static instructions of that body.
+
 Nothing here is exact about the other axes: each is taken to range over its whole extent, so an
 axis is kept rolled only where that holds for every value of the others (a conservative test: an
 axis that fails it is unrolled, which is always correct).
@@ -34,6 +45,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common.dtypes import itemsize
+from ncc.tools.hlo_opt.estimate import statement_ns
+from ncc.tools.target import dma_pieces, is_dma, load_target
 
 
 @dataclass(frozen=True)
@@ -50,13 +64,18 @@ class RolledAxis:
         return self.hi - self.lo
 
 
+MAX_COPIES = 8  # iterations one body may hold (unroll and jam)
+
+
 @dataclass
 class RollPlan:
-    """The axes of a nest kept rolled (outermost first), and for each on-chip tensor that is
-    private to one of their loops, the name of that axis (the innermost it moves with)."""
+    """The axes of a nest kept rolled (outermost first), for each on-chip tensor that is
+    private to one of their loops the name of that axis (the innermost it moves with), and the
+    iterations the innermost loop's body holds (`copies`, unroll and jam)."""
 
     axes: list[RolledAxis]
     private: dict[str, str] = field(default_factory=dict)
+    copies: int = 1
 
     def rolled(self, axis: str) -> RolledAxis | None:
         return next((a for a in self.axes if a.name == axis), None)
@@ -89,7 +108,48 @@ def plan_rolling(
         plan.axes.append(RolledAxis(index, axis.name, *steady))
         for tensor in analysis.private:
             plan.private[tensor] = axis.name  # inner axes overwrite: the innermost it moves with
-    return plan if plan.axes else None
+    if not plan.axes:
+        return None
+    plan.copies = body_copies(nest, tensors, plan.axes[-1])
+    return plan
+
+
+def body_copies(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
+                innermost: RolledAxis) -> int:
+    """How many consecutive iterations the innermost rolled loop's body holds (module docstring:
+    unroll and jam): the smallest U at which U copies' work covers the body's critical path and
+    its dmas keep the DMA queues busy."""
+    target = load_target()
+    points = math.prod(int(axis.extent) for axis in nest.axes[innermost.index + 1:])
+    statements = list(nest.statements)
+    durations = [statement_ns(st, tensors) for st in statements]
+    work: dict[object, float] = {}
+    finish: list[float] = []
+    written: dict[str, float] = {}  # tensor -> when the latest statement writing it finishes
+    transfers = queue_ns = 0.0  # one iteration's dmas (split as split_dma cuts them) and their queue time
+    for st, duration in zip(statements, durations, strict=True):
+        engine = "dma" if is_dma(st.op) else st.engine
+        work[engine] = work.get(engine, 0.0) + duration * points
+        start = max((written.get(a.tensor, 0.0) for a in st.inputs), default=0.0)
+        finish.append(start + duration)
+        for access in st.outputs:
+            written[access.tensor] = finish[-1]
+        if is_dma(st.op) and st.outputs:
+            moved = max(math.prod(a.extents) * itemsize(tensors[a.tensor].dtype) for a in (*st.inputs, *st.outputs))
+            pieces = dma_pieces(int(st.outputs[0].extents[-2]) if len(st.outputs[0].extents) > 1 else 1, moved)
+            transfers += pieces * points
+            queue_ns += (pieces * target.dma_fixed_latency_ns + moved / target.dma_queue_bandwidth_gbps) * points
+    path, busiest = max(finish, default=0.0), max(work.values(), default=0.0)
+    for copies in range(1, MAX_COPIES + 1):
+        # each dma of the body keeps its queue at every iteration: U copies spread one
+        # iteration's transfers over U times as many queues
+        queues = min(target.dma_queues, transfers * copies) or 1
+        bound = max(busiest, queue_ns / queues)
+        chained = path <= 1.1 * copies * bound
+        fed = queue_ns / queues <= 1.1 * max(busiest, queue_ns / target.dma_queues)
+        if (chained and fed) or copies >= innermost.trip:
+            return copies
+    return MAX_COPIES
 
 
 class _NotRollable(Exception):
@@ -102,12 +162,15 @@ class _AxisAnalysis:
     def __init__(self, nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
                  extents: dict[str, int], name: str) -> None:
         self.nest, self.tensors, self.extents, self.name = nest, tensors, extents, name
+        self._index = next(k for k, axis in enumerate(nest.axes) if axis.name == name)
         self.cuts: set[int] = set()  # iterations where some outcome may change (a range may start there)
         self.lo, self.hi = 0, extents[name]  # the iterations every access stays unclipped in
         self.private: set[str] = set()
 
     def steady_range(self, elsewhere: set[str]) -> tuple[int, int] | None:
-        """The longest range of iterations with no cut inside, within [lo, hi); None if not rollable."""
+        """The range of iterations with no cut inside, within [lo, hi), that runs the most
+        statement instances (a range where no statement fires would be an empty loop); None if
+        the axis is not rollable."""
         try:
             for statement in self.nest.statements:
                 self._statement(statement)
@@ -115,8 +178,17 @@ class _AxisAnalysis:
         except _NotRollable:
             return None
         points = sorted({self.lo, self.hi, *(c for c in self.cuts if self.lo < c < self.hi)})
-        best = max(zip(points, points[1:]), key=lambda r: (r[1] - r[0], -r[0]), default=None)
-        return best
+        ranges = list(zip(points, points[1:], strict=False))
+        return max(ranges, key=lambda r: ((r[1] - r[0]) * self._firing(r[0]), r[1] - r[0], -r[0]), default=None)
+
+    def _firing(self, value: int) -> int:
+        """How many statements may run at iteration `value` (for some values of the other axes)."""
+        return sum(all(self._may_hold(p, value) for p in st.predicates) for st in self.nest.statements)
+
+    def _may_hold(self, predicate: penguin_pb2.Predicate, value: int) -> bool:
+        c, g_lo, g_hi = self._split(predicate.expr)
+        low, high = c * value + g_lo, c * value + g_hi
+        return high >= 0 if predicate.relation == penguin_pb2.GE else low <= 0 <= high
 
     # ---- affine bounds ------------------------------------------------------------------------
     def _split(self, expr: penguin_pb2.AffineExpr) -> tuple[int, int, int]:
@@ -219,6 +291,8 @@ class _AxisAnalysis:
                 continue  # shared by every iteration
             if name in elsewhere:
                 raise _NotRollable  # another nest reads or writes its blocks of every iteration
+            if not self._fresh(name):
+                raise _NotRollable  # an iteration may read what another point of the nest wrote
             for dim, step in enumerate(steps):
                 if not step:
                     continue
@@ -227,6 +301,30 @@ class _AxisAnalysis:
                 if greatest - least >= abs(step):
                     raise _NotRollable  # one iteration's blocks reach into the next one's
             self.private.add(name)
+
+    def _fresh(self, name: str) -> bool:
+        """Whether every iteration writes its blocks of tensor `name` before it reads them, so
+        that nothing flows into an iteration from another point of the nest (another iteration,
+        or the same iteration of the loop at other values of the axes around it): every access
+        names the same box, and the first statement to touch it writes it whole without reading
+        it, unconditionally (or a matmul that starts a new accumulation at the first value of an
+        axis inside this one)."""
+        accesses = [(st, access, write) for st in self.nest.statements
+                    for write, operands in ((False, st.inputs), (True, st.outputs))
+                    for access in operands if access.tensor == name]
+        boxes = {(tuple(start.SerializeToString(deterministic=True) for start in access.starts),
+                  tuple(access.extents)) for _, access, _ in accesses}
+        if len(boxes) > 1:
+            return False
+        first = accesses[0][0]
+        if any(a.tensor == name for a in first.inputs) or not any(a.tensor == name for a in first.outputs):
+            return False
+        inner = {axis.name for axis in self.nest.axes[self._index + 1:]}
+        if first.op == "matmul" and "accumulate_axis" in first.attributes:
+            axis = first.attributes["accumulate_axis"]
+            return axis in inner and not any(term.var in (axis, self.name) for p in first.predicates
+                                             for term in p.expr.terms if term.coeff)
+        return not first.predicates
 
     def _block_steps(self, tensor: penguin_pb2.TensorDecl, access: penguin_pb2.Access
                      ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:

@@ -24,7 +24,6 @@ in-order engines finds faster (`body_orders`). Mode B — `stage_id` on every st
 
 from __future__ import annotations
 
-import math
 import sys
 from dataclasses import dataclass
 
@@ -33,8 +32,8 @@ from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo_opt.dependences import Violation, axis_names, first_reversed_dependence, instance
+from ncc.tools.hlo_opt.estimate import statement_ns
 from ncc.tools.target import is_dma, load_target
-from ncc.tools.target.costs import engine_cycles
 
 NUM_STAGES = "num_stages"  # Mode A request, on a nest or one of its axes
 FRONTEND_NUM_STAGES = "frontend:ncc_num_stages"  # the same, from the HLO op's frontend_attributes
@@ -212,34 +211,12 @@ def body_orders(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Tenso
     interleaved = sorted(grouped, key=lambda k: (k - first[stages[k]], stages[k]))
     if interleaved == grouped:
         return [grouped]
-    durations = [_duration(st, tensors) for st in nest.statements]
+    durations = [statement_ns(st, tensors) for st in nest.statements]
     iterations = min(extent, ESTIMATED_ITERATIONS)
     makespan_grouped = in_order_makespan(nest, stages, grouped, durations, iterations)
     if in_order_makespan(nest, stages, interleaved, durations, iterations) < 0.99 * makespan_grouped:
         return [interleaved, grouped]
     return [grouped, interleaved]
-
-
-def _duration(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> float:
-    """Nanoseconds one statement holds its engine, or a dma's transfer takes (at the DMA queues'
-    combined bandwidth), by the target's cost model (tools/target/costs.py)."""
-    target = load_target()
-    accesses = [*st.inputs, *st.outputs]
-    if is_dma(st.op):
-        moved = max((math.prod(a.extents) * itemsize(tensors[a.tensor].dtype) for a in accesses), default=0)
-        return moved / min(target.hbm_bandwidth_gbps, target.dma_queues * target.dma_queue_bandwidth_gbps)
-    fp32 = any(tensors[a.tensor].dtype == common_pb2.F32 for a in st.inputs)
-    moving = _free_elements(st.inputs[1]) if len(st.inputs) > 1 else 0
-    free = max((_free_elements(a) for a in accesses), default=1)
-    cycles = engine_cycles(target, op=st.op, engine=st.engine, inputs=len(st.inputs), free=free,
-                           moving_free=moving, fp32=fp32)
-    return target.cycles_to_ns(st.engine, cycles)
-
-
-def _free_elements(access: penguin_pb2.Access) -> int:
-    """Elements per partition of an on-chip box (the partitions are its second-to-last dimension)."""
-    extents = list(access.extents)
-    return math.prod(extents) // (extents[-2] if len(extents) > 1 and extents[-2] else 1)
 
 
 def in_order_makespan(nest: penguin_pb2.LoopNest, stages: list[int], order: list[int], durations: list[float],

@@ -31,6 +31,7 @@ instruction of an inner loop retires nothing (its box over all iterations is not
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -100,6 +101,8 @@ class LoopDeps:
         self.operands = {i.id: list(self._operands(i)) for i in self.instructions}
         self.carried: list[Carried] = []
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
+        self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
+                                                           // _MAX_PAGES)) for t in program.hbm}
 
     # ---- operands and boxes -----------------------------------------------------------------
     def _operands(self, instr: bir_pb2.Instruction) -> Iterator[_Operand]:
@@ -171,6 +174,13 @@ class LoopDeps:
                 r1 = (ap.offset + span[1] + high) // width + 1
         return _Box(birutil.HBM, ap.tensor, 0, 1, c0, c1, r0, r1, write, "", 0, 0)
 
+    def _pages(self, box: _Box) -> list[tuple[int, str, int]]:
+        """The lookup pages a box falls in: (memory, region, page) keys; an HBM tensor's pages
+        are 16 rows or a 64th of its rows, whichever is more (a box over every iteration of a
+        loop can span a whole tensor)."""
+        size = self.page_rows.get(box.region, 16) if box.memory == birutil.HBM else _PAGE.get(box.memory, 4096)
+        return [(box.memory, box.region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+
     def _rotor(self, buffer: bir_pb2.Buffer) -> str:
         """The rotation group of a rotating buffer: the buffers at one address with one copy size,
         as many copies and one loop rotating them take the same copy at every iteration, so
@@ -230,7 +240,7 @@ class LoopDeps:
             footprints = {box.buffer: whole[(current, box.buffer)] for _, box in pending
                           if box.write and (current, box.buffer) in whole}
             for footprint in footprints.values():  # what the loop writes whole retires what it covers
-                for key in _pages(footprint):
+                for key in self._pages(footprint):
                     entries = pages.get(key)
                     if entries is not None:
                         for kind in (0, 1):
@@ -246,7 +256,7 @@ class LoopDeps:
                     exact.append((group, box))
             exact += [(key[0], box) for key, box in hulls.items()]
             for group, box in exact:
-                for key in _pages(box):
+                for key in self._pages(box):
                     kept = seen.setdefault(key, set())
                     if (group, box) not in kept:
                         kept.add((group, box))
@@ -263,7 +273,7 @@ class LoopDeps:
             incoming: dict[int, int] = {}
             boxes = [box for _, box in self.boxes(instr, level)]
             for box in boxes:
-                for key in _pages(box):
+                for key in self._pages(box):
                     entries = pages.get(key)
                     if entries is None:
                         continue
@@ -283,7 +293,7 @@ class LoopDeps:
                 pending.extend((group, box) for box in boxes)
             else:
                 for box in boxes:
-                    for key in _pages(box):
+                    for key in self._pages(box):
                         entries = pages.setdefault(key, [[], []])
                         if box.write:  # a write of this block retires what it covers
                             for kind in (0, 1):
@@ -369,7 +379,7 @@ class LoopDeps:
         for later in (False, True):
             for entry in entries:
                 box = entry.box
-                keys = _pages(box)
+                keys = self._pages(box)
                 if later:
                     checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
                     for key in keys:
@@ -507,12 +517,9 @@ def _least_shift(a0: int, a1: int, b0: int, b1: int, step: int, trip: int) -> in
 
 
 _PAGE = {birutil.SBUF: 4096, birutil.PSUM: 2048, birutil.HBM: 16}
+_MAX_PAGES = 64  # an HBM tensor is cut in at most this many pages (of rows)
 
 
-def _pages(box: _Box) -> list[tuple[int, str, int]]:
-    """The lookup pages a box falls in: (memory, region, page) keys."""
-    size = _PAGE.get(box.memory, 4096)
-    return [(box.memory, box.region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
 
 
 def _meet(a: _Box, b: _Box) -> bool:

@@ -39,8 +39,8 @@ from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
 from ncc.tools.walrus_driver.analysis import birutil, costs, loop_sync, loopnest, syncmodel
-from ncc.tools.walrus_driver.analysis.loop_deps import Carried
 from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
+from ncc.tools.walrus_driver.analysis.loop_deps import Carried
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 

@@ -1,0 +1,225 @@
+"""Loops that stay loops from Penguin to the NEFF (`--loops rolled|auto`): the Frontend's steady
+ranges, peeled iterations and private tensors (hlo_opt/rolling.py, bir_codegen), walrus's view of
+a static program with loops (loopnest, loop_deps, loop_sync, allocation's rotating copies,
+codegen's loop streams), and end to end: rolled NEFFs that match the golden evaluator and the
+unrolled compile bit for bit, a planted dropped rotation wait that the simulator reports, a
+program too large to unroll that compiles rolled."""
+
+from __future__ import annotations
+
+import re
+
+import hlo_gen
+import numpy as np
+import pytest
+from orchestrator_support import assert_one_line_error, find_model, ncc
+
+from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
+from ncc.tools.common import affine, loops
+from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo.hlo_reader import parse_module_text
+from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo_opt import rolling
+from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+from ncc.tools.hlo_opt.optimizer import optimize, pass_list
+from ncc.tools.packager.neff import build_neff
+from ncc.tools.sim.api import simulate_neff
+from ncc.tools.walrus_driver.__main__ import compile_program
+from ncc.tools.walrus_driver.analysis import loopnest
+from ncc.tools.walrus_driver.pass_manager import default_pipeline
+
+ADD = """HloModule add
+ENTRY main {
+  x = f32[ROWS,COLS] parameter(0)
+  y = f32[ROWS,COLS] parameter(1)
+  ROOT s = f32[ROWS,COLS] add(x, y)
+}
+"""
+
+
+def _bir(text: str, loops_mode: str = "rolled", optlevel: int = 2) -> bir_pb2.Program:
+    program = lower_module(parse_module_text(text.encode()))
+    optimize(program, pass_list("", optlevel), num_stages=0)
+    return lower_to_bir(program, loops=loops_mode)
+
+
+def _entries(program: bir_pb2.Program) -> list[bir_pb2.Instruction]:
+    return [i for i in program.instructions if i.op == loops.LOOP_OP]
+
+
+# ---- the Frontend ---------------------------------------------------------------------------
+
+
+def test_an_elementwise_nest_is_a_loop_with_moving_hbm_offsets_and_private_tiles():
+    program = _bir(ADD.replace("ROWS", "1024").replace("COLS", "512"))
+    (entry,) = _entries(program)
+    assert entry.trip_count == 8  # 8 row tiles of 128, none peeled
+    body = [i for i in program.instructions if i.HasField("in_loop")]
+    assert len(body) == entry.body_length == 4  # two loads, the add, the store
+    loads = [i for i in body if i.op == "dma" and i.inputs[0].memory == common_pb2.HBM]
+    assert all([v.step for v in i.inputs[0].loop] == [128 * 512] for i in loads)  # a row tile per iteration
+    onchip = {ap.tensor for i in body for ap in (*i.inputs, *i.outputs) if ap.memory != common_pb2.HBM}
+    buffers = {b.name: b for b in program.buffers}
+    assert onchip and all(buffers[name].private_to == entry.id for name in onchip)
+
+
+def test_a_partial_last_tile_is_peeled_after_the_loop():
+    program = _bir(ADD.replace("ROWS", "1000").replace("COLS", "512"))  # 7 full row tiles and 104 rows
+    (entry,) = _entries(program)
+    assert entry.trip_count == 7
+    after = program.instructions[list(program.instructions).index(entry) + 1 + entry.body_length:]
+    assert after and all(not i.HasField("in_loop") for i in after)
+    assert any(ap.partition_count == 1000 - 7 * 128 for i in after for ap in i.outputs)
+
+
+def test_unrolled_mode_keeps_no_loop_and_auto_rolls_only_a_large_program():
+    small = ADD.replace("ROWS", "1024").replace("COLS", "512")
+    assert not _entries(_bir(small, "unrolled"))
+    assert not _entries(_bir(small, "auto"))  # 32 instructions: cheaper unrolled
+    assert _entries(_bir(ADD.replace("ROWS", "262144").replace("COLS", "4096"), "auto"))
+
+
+def _nest(extent_k: int, predicates: list[penguin_pb2.Predicate]) -> tuple[penguin_pb2.LoopNest, dict]:
+    """A nest over (i, k) that loads an SBUF tile per (i, k) of x and stores it to y under
+    `predicates`."""
+    x = penguin_pb2.TensorDecl(name="x", dtype=common_pb2.F32, shape=[512, 128 * extent_k], memory=common_pb2.HBM)
+    y = penguin_pb2.TensorDecl(name="y", dtype=common_pb2.F32, shape=[512, 128 * extent_k], memory=common_pb2.HBM)
+    t = penguin_pb2.TensorDecl(name="t", dtype=common_pb2.F32, shape=[512, 128], memory=common_pb2.SBUF,
+                               block_shape=[128, 128])
+    nest = penguin_pb2.LoopNest(name="n", axes=[penguin_pb2.Axis(name="i", extent=4),
+                                               penguin_pb2.Axis(name="k", extent=extent_k)])
+    box = [affine.expr({"i": 128}), affine.expr({"k": 128})]
+    load = nest.statements.add(name="load", op="dma", engine=common_pb2.SP)
+    load.outputs.add(tensor="t", starts=[affine.expr({"i": 128}), affine.expr()], extents=[128, 128])
+    load.inputs.add(tensor="x", starts=box, extents=[128, 128])
+    store = nest.statements.add(name="store", op="dma", engine=common_pb2.SP, predicates=predicates)
+    store.outputs.add(tensor="y", starts=box, extents=[128, 128])
+    store.inputs.add(tensor="t", starts=[affine.expr({"i": 128}), affine.expr()], extents=[128, 128])
+    return nest, {"x": x, "y": y, "t": t}
+
+
+def test_steady_ranges_peel_the_iterations_where_a_predicate_changes():
+    nest, tensors = _nest(6, [affine.at_least("k", 1), penguin_pb2.Predicate(
+        expr=affine.expr({"k": 1}, -4), relation=penguin_pb2.GE)])
+    plan = rolling.plan_rolling(nest, tensors, set(), min_trip=2)
+    assert plan is not None
+    by_axis = {a.name: (a.lo, a.hi) for a in plan.axes}
+    assert by_axis["i"] == (0, 4)  # t moves a whole block per i: private to i's loop
+    assert plan.private == {"t": "i"}
+    assert by_axis["k"] == (4, 6)  # k >= 1 switches at 1, k >= 4 at 4: the steady run doing most
+
+
+def test_a_tensor_another_nest_reads_keeps_its_axis_unrolled():
+    nest, tensors = _nest(2, [])
+    plan = rolling.plan_rolling(nest, tensors, {"t"}, min_trip=2)
+    assert plan is not None and [a.name for a in plan.axes] == ["k"]  # i would make t private
+
+
+# ---- walrus over a static program -----------------------------------------------------------
+
+
+def test_loop_entries_come_out_while_the_passes_run_and_go_back_after():
+    program = _bir(ADD.replace("ROWS", "1024").replace("COLS", "512"))
+    before = [(i.name, i.op) for i in program.instructions]
+    entries = loopnest.extract(program)
+    assert len(entries) == 1 and all(i.op != loops.LOOP_OP for i in program.instructions)
+    loopnest.restore(program.instructions, entries)
+    assert [(i.name, i.op) for i in program.instructions] == before
+
+
+def test_a_body_split_by_a_reorder_is_refused():
+    program = _bir(ADD.replace("ROWS", "1024").replace("COLS", "512"))
+    entries = loopnest.extract(program)
+    program.instructions.add(id=999, name="outside", op="nop", engine=common_pb2.SP)  # top level
+    order = list(program.instructions)
+    order.insert(2, order.pop())  # ... now standing inside the body
+    with pytest.raises(CompileError, match="E405"):
+        loopnest.LoopNest.of(entries, order)
+
+
+@pytest.mark.parametrize("optlevel", [0, 2])
+def test_private_tiles_rotate_and_the_rolled_neff_matches_the_unrolled_one(optlevel):
+    text = ADD.replace("ROWS", "1024").replace("COLS", "1024")
+    neffs = {}
+    for mode in ("rolled", "unrolled"):
+        program = _bir(text, mode)
+        compile_program(program, default_pipeline(optlevel))
+        neffs[mode] = build_neff(program)
+    buffers = {b.name: b for b in _bir(text).buffers}
+    assert buffers
+    rolled_streams = [s for s in neffs["rolled"].streams if any(i.op == loops.LOOP_OP for i in s.instructions)]
+    assert rolled_streams
+    rotations = [v.rotation for s in rolled_streams for i in s.instructions for ap in i.outputs for v in ap.loop]
+    assert any(len(r) == 2 for r in rotations)  # double buffering: copy r mod 2
+    rng = np.random.default_rng(0)
+    inputs = {f"arg{k}": rng.standard_normal((1024, 1024)).astype(np.float32) for k in range(2)}
+    results = {mode: simulate_neff(neff, inputs) for mode, neff in neffs.items()}
+    for result in results.values():
+        assert not result.races and result.deadlock is None
+    np.testing.assert_array_equal(results["rolled"].outputs["out0"], results["unrolled"].outputs["out0"])
+    np.testing.assert_array_equal(results["rolled"].outputs["out0"], inputs["arg0"] + inputs["arg1"])
+    executed = sum(loops.check_stream(s, "E603") for s in neffs["rolled"].streams)
+    static = sum(len(s.instructions) for s in neffs["rolled"].streams)
+    assert static < executed
+
+
+# ---- end to end -----------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model, optlevel", [("block", 0), ("block", 2), ("mlp", 3), ("layernorm", 1),
+                                             ("cnn_train", 2), ("decoder_step", 2)])
+def test_models_compile_rolled_and_match(tmp_path, model, optlevel):
+    path = find_model(f"{model}.hlo.pb")
+    result = ncc("compile", path, "--loops", "rolled", "--optlevel", str(optlevel), "--verify",
+                 "-o", tmp_path / "m.neff", "--workdir", tmp_path / "w")
+    assert result.returncode == 0, result.stderr
+    io = path.with_name(f"{model}.io.npz")
+    run = ncc("run", tmp_path / "m.neff", "--inputs", io, "--output", tmp_path / "o.npz")
+    assert run.returncode == 0, run.stderr
+    assert "max |error|" in run.stdout
+
+
+@pytest.mark.slow
+def test_num_stages_over_rolled_loops(tmp_path):
+    path = find_model("gelu.hlo.pb")
+    for stages in ("2", "3"):
+        result = ncc("compile", path, "--loops", "rolled", "--num-stages", stages, "--verify",
+                     "-o", tmp_path / f"g{stages}.neff", "--workdir", tmp_path / f"w{stages}")
+        assert result.returncode == 0, result.stderr
+
+
+FAULT = {"NCC_FAULT_INJECT": "walrus_driver:drop_rotation_wait@pass=codegen"}
+
+
+@pytest.mark.slow
+def test_a_dropped_rotation_wait_of_a_frontend_loop_is_a_race_between_iterations(tmp_path):
+    model = tmp_path / "add.hlo"
+    model.write_text(ADD.replace("ROWS", "2048").replace("COLS", "512"))
+    np.savez(tmp_path / "in.npz", arg0=np.ones((2048, 512), np.float32), arg1=np.ones((2048, 512), np.float32))
+    workdir = tmp_path / "wd"
+    result = ncc("compile", model, "--loops", "rolled", "-o", tmp_path / "bad.neff", "--workdir", workdir,
+                 env=FAULT)
+    assert result.returncode == 0, result.stderr
+    log = next(workdir.glob("*_WalrusDriver/stderr.log")).read_text()
+    assert "drop_rotation_wait: dropped rotation wait" in log
+    run = ncc("run", tmp_path / "bad.neff", "--inputs", tmp_path / "in.npz", "--output", tmp_path / "o.npz")
+    line = assert_one_line_error(run, "R001")
+    assert len(re.findall(r"'([^']+@\d+)' \((\w+)\)", line)) == 2, line  # both, with their iterations
+
+
+def test_a_program_too_large_to_unroll_compiles_rolled(tmp_path):
+    model = tmp_path / "huge.hlo"  # 100M elements: 2.3M instructions unrolled, refused so (test_fuzz_cli)
+    model.write_text("HloModule huge\nENTRY main {\n  x = f32[100000000,1] parameter(0)\n"
+                     "  ROOT e = f32[100000000,1] exponential(x)\n}\n")
+    rolled = ncc("compile", model, "-o", tmp_path / "r.neff", "--workdir", tmp_path / "r")
+    assert rolled.returncode == 0, rolled.stderr
+    inspect = ncc("inspect", tmp_path / "r.neff")
+    static, executed = re.search(r"([\d,]+) instructions \(([\d,]+) executed\)", inspect.stdout).groups()
+    assert int(executed.replace(",", "")) > 2_000_000 > 10_000 * int(static.replace(",", ""))
+
+
+def test_the_chain_of_the_scale_family_rolls_with_copies_per_body():
+    program = _bir(hlo_gen.hlo_text("chain", n=30, rows=1024, cols=512), "rolled")
+    names = [i.name for i in program.instructions if i.HasField("in_loop")]
+    assert any("*+1" in name for name in names)  # the body holds two iterations (unroll and jam)

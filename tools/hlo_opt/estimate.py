@@ -1,0 +1,37 @@
+"""What a Penguin statement costs, by the target's cost model (tools/target/costs.py).
+
+The Frontend's decisions that weigh time before the backend has run read it: the software
+pipeliner's choice of the pipelined body's order (passes/pipelining.py) and how many iterations a
+rolled loop's body holds (rolling.py, unroll and jam).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common.dtypes import itemsize
+from ncc.tools.target import is_dma, load_target
+from ncc.tools.target.costs import engine_cycles
+
+
+def statement_ns(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> float:
+    """Nanoseconds one statement holds its engine, or a dma's transfer takes (at the DMA queues'
+    combined bandwidth)."""
+    target = load_target()
+    accesses = [*st.inputs, *st.outputs]
+    if is_dma(st.op):
+        moved = max((math.prod(a.extents) * itemsize(tensors[a.tensor].dtype) for a in accesses), default=0)
+        return moved / min(target.hbm_bandwidth_gbps, target.dma_queues * target.dma_queue_bandwidth_gbps)
+    fp32 = any(tensors[a.tensor].dtype == common_pb2.F32 for a in st.inputs)
+    moving = free_elements(st.inputs[1]) if len(st.inputs) > 1 else 0
+    free = max((free_elements(a) for a in accesses), default=1)
+    cycles = engine_cycles(target, op=st.op, engine=st.engine, inputs=len(st.inputs), free=free,
+                           moving_free=moving, fp32=fp32)
+    return target.cycles_to_ns(st.engine, cycles)
+
+
+def free_elements(access: penguin_pb2.Access) -> int:
+    """Elements per partition of an on-chip box (the partitions are its second-to-last dimension)."""
+    extents = list(access.extents)
+    return math.prod(extents) // (extents[-2] if len(extents) > 1 and extents[-2] else 1)
