@@ -3,9 +3,13 @@
 For each family of bench/hlo_gen.py and each size: write the module's HLO text, compile it once
 with `ncc compile` in a fresh work directory, and read the work directory's files:
 
-  BIR instrs    instructions the Frontend job unrolled (its bir.pb)
+  loops         how the compile kept loops: `rolled` (`ncc compile --loops rolled`: loops stay loops
+                from the Frontend on) or `unrolled` (every loop unrolled; roll_loops rolls the
+                streams codegen wrote); --loops picks which (default both, side by side)
+  BIR instrs    instructions the Frontend job wrote (its bir.pb): unrolled, what the program executes
   NEFF instrs   entries of the per-engine streams the WalrusDriver job wrote (its program.pb): what
-                the NEFF holds, loops rolled by roll_loops (BIR instrs is what it executes)
+                the NEFF holds
+  executed      the instructions those streams execute, loops expanded
   compile       end-to-end wall of `ncc compile`
   walrus wall / CPU / peak RSS
                 the WalrusDriver job's record.json: wall_s, user_s + sys_s, peak_rss_bytes
@@ -13,6 +17,8 @@ with `ncc compile` in a fresh work directory, and read the work directory's file
                 median of REPS `jax.jit(f).lower(*ShapeDtypeStructs).compile()`, each on a new
                 function object with JAX's caches cleared so each really compiles; n/a without JAX
 
+and with --simulate, each NEFF's simulated time on seeded inputs (`ncc run`'s simulator), the
+rolled one's over the unrolled one's when both ran;
 then the wall of every walrus pass and the driver's peak RSS when it ended (the driver's --stats
 file, stats.json in its job folder), and
 per family the growth of walrus CPU time with BIR size: the log-log slope between consecutive
@@ -22,7 +28,8 @@ A compile that fails or times out shows its one-line error in place of its numbe
 on, and exits 1 at the end.
 
     python bench/run_scale.py [--family chain,mlp,attention] [--sizes "n=200;n=1000"] [--reps 3]
-                              [--ncc-reps 1] [--timeout 600] [--json FILE]
+                              [--ncc-reps 1] [--timeout 600] [--loops rolled,unrolled] [--simulate]
+                              [--json FILE]
 
 --sizes (with one --family) is a ';'-separated list of sizes, each a ','-separated list of
 key=value (hlo_gen's parameters: chain n,rows,cols; mlp batch,d,layers; attention seq,d,layers;
@@ -79,8 +86,11 @@ class ScaleResult:
 
     family: str
     size: dict[str, int]
+    loops: str = "rolled"
     bir_instructions: int | None = None
     neff_instructions: int | None = None
+    executed_instructions: int | None = None
+    simulated_ns: float | None = None
     compile_wall_s: float | None = None  # end-to-end `ncc compile`
     walrus_wall_s: float | None = None
     walrus_user_s: float | None = None
@@ -156,7 +166,8 @@ def parse_sizes(family: str, text: str) -> list[dict[str, int]]:
 # -- measuring -------------------------------------------------------------------------------------
 
 
-def compile_with_timeout(model: Path, neff: Path, workdir: Path, timeout_s: float) -> tuple[float, str]:
+def compile_with_timeout(model: Path, neff: Path, workdir: Path, timeout_s: float,
+                         loops: str = "rolled") -> tuple[float, str]:
     """Run `ncc compile` (its own per-job --timeout too); (wall, one-line error or "")."""
     argv = [
         sys.executable,
@@ -172,6 +183,8 @@ def compile_with_timeout(model: Path, neff: Path, workdir: Path, timeout_s: floa
         "0",
         "--timeout",
         f"{timeout_s:g}",
+        "--loops",
+        loops,
     ]
     started = time.perf_counter()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -197,16 +210,36 @@ def job_folder(workdir: Path, job: str) -> Path | None:
     return folders[0] if folders else None
 
 
-def neff_instruction_count(workdir: Path) -> int | None:
-    """Entries of the per-engine streams of the WalrusDriver job's program.pb (what the NEFF holds)."""
+def neff_instruction_counts(workdir: Path) -> tuple[int | None, int | None]:
+    """(entries of the per-engine streams of the WalrusDriver job's program.pb: what the NEFF holds,
+    the instructions they execute)."""
     from ncc.schemas import bir_pb2
+    from ncc.tools.common import loops
 
     folder = job_folder(workdir, "WalrusDriver")
     if folder is None or not (folder / "program.pb").is_file():
-        return None
+        return None, None
     program = bir_pb2.Program()
     program.ParseFromString((folder / "program.pb").read_bytes())
-    return sum(len(stream.instructions) for stream in program.streams)
+    static = sum(len(stream.instructions) for stream in program.streams)
+    return static, loops.executed_instructions(program.streams, "E603")
+
+
+def simulated_time(neff: Path) -> float:
+    """The NEFF's simulated ns on seeded inputs (races checked, as `ncc run` does)."""
+    import numpy as np
+
+    from ncc.tools.packager.neff import read_neff
+    from ncc.tools.sim.api import simulate_neff
+
+    program = read_neff(neff)
+    rng = np.random.default_rng(0)
+    inputs = {f"arg{t.index}": (0.1 * rng.standard_normal(tuple(t.shape))).astype(np.float32)
+              for t in program.hbm if t.role == 1}  # INPUT
+    result = simulate_neff(program, inputs)
+    if result.races or result.deadlock:
+        raise RuntimeError(f"the simulator found {len(result.races)} races / deadlock {result.deadlock!r}")
+    return result.simulated_ns
 
 
 def read_walrus_job(workdir: Path, result: ScaleResult) -> None:
@@ -268,26 +301,28 @@ def xla_cpu_compile_time(family: str, size: dict[str, int], reps: int) -> float 
 
 
 def bench_size(
-    family: str, size: dict[str, int], reps: int, timeout_s: float, scratch: Path, ncc_reps: int = 1
+    family: str, size: dict[str, int], reps: int, timeout_s: float, scratch: Path, ncc_reps: int = 1,
+    loops: str = "rolled", simulate: bool = False,
 ) -> ScaleResult:
     """Compile one generated module with ncc `ncc_reps` times, each in a fresh work directory (the
-    result is the run of median walrus wall), and time XLA:CPU on the same function."""
-    name = f"{family}_{'_'.join(str(value) for value in size.values())}"
+    result is the run of median walrus wall), `simulate` it, and time XLA:CPU on the same function
+    (`reps` 0: not)."""
+    name = f"{family}_{'_'.join(str(value) for value in size.values())}_{loops}"
     model = scratch / f"{name}.hlo"
     try:
         model.write_text(hlo_gen.hlo_text(family, **size))
     except (KeyError, TypeError) as err:
         error = f"bad size for {family}: {run_bench.one_line(err)}"
-        return ScaleResult(family=family, size=dict(size), error=error)
+        return ScaleResult(family=family, size=dict(size), loops=loops, error=error)
     runs = []
     for _ in range(ncc_reps):
-        result = ScaleResult(family=family, size=dict(size))
+        result = ScaleResult(family=family, size=dict(size), loops=loops)
         workdir = scratch / f"{name}.ncc-work"
         shutil.rmtree(workdir, ignore_errors=True)  # a work directory left by an earlier run would resume
-        wall, error = compile_with_timeout(model, scratch / f"{name}.neff", workdir, timeout_s)
+        wall, error = compile_with_timeout(model, scratch / f"{name}.neff", workdir, timeout_s, loops)
         result.compile_wall_s, result.error = (None, error) if error else (wall, "")
         result.bir_instructions = run_bench.bir_instruction_count(workdir)
-        result.neff_instructions = neff_instruction_count(workdir)
+        result.neff_instructions, result.executed_instructions = neff_instruction_counts(workdir)
         read_walrus_job(workdir, result)
         runs.append(result)
         if error:
@@ -297,8 +332,13 @@ def bench_size(
     else:
         result = sorted(runs, key=lambda r: r.walrus_wall_s or 0.0)[len(runs) // 2]
         result.walrus_wall_runs = [r.walrus_wall_s or 0.0 for r in runs]
+    if simulate and result.compiled:
+        try:
+            result.simulated_ns = simulated_time(scratch / f"{name}.neff")
+        except Exception as err:  # a simulation that cannot run is a note, not the end of the run
+            result.error = f"simulate: {run_bench.one_line(err)}"
     try:
-        result.xla_cpu_compile_s = xla_cpu_compile_time(family, size, reps)
+        result.xla_cpu_compile_s = xla_cpu_compile_time(family, size, reps) if reps else None
         result.xla_reps = reps if result.xla_cpu_compile_s is not None else 0
     except Exception as err:  # XLA failing on one size must not cost the rest of the run
         note = f"XLA:CPU: {run_bench.one_line(err)}"
@@ -322,35 +362,39 @@ def slope(points: list[tuple[float, float]]) -> float | None:
     return sum((x - mean_x) * (y - mean_y) for x, y in logs) / spread
 
 
-def compiled_sizes(results: list[ScaleResult], family: str) -> list[ScaleResult]:
-    """The family's sizes that compiled, by growing BIR size."""
-    done = [r for r in results if r.family == family and r.compiled and r.bir_instructions]
-    return sorted(done, key=lambda r: r.bir_instructions or 0)
+def compiled_sizes(results: list[ScaleResult], family: str, loops: str | None = None) -> list[ScaleResult]:
+    """The family's sizes that compiled (one loop mode: the first measured, or `loops`), by growing
+    executed instructions."""
+    loops = loops or next((r.loops for r in results if r.family == family), "rolled")
+    done = [r for r in results if r.family == family and r.loops == loops and r.compiled
+            and r.executed_instructions]
+    return sorted(done, key=lambda r: r.executed_instructions or 0)
 
 
 def growth(results: list[ScaleResult]) -> dict[str, dict[str, object]]:
     """Per family: the exponent of walrus CPU time in BIR size, step by step and overall, and the
     overall exponent of each pass's wall (which pass grows fastest)."""
     out: dict[str, dict[str, object]] = {}
-    for family in dict.fromkeys(r.family for r in results):
-        done = [r for r in compiled_sizes(results, family) if r.walrus_cpu_s]
+    for family, loops in dict.fromkeys((r.family, r.loops) for r in results):
+        done = [r for r in compiled_sizes(results, family, loops) if r.walrus_cpu_s]
         steps = [
             {
                 "from": a.label,
                 "to": b.label,
                 "exponent": slope(
-                    [(a.bir_instructions, a.walrus_cpu_s), (b.bir_instructions, b.walrus_cpu_s)]
+                    [(a.executed_instructions, a.walrus_cpu_s), (b.executed_instructions, b.walrus_cpu_s)]
                 ),
             }
             for a, b in zip(done, done[1:], strict=False)
         ]
-        overall = slope([(r.bir_instructions, r.walrus_cpu_s) for r in done])
+        overall = slope([(r.executed_instructions, r.walrus_cpu_s) for r in done])
         passes = list(dict.fromkeys(label for r in done for label in r.pass_wall_s))
         per_pass = {
-            label: slope([(r.bir_instructions, r.pass_wall_s[label]) for r in done if label in r.pass_wall_s])
+            label: slope([(r.executed_instructions, r.pass_wall_s[label]) for r in done
+                          if label in r.pass_wall_s])
             for label in passes
         }
-        out[family] = {"steps": steps, "overall": overall, "sizes": len(done), "passes": per_pass}
+        out[f"{family} {loops}"] = {"steps": steps, "overall": overall, "sizes": len(done), "passes": per_pass}
     return out
 
 
@@ -372,41 +416,49 @@ def render(results: list[ScaleResult], reps: int) -> str:
     header = [
         "family",
         "size",
+        "loops",
         "BIR instrs",
         "NEFF instrs",
+        "executed",
         "compile",
         "walrus wall",
         "walrus CPU",
         "peak RSS",
+        "simulated",
         f"XLA:CPU (median of {reps})",
         "ours/XLA",
     ]
     rows = []
     for r in results:
         if not r.compiled:
-            rows.append([r.family, r.label] + [""] * (len(header) - 2))
+            rows.append([r.family, r.label, r.loops] + [""] * (len(header) - 3))
             continue
         rows.append(
             [
                 r.family,
                 r.label,
+                r.loops,
                 fmt(r.bir_instructions, ","),
                 fmt(r.neff_instructions, ","),
+                fmt(r.executed_instructions, ","),
                 fmt(r.compile_wall_s, ".2f", " s"),
                 fmt(r.walrus_wall_s, ".2f", " s"),
                 fmt(r.walrus_cpu_s, ".2f", " s"),
                 fmt(
                     None if r.walrus_peak_rss_bytes is None else r.walrus_peak_rss_bytes / 2**20, ".0f", " MB"
                 ),
+                fmt(None if r.simulated_ns is None else r.simulated_ns / 1000, ".1f", " us"),
                 fmt(r.xla_cpu_compile_s, ".3f", " s"),
                 fmt(r.ratio_to_xla, ".0f", "x"),
             ]
         )
     lines = _splice_errors(run_bench._table(header, rows), results) if results else []
+    lines += _side_by_side(results)
 
     exponents = growth(results)
-    for family, info in exponents.items():
-        done = [r for r in compiled_sizes(results, family) if r.pass_wall_s]
+    for key, info in exponents.items():
+        family, loops = key.split(" ")
+        done = [r for r in compiled_sizes(results, family, loops) if r.pass_wall_s]
         if not done:
             continue
         passes = list(dict.fromkeys(label for r in done for label in r.pass_wall_s))
@@ -417,33 +469,64 @@ def render(results: list[ScaleResult], reps: int) -> str:
         rows.append(["all passes", *(fmt(sum(r.pass_wall_s.values()), ".3f") for r in done), ""])
         lines += [
             "",
-            f"{family}: walrus wall per pass (s; the driver's stats.json) and its exponent in BIR size",
+            f"{key}: walrus wall per pass (s; the driver's stats.json) and its exponent in executed instructions",
         ]
         lines += run_bench._table(["pass", *(r.label for r in done), "exponent"], rows)
         rows = [
             [label, *(fmt(r.pass_peak_rss_bytes.get(label, 0) / 2**20 or None, ".0f") for r in done)]
             for label in passes
         ]
-        lines += ["", f"{family}: walrus peak RSS when each pass ended (MB; it only grows)"]
+        lines += ["", f"{key}: walrus peak RSS when each pass ended (MB; it only grows)"]
         lines += run_bench._table(["pass", *(r.label for r in done)], rows)
 
-    lines += ["", "growth: exponent of walrus CPU time in BIR instructions (log-log; 1 linear, 2 quadratic)"]
-    for family, info in exponents.items():
+    lines += ["", "growth: exponent of walrus CPU time in executed instructions (log-log; 1 linear, 2 quadratic)"]
+    for key, info in exponents.items():
         steps = "  ".join(f"{s['from']} -> {s['to']}: {fmt(s['exponent'], '.2f')}" for s in info["steps"])
         overall = fmt(info["overall"], ".2f")
         detail = steps or "fewer than two sizes compiled"
-        lines.append(f"  {family}: overall {overall}   ({detail})")
+        lines.append(f"  {key}: overall {overall}   ({detail})")
 
     repeated = [r for r in results if r.walrus_wall_runs]
     if repeated:
         lines += ["", "walrus wall of every ncc compile (s; the row above is the median one)"]
-        lines += [f"  {r.family} {r.label}: " + ", ".join(f"{wall:.2f}" for wall in r.walrus_wall_runs)
+        lines += [f"  {r.family} {r.label} {r.loops}: " + ", ".join(f"{wall:.2f}" for wall in r.walrus_wall_runs)
                   for r in repeated]
 
     notes = [r for r in results if r.error and r.compiled]
     if notes:
-        lines += [""] + [f"{r.family} {r.label}: note: {r.error}" for r in notes]
+        lines += [""] + [f"{r.family} {r.label} {r.loops}: note: {r.error}" for r in notes]
     return "\n".join(lines)
+
+
+def _side_by_side(results: list[ScaleResult]) -> list[str]:
+    """Rolled against unrolled, per size compiled both ways: compile wall, NEFF size, simulated time."""
+    fmt = run_bench._fmt
+    by_key = {(r.family, r.label, r.loops): r for r in results if r.compiled}
+    rows = []
+    for (family, label, loops), rolled in by_key.items():
+        unrolled = by_key.get((family, label, "unrolled"))
+        if loops != "rolled" or unrolled is None:
+            continue
+        sim = None
+        if rolled.simulated_ns and unrolled.simulated_ns:
+            sim = rolled.simulated_ns / unrolled.simulated_ns
+        static = None
+        if rolled.neff_instructions and rolled.executed_instructions:
+            static = 100 * rolled.neff_instructions / rolled.executed_instructions
+        rows.append([
+            family, label,
+            fmt(rolled.compile_wall_s, ".2f", " s"), fmt(unrolled.compile_wall_s, ".2f", " s"),
+            fmt(unrolled.compile_wall_s / rolled.compile_wall_s, ".1f", "x"),
+            fmt(static, ".2f", " %"),
+            fmt(None if rolled.simulated_ns is None else rolled.simulated_ns / 1000, ".1f", " us"),
+            fmt(None if unrolled.simulated_ns is None else unrolled.simulated_ns / 1000, ".1f", " us"),
+            fmt(sim, ".3f"),
+        ])
+    if not rows:
+        return []
+    header = ["family", "size", "compile rolled", "compile unrolled", "speed-up", "NEFF / executed",
+              "sim rolled", "sim unrolled", "rolled / unrolled"]
+    return ["", "loops kept rolled against unrolled (same module, same run)", *run_bench._table(header, rows)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -466,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds one ncc compile, and each of its jobs, may take (default {DEFAULT_TIMEOUT_S:g})",
     )
+    parser.add_argument(
+        "--loops", default="rolled,unrolled",
+        help="comma-separated loop modes to compile each size with (rolled, unrolled; default both)",
+    )
+    parser.add_argument("--simulate", action="store_true",
+                        help="also run each NEFF in the simulator on seeded inputs (slow at 100k instructions)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument(
         "--keep", type=Path, metavar="DIR", help="write the modules and work directories here and keep them"
@@ -475,8 +564,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in families if name not in hlo_gen.FAMILIES]
     if unknown or not families:
         parser.error(f"unknown family {','.join(unknown)}; known: {', '.join(hlo_gen.FAMILIES)}")
-    if args.reps < 1 or args.ncc_reps < 1:
-        parser.error("--reps and --ncc-reps must be at least 1")
+    if args.reps < 0 or args.ncc_reps < 1:
+        parser.error("--reps must be at least 0 and --ncc-reps at least 1")
+    modes = [mode for mode in args.loops.split(",") if mode]
+    if not modes or any(mode not in ("rolled", "unrolled") for mode in modes):
+        parser.error(f"--loops {args.loops!r}: a comma-separated list of rolled and unrolled")
     if args.timeout <= 0:
         parser.error("--timeout must be positive")
     if args.sizes is not None:
@@ -497,10 +589,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ncc-bench-scale-")))
         for family, size in plan:
-            result = bench_size(family, size, args.reps, args.timeout, scratch, args.ncc_reps)
-            results.append(result)
-            status = f"failed: {result.error}" if result.error else f"{result.compile_wall_s:.1f} s"
-            print(f"  {family} {result.label}: {status}", file=sys.stderr, flush=True)
+            for number, mode in enumerate(modes):  # XLA:CPU timed once per size
+                result = bench_size(family, size, args.reps if number == 0 else 0, args.timeout, scratch,
+                                    args.ncc_reps, mode, args.simulate)
+                if number:
+                    result.xla_cpu_compile_s, result.xla_reps = results[-1].xla_cpu_compile_s, results[-1].xla_reps
+                results.append(result)
+                status = f"failed: {result.error}" if result.error else f"{result.compile_wall_s:.1f} s"
+                print(f"  {family} {result.label} {mode}: {status}", file=sys.stderr, flush=True)
     print(render(results, args.reps))
     if not args.keep and any(not r.compiled for r in results):
         print("(the work directories named above are removed; --keep DIR keeps them)")

@@ -105,7 +105,7 @@ def test_steady_ranges_peel_the_iterations_where_a_predicate_changes():
     assert plan is not None
     by_axis = {a.name: (a.lo, a.hi) for a in plan.axes}
     assert by_axis["i"] == (0, 4)  # t moves a whole block per i: private to i's loop
-    assert plan.private == {"t": "i"}
+    assert plan.private == {"t": {"i", "k"}}  # loaded afresh at every (i, k)
     assert by_axis["k"] == (4, 6)  # k >= 1 switches at 1, k >= 4 at 4: the steady run doing most
 
 

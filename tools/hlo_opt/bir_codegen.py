@@ -85,7 +85,7 @@ class BirCodeGenLoop:
         self.open_loops: list[_OpenLoop] = []  # outermost first
         self.roll: rolling.RollPlan | None = None  # of the nest being emitted
         self.plans: dict[int, rolling.RollPlan | None] = {}  # nest index -> its loops (rolled modes)
-        self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it moves with
+        self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it is private to
         self.onchip_users: dict[str, set[str]] = {}
         self.penguin = program
         self.tensors = {t.name: t for t in program.tensors}
@@ -144,7 +144,7 @@ class BirCodeGenLoop:
                       for st in nest.statements]
         plans: dict[int, _StatementPlan] = {}
         self.roll = plan
-        self.private_axes = self._private_axes(nest, plan) if plan is not None else {}
+        self.private_axes = dict(plan.private) if plan is not None else {}
         if self.roll is None:
             for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
                 self._point(nest, names, predicates, plans, point, {})
@@ -158,18 +158,6 @@ class BirCodeGenLoop:
             return None
         elsewhere = {t for t, users in self.onchip_users.items() if users != {nest.name}}
         return rolling.plan_rolling(nest, self.tensors, elsewhere, min_trip=2)
-
-    @staticmethod
-    def _private_axes(nest: penguin_pb2.LoopNest, plan: rolling.RollPlan) -> dict[str, set[str]]:
-        """Each tensor private to a loop of `plan` -> the rolled axes its accesses move with."""
-        rolled = {a.name for a in plan.axes}
-        moves: dict[str, set[str]] = {}
-        for st in nest.statements:
-            for access in (*st.outputs, *st.inputs):
-                if access.tensor in plan.private:
-                    axes = moves.setdefault(access.tensor, set())
-                    axes.update(t.var for start in access.starts for t in start.terms if t.coeff)
-        return {tensor: rolled & moves.get(tensor, set()) for tensor in plan.private}
 
     def _axes(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
               values: list[int]) -> None:

@@ -15,10 +15,12 @@ the range lowers to the same instructions but for offsets that move by a fixed s
   * an iota's values do not depend on the axis (its scalars cannot vary per iteration);
   * each on-chip tensor is either *shared* by the iterations (no access moves with the axis: the
     same blocks every time, e.g. an accumulator, or weights loaded before the loop) or *private*
-    to each iteration: every access moves by a whole number of blocks per iteration, so the blocks
-    of different iterations are disjoint, and no other nest touches the tensor. A private tensor's
-    blocks become one buffer per block of the body, which allocation may give several rotating
-    copies (address rotation); a shared one keeps its blocks' buffers for the whole loop.
+    to each iteration: every iteration writes its blocks before it reads them (`_fresh`) and no
+    other nest touches the tensor; a tensor whose accesses move with the axis must be private,
+    and they must move by a whole number of blocks per iteration, so that the blocks of
+    different iterations are disjoint. A private tensor's blocks become one buffer per block of
+    the body, which allocation may give several rotating copies (address rotation); a shared
+    one keeps its blocks' buffers for the whole loop.
 HBM offsets are always affine in the axis (a view's strides times the access's coefficients), so
 they need nothing: the body instruction's offset moves by that step per iteration.
 
@@ -70,11 +72,11 @@ MAX_COPIES = 8  # iterations one body may hold (unroll and jam)
 @dataclass
 class RollPlan:
     """The axes of a nest kept rolled (outermost first), for each on-chip tensor that is
-    private to one of their loops the name of that axis (the innermost it moves with), and the
+    private to some of their loops the names of those axes, and the
     iterations the innermost loop's body holds (`copies`, unroll and jam)."""
 
     axes: list[RolledAxis]
-    private: dict[str, str] = field(default_factory=dict)
+    private: dict[str, set[str]] = field(default_factory=dict)
     copies: int = 1
 
     def rolled(self, axis: str) -> RolledAxis | None:
@@ -107,7 +109,7 @@ def plan_rolling(
             continue
         plan.axes.append(RolledAxis(index, axis.name, *steady))
         for tensor in analysis.private:
-            plan.private[tensor] = axis.name  # inner axes overwrite: the innermost it moves with
+            plan.private.setdefault(tensor, set()).add(axis.name)
     if not plan.axes:
         return None
     plan.copies = body_copies(nest, tensors, plan.axes[-1])
@@ -287,8 +289,10 @@ class _AxisAnalysis:
             if len(set(per_access)) > 1:
                 raise _NotRollable  # accesses move differently: blocks would alias across iterations
             steps = per_access[0]
-            if not any(steps):
-                continue  # shared by every iteration
+            if not any(steps):  # the same blocks at every iteration: private if written afresh in each
+                if name not in elsewhere and self._fresh(name):
+                    self.private.add(name)
+                continue
             if name in elsewhere:
                 raise _NotRollable  # another nest reads or writes its blocks of every iteration
             if not self._fresh(name):
@@ -305,26 +309,59 @@ class _AxisAnalysis:
     def _fresh(self, name: str) -> bool:
         """Whether every iteration writes its blocks of tensor `name` before it reads them, so
         that nothing flows into an iteration from another point of the nest (another iteration,
-        or the same iteration of the loop at other values of the axes around it): every access
-        names the same box, and the first statement to touch it writes it whole without reading
-        it, unconditionally (or a matmul that starts a new accumulation at the first value of an
-        axis inside this one)."""
-        accesses = [(st, access, write) for st in self.nest.statements
-                    for write, operands in ((False, st.inputs), (True, st.outputs))
-                    for access in operands if access.tensor == name]
+        or the same iteration of the loop at other values of the axes around it). Every access
+        must name the same box, so a block is touched at the points that share the values of the
+        axes the box moves with and differ in the others inside this axis (`free`); the first
+        statement to touch it must write it whole without reading it (a matmul: one that starts
+        a new accumulation at its accumulation axis's first value, a free axis) and run for every
+        block in every instance (its predicates read free axes only), at the first free point
+        where any of them runs."""
+        accesses = [(st, access) for st in self.nest.statements
+                    for access in (*st.outputs, *st.inputs) if access.tensor == name]
         boxes = {(tuple(start.SerializeToString(deterministic=True) for start in access.starts),
-                  tuple(access.extents)) for _, access, _ in accesses}
+                  tuple(access.extents)) for _, access in accesses}
         if len(boxes) > 1:
             return False
-        first = accesses[0][0]
+        moving = {term.var for start in accesses[0][1].starts for term in start.terms if term.coeff}
+        free = [axis.name for axis in self.nest.axes[self._index + 1:] if axis.name not in moving]
+        statements = list(dict.fromkeys(st.name for st, _ in accesses))
+        by_name = {st.name: st for st, _ in accesses}
+        first = by_name[statements[0]]
         if any(a.tensor == name for a in first.inputs) or not any(a.tensor == name for a in first.outputs):
             return False
-        inner = {axis.name for axis in self.nest.axes[self._index + 1:]}
         if first.op == "matmul" and "accumulate_axis" in first.attributes:
-            axis = first.attributes["accumulate_axis"]
-            return axis in inner and not any(term.var in (axis, self.name) for p in first.predicates
-                                             for term in p.expr.terms if term.coeff)
-        return not first.predicates
+            if first.attributes["accumulate_axis"] not in free:
+                return False
+        if any(t.var not in free for p in first.predicates for t in p.expr.terms if t.coeff):
+            return False  # it would not run for every block, or not in every instance of the loop
+        starts = [self._first_point(by_name[st], free) for st in statements]
+        return None not in starts and all(start >= starts[0] for start in starts[1:])
+
+    def _first_point(self, st: penguin_pb2.Statement, free: list[str]) -> tuple[int, ...] | None:
+        """The lexicographically first values of the `free` axes at which `st` runs (None when
+        it never runs, or a predicate couples a free axis with another variable). Its
+        predicates on other axes only say which blocks or which instances of the loop it
+        touches at all."""
+        lows = {axis: 0 for axis in free}
+        highs = {axis: self.extents[axis] - 1 for axis in free}
+        for predicate in st.predicates:
+            terms = [t for t in predicate.expr.terms if t.coeff]
+            if not any(t.var in lows for t in terms):
+                continue
+            if len(terms) != 1:
+                return None
+            var, c, k = terms[0].var, terms[0].coeff, predicate.expr.constant
+            if predicate.relation == penguin_pb2.EQ:
+                if k % c:
+                    return None
+                lows[var], highs[var] = max(lows[var], -k // c), min(highs[var], -k // c)
+            elif c > 0:
+                lows[var] = max(lows[var], _ceil_div(-k, c))
+            else:
+                highs[var] = min(highs[var], k // -c)
+        if any(lows[axis] > highs[axis] for axis in free):
+            return None
+        return tuple(lows[axis] for axis in free)
 
     def _block_steps(self, tensor: penguin_pb2.TensorDecl, access: penguin_pb2.Access
                      ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:

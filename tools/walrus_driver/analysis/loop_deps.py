@@ -244,7 +244,7 @@ class LoopDeps:
                     entries = pages.get(key)
                     if entries is not None:
                         for kind in (0, 1):
-                            entries[kind][:] = [e for e in entries[kind] if not _covers(footprint, e[2])]
+                            entries[kind][:] = _retire(entries[kind], footprint)
             hulls: dict[tuple, _Box] = {}  # an inner loop's HBM accesses: one hull per thread and tensor
             exact: list[tuple[tuple, _Box]] = []
             for group, box in pending:
@@ -297,7 +297,7 @@ class LoopDeps:
                         entries = pages.setdefault(key, [[], []])
                         if box.write:  # a write of this block retires what it covers
                             for kind in (0, 1):
-                                entries[kind][:] = [e for e in entries[kind] if not _covers(box, e[2])]
+                                entries[kind][:] = _retire(entries[kind], box)
                         entries[1 if box.write else 0].append((instr.id, None, box))
             if incoming:
                 graph.merge_strongest(instr.id, incoming)
@@ -534,6 +534,39 @@ def _hull(a: _Box, b: _Box) -> _Box:
     """The least box holding both (of one memory and region)."""
     return a._replace(p0=min(a.p0, b.p0), p1=max(a.p1, b.p1), c0=min(a.c0, b.c0), c1=max(a.c1, b.c1),
                       b0=min(a.b0, b.b0), b1=max(a.b1, b.b1))
+
+
+def _retire(entries: list[tuple], write: _Box) -> list[tuple]:
+    """A walk's entries (node, inner loop, box) less what `write` covers: an entry it covers goes,
+    one it overlaps keeps the parts outside it (as the analyzer's _uncovered does), so that stale
+    accesses do not pile up where buffers of other sizes came and went; later conflicts with a
+    removed part are ordered through the write."""
+    kept = []
+    for entry in entries:
+        box = entry[2]
+        if not _meet(write, box) or (write.rotor and write.rotor != box.rotor):
+            kept.append(entry)
+        elif not _covers(write, box):
+            if write.rotor or box.rotor:
+                kept.append(entry)  # copies of a rotating buffer: no parts to keep apart
+            else:
+                kept.extend((entry[0], entry[1], part) for part in _outside(box, write))
+    return kept
+
+
+def _outside(box: _Box, write: _Box) -> list[_Box]:
+    """The parts of `box` outside `write` (they meet): up to two per dimension."""
+    parts = []
+    rest = box
+    for low, high in (("p0", "p1"), ("c0", "c1"), ("b0", "b1")):
+        lo, hi = getattr(rest, low), getattr(rest, high)
+        cut_lo, cut_hi = getattr(write, low), getattr(write, high)
+        if lo < cut_lo:
+            parts.append(rest._replace(**{high: cut_lo}))
+        if cut_hi < hi:
+            parts.append(rest._replace(**{low: cut_hi}))
+        rest = rest._replace(**{low: max(lo, cut_lo), high: min(hi, cut_hi)})
+    return parts
 
 
 def _union_covers(writes: list[_Box], b: _Box) -> bool:

@@ -162,18 +162,10 @@ def run(ctx: PassContext) -> None:
     ctx.forbid_after_sync()
     program = ctx.program
     nest = ctx.loops()
-    rotation = _set_slots(ctx, options.rotation) if nest else 0
-    try:
+    if nest:
+        layout = _allocate_loops(ctx, options, nest)
+    else:
         layout = _allocate(ctx, options, nest)
-    except CompileError as err:
-        if err.code != "E403" or rotation <= 1:
-            raise
-        _set_slots(ctx, 1)  # the buffers do not fit with their copies: one each
-        for buffer in program.buffers:
-            if buffer.memory in birutil.ONCHIP:
-                buffer.address = -1
-        layout = _allocate(ctx, options, nest)
-        ctx.set_stat("rotation_fallback_to_one_copy", 1)
     if layout.spills:
         order = sorted(layout.instructions)
         birutil.set_order(program, [layout.instructions[key] for key in order])
@@ -188,6 +180,30 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("spilled_bytes_per_partition", layout.spilled_bytes)
     ctx.allocated = True
     ctx.addresses_changed()
+
+
+def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest) -> _Layout:
+    """A program that keeps loops: its private buffers with `rotation` copies, else with one;
+    and if neither fits (a buffer used in a loop is never spilled), the same again in the order
+    pre_sched received, whose live buffers the frontend's order bounds."""
+    attempts = [(options.rotation, False), (1, False), (options.rotation, True), (1, True)]
+    for number, (copies, restore) in enumerate(attempts):
+        if restore and not _restore_order_before_schedule(ctx):
+            break
+        _set_slots(ctx, copies)
+        for buffer in ctx.program.buffers:
+            if buffer.memory in birutil.ONCHIP:
+                buffer.address = -1
+        try:
+            layout = _allocate(ctx, options, ctx.loops() if restore else nest)
+        except CompileError as err:
+            if err.code != "E403" or number == len(attempts) - 1:
+                raise
+            last = err
+            continue
+        ctx.set_stat("allocation_attempt", number + 1)
+        return layout
+    raise last
 
 
 def _set_slots(ctx: PassContext, copies: int) -> int:
