@@ -394,7 +394,9 @@ def growth(results: list[ScaleResult]) -> dict[str, dict[str, object]]:
                           if label in r.pass_wall_s])
             for label in passes
         }
-        out[f"{family} {loops}"] = {"steps": steps, "overall": overall, "sizes": len(done), "passes": per_pass}
+        out[f"{family} {loops}"] = {
+            "steps": steps, "overall": overall, "sizes": len(done), "passes": per_pass,
+        }
     return out
 
 
@@ -469,7 +471,8 @@ def render(results: list[ScaleResult], reps: int) -> str:
         rows.append(["all passes", *(fmt(sum(r.pass_wall_s.values()), ".3f") for r in done), ""])
         lines += [
             "",
-            f"{key}: walrus wall per pass (s; the driver's stats.json) and its exponent in executed instructions",
+            f"{key}: walrus wall per pass (s; the driver's stats.json) and its exponent in executed "
+            "instructions",
         ]
         lines += run_bench._table(["pass", *(r.label for r in done), "exponent"], rows)
         rows = [
@@ -479,7 +482,8 @@ def render(results: list[ScaleResult], reps: int) -> str:
         lines += ["", f"{key}: walrus peak RSS when each pass ended (MB; it only grows)"]
         lines += run_bench._table(["pass", *(r.label for r in done)], rows)
 
-    lines += ["", "growth: exponent of walrus CPU time in executed instructions (log-log; 1 linear, 2 quadratic)"]
+    lines += ["", "growth: exponent of walrus CPU time in executed instructions (log-log; 1 linear, "
+              "2 quadratic)"]
     for key, info in exponents.items():
         steps = "  ".join(f"{s['from']} -> {s['to']}: {fmt(s['exponent'], '.2f')}" for s in info["steps"])
         overall = fmt(info["overall"], ".2f")
@@ -489,8 +493,8 @@ def render(results: list[ScaleResult], reps: int) -> str:
     repeated = [r for r in results if r.walrus_wall_runs]
     if repeated:
         lines += ["", "walrus wall of every ncc compile (s; the row above is the median one)"]
-        lines += [f"  {r.family} {r.label} {r.loops}: " + ", ".join(f"{wall:.2f}" for wall in r.walrus_wall_runs)
-                  for r in repeated]
+        lines += [f"  {r.family} {r.label} {r.loops}: "
+                  + ", ".join(f"{wall:.2f}" for wall in r.walrus_wall_runs) for r in repeated]
 
     notes = [r for r in results if r.error and r.compiled]
     if notes:
@@ -554,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated loop modes to compile each size with (rolled, unrolled; default both)",
     )
     parser.add_argument("--simulate", action="store_true",
-                        help="also run each NEFF in the simulator on seeded inputs (slow at 100k instructions)")
+                        help="also run each NEFF in the simulator on seeded inputs (slow at 100k "
+                        "instructions)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON")
     parser.add_argument(
         "--keep", type=Path, metavar="DIR", help="write the modules and work directories here and keep them"
@@ -593,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
                 result = bench_size(family, size, args.reps if number == 0 else 0, args.timeout, scratch,
                                     args.ncc_reps, mode, args.simulate)
                 if number:
-                    result.xla_cpu_compile_s, result.xla_reps = results[-1].xla_cpu_compile_s, results[-1].xla_reps
+                    result.xla_cpu_compile_s = results[-1].xla_cpu_compile_s
+                    result.xla_reps = results[-1].xla_reps
                 results.append(result)
                 status = f"failed: {result.error}" if result.error else f"{result.compile_wall_s:.1f} s"
                 print(f"  {family} {result.label} {mode}: {status}", file=sys.stderr, flush=True)

@@ -82,8 +82,8 @@ def test_unrolled_mode_keeps_no_loop_and_auto_rolls_only_a_large_program():
 def _nest(extent_k: int, predicates: list[penguin_pb2.Predicate]) -> tuple[penguin_pb2.LoopNest, dict]:
     """A nest over (i, k) that loads an SBUF tile per (i, k) of x and stores it to y under
     `predicates`."""
-    x = penguin_pb2.TensorDecl(name="x", dtype=common_pb2.F32, shape=[512, 128 * extent_k], memory=common_pb2.HBM)
-    y = penguin_pb2.TensorDecl(name="y", dtype=common_pb2.F32, shape=[512, 128 * extent_k], memory=common_pb2.HBM)
+    x, y = (penguin_pb2.TensorDecl(name=name, dtype=common_pb2.F32, shape=[512, 128 * extent_k],
+                                   memory=common_pb2.HBM) for name in "xy")
     t = penguin_pb2.TensorDecl(name="t", dtype=common_pb2.F32, shape=[512, 128], memory=common_pb2.SBUF,
                                block_shape=[128, 128])
     nest = penguin_pb2.LoopNest(name="n", axes=[penguin_pb2.Axis(name="i", extent=4),
@@ -147,9 +147,11 @@ def test_private_tiles_rotate_and_the_rolled_neff_matches_the_unrolled_one(optle
         neffs[mode] = build_neff(program)
     buffers = {b.name: b for b in _bir(text).buffers}
     assert buffers
-    rolled_streams = [s for s in neffs["rolled"].streams if any(i.op == loops.LOOP_OP for i in s.instructions)]
+    rolled_streams = [s for s in neffs["rolled"].streams
+                      if any(i.op == loops.LOOP_OP for i in s.instructions)]
     assert rolled_streams
-    rotations = [v.rotation for s in rolled_streams for i in s.instructions for ap in i.outputs for v in ap.loop]
+    rotations = [v.rotation for s in rolled_streams for i in s.instructions for ap in i.outputs
+                 for v in ap.loop]
     assert any(len(r) == 2 for r in rotations)  # double buffering: copy r mod 2
     rng = np.random.default_rng(0)
     inputs = {f"arg{k}": rng.standard_normal((1024, 1024)).astype(np.float32) for k in range(2)}
@@ -196,7 +198,8 @@ FAULT = {"NCC_FAULT_INJECT": "walrus_driver:drop_rotation_wait@pass=codegen"}
 def test_a_dropped_rotation_wait_of_a_frontend_loop_is_a_race_between_iterations(tmp_path):
     model = tmp_path / "add.hlo"
     model.write_text(ADD.replace("ROWS", "2048").replace("COLS", "512"))
-    np.savez(tmp_path / "in.npz", arg0=np.ones((2048, 512), np.float32), arg1=np.ones((2048, 512), np.float32))
+    ones = np.ones((2048, 512), np.float32)
+    np.savez(tmp_path / "in.npz", arg0=ones, arg1=ones)
     workdir = tmp_path / "wd"
     result = ncc("compile", model, "--loops", "rolled", "-o", tmp_path / "bad.neff", "--workdir", workdir,
                  env=FAULT)

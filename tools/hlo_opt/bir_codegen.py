@@ -130,9 +130,9 @@ class BirCodeGenLoop:
         total = with_pieces(whole, extra)
         if total > MAX_INSTRUCTIONS:
             where = (largest.source or largest.name) if largest is not None else self.penguin.name
-            raise CompileError("E302", f"program too large: {total:,} backend instructions with its loops kept "
-                                       f"rolled (limit {MAX_INSTRUCTIONS:,}); the largest nest, from HLO "
-                                       f"instruction '{where}', still emits {largest_count:,}", where)
+            raise CompileError("E302", f"program too large: {total:,} backend instructions with its loops "
+                                       f"kept rolled (limit {MAX_INSTRUCTIONS:,}); the largest nest, from "
+                                       f"HLO instruction '{where}', still emits {largest_count:,}", where)
 
     def _nest(self, nest: penguin_pb2.LoopNest, plan: rolling.RollPlan | None) -> None:
         names = [axis.name for axis in nest.axes]

@@ -137,10 +137,13 @@ def body_copies(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Tenso
         for access in st.outputs:
             written[access.tensor] = finish[-1]
         if is_dma(st.op) and st.outputs:
-            moved = max(math.prod(a.extents) * itemsize(tensors[a.tensor].dtype) for a in (*st.inputs, *st.outputs))
-            pieces = dma_pieces(int(st.outputs[0].extents[-2]) if len(st.outputs[0].extents) > 1 else 1, moved)
+            moved = max(math.prod(a.extents) * itemsize(tensors[a.tensor].dtype)
+                        for a in (*st.inputs, *st.outputs))
+            extents = st.outputs[0].extents
+            pieces = dma_pieces(int(extents[-2]) if len(extents) > 1 else 1, moved)
             transfers += pieces * points
-            queue_ns += (pieces * target.dma_fixed_latency_ns + moved / target.dma_queue_bandwidth_gbps) * points
+            queue_ns += (pieces * target.dma_fixed_latency_ns
+                         + moved / target.dma_queue_bandwidth_gbps) * points
     path, busiest = max(finish, default=0.0), max(work.values(), default=0.0)
     for copies in range(1, MAX_COPIES + 1):
         # each dma of the body keeps its queue at every iteration: U copies spread one
@@ -181,7 +184,8 @@ class _AxisAnalysis:
             return None
         points = sorted({self.lo, self.hi, *(c for c in self.cuts if self.lo < c < self.hi)})
         ranges = list(zip(points, points[1:], strict=False))
-        return max(ranges, key=lambda r: ((r[1] - r[0]) * self._firing(r[0]), r[1] - r[0], -r[0]), default=None)
+        return max(ranges, key=lambda r: ((r[1] - r[0]) * self._firing(r[0]), r[1] - r[0], -r[0]),
+                   default=None)
 
     def _firing(self, value: int) -> int:
         """How many statements may run at iteration `value` (for some values of the other axes)."""

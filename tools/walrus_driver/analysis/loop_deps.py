@@ -178,7 +178,10 @@ class LoopDeps:
         """The lookup pages a box falls in: (memory, region, page) keys; an HBM tensor's pages
         are 16 rows or a 64th of its rows, whichever is more (a box over every iteration of a
         loop can span a whole tensor)."""
-        size = self.page_rows.get(box.region, 16) if box.memory == birutil.HBM else _PAGE.get(box.memory, 4096)
+        if box.memory == birutil.HBM:
+            size = self.page_rows.get(box.region, _PAGE[birutil.HBM])
+        else:
+            size = _PAGE.get(box.memory, 4096)
         return [(box.memory, box.region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
 
     def _rotor(self, buffer: bir_pb2.Buffer) -> str:
@@ -213,7 +216,8 @@ class LoopDeps:
             for other in filter(None, (n.strip() for n in ordered.split(","))):
                 if other not in names:
                     raise CompileError(
-                        "E405", f"{instr.name}: order_after names {other!r}, which is not an earlier instruction"
+                        "E405",
+                        f"{instr.name}: order_after names {other!r}, which is not an earlier instruction",
                     )
                 graph.merge_predecessors(instr.id, {names[other]: edge_code("ORDERED", 0)})
             names[instr.name] = instr.id

@@ -91,7 +91,9 @@ class LoopCounts:
         thread = self.thread[producer]
         producer_chain, consumer_chain = nest.chain_of(producer), nest.chain_of(consumer)
         if carried_loop is None:
-            shared = nest.common(producer_chain[-1], consumer_chain[-1]) if producer_chain and consumer_chain else ()
+            shared = ()
+            if producer_chain and consumer_chain:
+                shared = nest.common(producer_chain[-1], consumer_chain[-1])
         else:
             shared = nest.chain(carried_loop)
         value = self.base[producer]

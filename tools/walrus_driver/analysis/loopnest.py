@@ -54,7 +54,8 @@ class LoopNest:
         self._chains: dict[int, tuple[int, ...]] = {ROOT: ()}
 
     @classmethod
-    def of(cls, entries: dict[int, bir_pb2.Instruction], instructions: Sequence[bir_pb2.Instruction]) -> LoopNest:
+    def of(cls, entries: dict[int, bir_pb2.Instruction],
+           instructions: Sequence[bir_pb2.Instruction]) -> LoopNest:
         """Index the structure; E405 when an instruction names an unknown loop or a body is not
         one contiguous run of `instructions`."""
         loops: dict[int, Loop] = {}
@@ -139,7 +140,8 @@ def widen_live_ranges(live: dict[str, tuple[int, int]], instructions: Sequence[b
                       nest: LoopNest, buffers: dict[str, bir_pb2.Buffer]) -> set[str]:
     """Widen static live ranges (buffer -> first and last position of an instruction naming it)
     for loops: a buffer used inside a loop that does not hold it afresh at every iteration (it is
-    not private to that loop or to one inside it) is live over the loop's whole body, since every iteration uses it. Returns the buffers used inside some loop."""
+    not private to that loop or to one inside it) is live over the loop's whole body, since
+    every iteration uses it. Returns the buffers used inside some loop."""
     span: dict[int, tuple[int, int]] = {}  # loop id -> first and last position of its body
     loops_of: dict[str, set[int]] = {}  # buffer -> the loops of the instructions naming it
     for position, instr in enumerate(instructions):
@@ -191,7 +193,8 @@ def extract(program: bir_pb2.Program) -> dict[int, bir_pb2.Instruction]:
                                f"{instr.body_length} must both be at least 1", instr.name)
         end = index + 1 + instr.body_length
         if end > (open_loops[-1][1] if open_loops else len(instructions)):
-            raise CompileError("E405", f"loop {instr.name!r}: its body runs past its enclosing body", instr.name)
+            raise CompileError("E405", f"loop {instr.name!r}: its body runs past its enclosing body",
+                               instr.name)
         if instr.id in entries:
             raise CompileError("E405", f"instruction id {instr.id} is used twice ({instr.name})", instr.name)
         copy = bir_pb2.Instruction()

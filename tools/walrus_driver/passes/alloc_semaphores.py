@@ -219,7 +219,8 @@ def _carried_waits(ctx: PassContext, by_id: dict[int, bir_pb2.Instruction]) -> d
             continue  # the consumer's engine (or its trigger) runs after the producer completed
         key = (dependence.dst, thread, dependence.loop)
         old = best.get(key)
-        if old is None or (dependence.distance, -position[dependence.src]) < (old.distance, -position[old.src]):
+        rank = (dependence.distance, -position[dependence.src])
+        if old is None or rank < (old.distance, -position[old.src]):
             best[key] = dependence
     result: dict[int, list[Carried]] = {}
     for (consumer, _, _), dependence in sorted(best.items(), key=lambda item: item[0][0]):

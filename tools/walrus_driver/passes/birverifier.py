@@ -85,7 +85,8 @@ def run(ctx: PassContext) -> None:
     # in the order one process finds them, so the first one named is the same either way.
     report = _Report()
     dynamic = forked.Forked(
-        functools.partial(_check_synchronization, ctx, check_sync, report, options.max_expanded), parallel=fork
+        functools.partial(_check_synchronization, ctx, check_sync, report, options.max_expanded),
+        parallel=fork,
     )
     live = _check_instructions(ctx, report)
     if ctx.loop_entries:
@@ -288,7 +289,8 @@ def _check_loop_bounds(ctx: PassContext, nest: loopnest.LoopNest, report: _Repor
                 continue
             report.checks += 1
             if len(ap.loop) != len(chain):
-                report.fail("loop_bounds", instr.name, f"operand {ap.tensor!r} has {len(ap.loop)} loop variations "
+                report.fail("loop_bounds", instr.name, f"operand {ap.tensor!r} has {len(ap.loop)} loop "
+                            "variations "
                             f"inside {len(chain)} loops")
                 continue
             span = birutil.element_span(ap)
@@ -532,7 +534,8 @@ def _check_buffers(
                     f"PSUM bytes [{buffer.address}, {end}) exceed {target.psum_bytes_per_partition}",
                 )
             elif any(  # each copy of a rotating buffer is a buffer of its own here
-                0 < buffer.bytes_per_partition <= bank and start // bank != (start + buffer.bytes_per_partition - 1) // bank
+                0 < buffer.bytes_per_partition <= bank
+                and start // bank != (start + buffer.bytes_per_partition - 1) // bank
                 for start in range(buffer.address, end, buffer.bytes_per_partition or 1)
             ):
                 report.fail(

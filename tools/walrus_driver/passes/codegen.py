@@ -104,8 +104,8 @@ def _loop_streams(ctx: PassContext, per_engine: dict[int, list[bir_pb2.Instructi
     birutil.add_whole_memories(program, ctx.target, used)
 
 
-def _loop_operands(instr: bir_pb2.Instruction, chain: tuple[int, ...], nest, buffers: dict[str, bir_pb2.Buffer],
-                   used: set[int]) -> None:
+def _loop_operands(instr: bir_pb2.Instruction, chain: tuple[int, ...], nest,
+                   buffers: dict[str, bir_pb2.Buffer], used: set[int]) -> None:
     """Rewrite a body instruction's operands and waits for the stream: one variation per
     enclosing loop, on-chip operands at their absolute address in their whole memory, a
     rotating buffer's copies as the rotation of its loop."""
@@ -127,4 +127,5 @@ def _loop_operands(instr: bir_pb2.Instruction, chain: tuple[int, ...], nest, buf
             ap.loop.extend(variations)
     for wait in instr.waits:
         if wait.loop_steps and len(wait.loop_steps) != depth:
-            raise ValueError(f"codegen: {instr.name}: a wait with {len(wait.loop_steps)} loop steps in {depth} loops")
+            raise ValueError(
+                f"codegen: {instr.name}: a wait with {len(wait.loop_steps)} loop steps in {depth} loops")

@@ -324,6 +324,7 @@ def schedule_blocks(
         else:
             blocks.append([instr])
     by_id = {instr.id: instr for instr in input_order}
+    buffers = birutil.buffer_map(program)
     new_order: list[bir_pb2.Instruction] = []
     saved = {node: _copy(instr) for node, instr in by_id.items()}
     triggers: dict[int, bir_pb2.Instruction] = {}
@@ -336,8 +337,10 @@ def schedule_blocks(
         if len(block) < 2:
             new_order += block
             continue
-        sub = PassContext(program=bir_pb2.Program(name=program.name, target=program.target, buffers=program.buffers,
-                                                  hbm=program.hbm),
+        touched = {name for instr in block for name in birutil.touched_buffers(instr, ctx.footprint_cache)}
+        sub_program = bir_pb2.Program(name=program.name, target=program.target,
+                                      buffers=[buffers[name] for name in touched if name in buffers])
+        sub = PassContext(program=sub_program,
                           target=ctx.target, queues_assigned=ctx.queues_assigned, queue_pools=ctx.queue_pools,
                           unpooled_dmas=ctx.unpooled_dmas, footprint_cache=ctx.footprint_cache)
         sub._cost_table = ctx.costs()
@@ -346,14 +349,16 @@ def schedule_blocks(
         ids = {instr.id for instr in block}
         graph = DepGraph()
         for instr in block:
-            graph.set_predecessors(instr.id, {p: code for p, code in deps.pred_codes(instr.id).items() if p in ids})
+            preds = deps.pred_codes(instr.id)
+            graph.set_predecessors(instr.id, {p: code for p, code in preds.items() if p in ids})
         schedule(sub, in_loop if nest.owner(block[0].id) in nest.loops else options, graph, unpooled)
         for instr in sub.program.instructions:  # the block's order and the forms it chose
             by_id[instr.id].CopyFrom(instr)
             new_order.append(by_id[instr.id])
         triggers.update(sub.triggers_before_schedule or {})
         for name, value in sub.stats.get(ctx.current_label, {}).items():
-            if name.startswith("est_makespan") or name.endswith("_moved") or name in ("instructions", "moved_to_act"):
+            summed = name.startswith("est_makespan") or name.endswith("_moved")
+            if summed or name in ("instructions", "moved_to_act"):
                 totals[name] = totals.get(name, 0) + value
     if acceptable is not None and not acceptable(new_order):
         for node, instr in by_id.items():
