@@ -122,6 +122,24 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     for node, incoming in edges:
         graph.merge_predecessors(node, incoming)
 
+    _install(ctx, graph, use_addresses)
+    ctx.set_stat("retired_entries", onchip_retired + hbm_retired)
+    ctx.set_stat("hbm_edges_reused", int(hbm_walk is None))
+    ctx.set_stat("forked", int(fork))
+
+
+def _analyze_loops(ctx: PassContext, use_addresses: bool) -> None:
+    """A program that keeps loops: the DAG of one iteration and the carried dependences
+    (analysis/loop_deps.py); the static program is small, so no walk is forked."""
+    analysis = loop_deps.LoopDeps(ctx.program, ctx.loops(), use_addresses, ctx.hbm_widths or {})
+    _install(ctx, analysis.graph(), use_addresses)
+    ctx.carried = analysis.carried
+    ctx.set_stat("edges_carried", len(analysis.carried))
+    ctx.set_stat("loops", len(analysis.nest.loops))
+
+
+def _install(ctx: PassContext, graph: DepGraph, use_addresses: bool) -> None:
+    """Make `graph` the context's valid dependence graph, with its counters."""
     ctx.deps = graph
     ctx.deps_rebuild = None
     ctx.deps_valid = True
@@ -132,29 +150,6 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     by_kind = graph.kind_counts()
     for kind in (FLOW, ANTI, OUTPUT, ORDERED):
         ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
-    ctx.set_stat("address_mode", 1 if use_addresses else 0)
-    ctx.set_stat("retired_entries", onchip_retired + hbm_retired)
-    ctx.set_stat("hbm_edges_reused", int(hbm_walk is None))
-    ctx.set_stat("forked", int(fork))
-
-
-def _analyze_loops(ctx: PassContext, use_addresses: bool) -> None:
-    """A program that keeps loops: the DAG of one iteration and the carried dependences
-    (analysis/loop_deps.py); the static program is small, so no walk is forked."""
-    analysis = loop_deps.LoopDeps(ctx.program, ctx.loops(), use_addresses, ctx.hbm_widths or {})
-    graph = analysis.graph()
-    ctx.deps, ctx.carried = graph, analysis.carried
-    ctx.deps_rebuild = None
-    ctx.deps_valid = True
-    ctx.deps_valid_for_addresses = use_addresses
-    ctx.deps_reduced = False
-    ctx.set_stat("nodes", graph.number_of_nodes())
-    ctx.set_stat("edges", graph.number_of_edges())
-    by_kind = graph.kind_counts()
-    for kind in (FLOW, ANTI, OUTPUT, ORDERED):
-        ctx.set_stat(f"edges_{kind.lower()}", by_kind[kind])
-    ctx.set_stat("edges_carried", len(analysis.carried))
-    ctx.set_stat("loops", len(analysis.nest.loops))
     ctx.set_stat("address_mode", 1 if use_addresses else 0)
 
 

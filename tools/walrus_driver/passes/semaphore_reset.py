@@ -82,26 +82,12 @@ def run(ctx: PassContext) -> None:
             arriving.append(engine)
     next_id = birutil.next_instruction_id(program)
     waits: list[tuple[int, int]] = []
+    arrivals = []
     if arriving:
-        barrier = program.num_semaphores
-        if barrier >= target.num_semaphores:
-            raise CompileError(
-                "E404",
-                f"{NAME}: the end-of-inference barrier needs a semaphore, but alloc_semaphores used all "
-                f"{target.num_semaphores} of target {target.name}",
-                NAME,
-            )
-        program.num_semaphores += 1
-        arrivals = []
-        for engine in arriving:
-            arrival = _add(ctx, next_id, f"{NAME}.arrive.{birutil.engine_name(engine)}", "nop", engine)
-            arrival.updates.add(semaphore=barrier, increment=1)
+        for arrival in _arrivals(ctx, next_id, arriving, waits):
             walk.step(arrival, [])
             arrivals.append(walk.completion_clock[arrival.id])
-            next_id += 1
-        waits.append((barrier, len(arriving)))
-    else:
-        arrivals = []
+        next_id += len(arriving)
     final = {semaphore: count for semaphore, (count, _) in highest.items()}
     semaphore_of = {producer: semaphore for semaphore, producer in last_updater.items()}
     waits += [(semaphore_of[p], final[semaphore_of[p]]) for p in needed(arrivals)]
@@ -123,22 +109,33 @@ def _loop_barrier(ctx: PassContext) -> None:
     next_id = birutil.next_instruction_id(program)
     waits = sorted(final.items())
     if arriving:
-        barrier = program.num_semaphores
-        if barrier >= target.num_semaphores:
-            raise CompileError(
-                "E404",
-                f"{NAME}: the end-of-inference barrier needs a semaphore, but alloc_semaphores used all "
-                f"{target.num_semaphores} of target {target.name}",
-                NAME,
-            )
-        program.num_semaphores += 1
-        for engine in arriving:
-            arrival = _add(ctx, next_id, f"{NAME}.arrive.{birutil.engine_name(engine)}", "nop", engine)
-            arrival.updates.add(semaphore=barrier, increment=1)
-            next_id += 1
-        waits.append((barrier, len(arriving)))
+        _arrivals(ctx, next_id, arriving, waits)
+        next_id += len(arriving)
     _add_reset(ctx, next_id, waits)
     ctx.set_stat("barrier_arrivals", len(arriving))
+
+
+def _arrivals(ctx: PassContext, next_id: int, engines: list[int],
+              waits: list[tuple[int, int]]) -> list[bir_pb2.Instruction]:
+    """An arrival nop on each of `engines` adding 1 to a new barrier semaphore (ids from
+    `next_id`), and the reset's wait for all of them appended to `waits`."""
+    program, target = ctx.program, ctx.target
+    barrier = program.num_semaphores
+    if barrier >= target.num_semaphores:
+        raise CompileError(
+            "E404",
+            f"{NAME}: the end-of-inference barrier needs a semaphore, but alloc_semaphores used all "
+            f"{target.num_semaphores} of target {target.name}",
+            NAME,
+        )
+    program.num_semaphores += 1
+    arrivals = []
+    for number, engine in enumerate(engines):
+        arrival = _add(ctx, next_id + number, f"{NAME}.arrive.{birutil.engine_name(engine)}", "nop", engine)
+        arrival.updates.add(semaphore=barrier, increment=1)
+        arrivals.append(arrival)
+    waits.append((barrier, len(engines)))
+    return arrivals
 
 
 def _add_reset(ctx: PassContext, next_id: int, waits: list[tuple[int, int]]) -> None:
