@@ -49,7 +49,7 @@ RESET_OP = "sem_reset"
 def run(ctx: PassContext) -> None:
     ctx.require_synchronized()
     ctx.forbid_after_lower_sync()
-    program, target = ctx.program, ctx.target
+    program = ctx.program
     if any(instr.op == RESET_OP for instr in program.instructions):
         raise CompileError("E402", f"pass {NAME}: the program already ends with a semaphore reset", NAME)
     if program.num_semaphores == 0:
@@ -98,7 +98,7 @@ def run(ctx: PassContext) -> None:
 def _loop_barrier(ctx: PassContext) -> None:
     """The reset of a program that keeps loops (the module docstring): every waiting engine but SP
     arrives at a barrier; the reset waits for it and for each semaphore's final count."""
-    program, target = ctx.program, ctx.target
+    program = ctx.program
     nest = ctx.loops()
     final: dict[int, int] = {}
     for instr in program.instructions:
