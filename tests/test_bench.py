@@ -38,8 +38,9 @@ def test_run_scale_reports_every_size_and_the_growth_exponent(
 ) -> None:
     out = tmp_path / "scale.json"
     sizes = "n=3,rows=128,cols=128; n=1,rows=12800000,cols=2048; n=6,rows=128,cols=128"
-    code = run_scale.main(["--family", "chain", "--sizes", sizes, "--reps", "1", "--json", str(out)])
-    assert code == 1  # the middle size is refused by the first job
+    code = run_scale.main(["--family", "chain", "--sizes", sizes, "--reps", "1", "--loops", "unrolled",
+                           "--json", str(out)])
+    assert code == 1  # the middle size is refused by the first job (unrolled: 1.6M instructions)
     printed = capsys.readouterr().out
 
     data = json.loads(out.read_text())
@@ -55,7 +56,7 @@ def test_run_scale_reports_every_size_and_the_growth_exponent(
     assert larger["bir_instructions"] > small["bir_instructions"]
     assert refused["compile_wall_s"] is None and refused["error"].startswith("ncc: error: [E")
 
-    growth = data["growth"]["chain"]
+    growth = data["growth"]["chain unrolled"]
     assert growth["sizes"] == 2
     assert isinstance(growth["overall"], float)
     assert [step["exponent"] for step in growth["steps"]] == [pytest.approx(growth["overall"])]
@@ -67,18 +68,35 @@ def test_run_scale_reports_every_size_and_the_growth_exponent(
         for line in table
     )
     assert any("n=6,rows=128,cols=128" in line and "n/a" in line for line in table)
-    assert any(line.strip().startswith("chain: overall ") for line in table)
+    assert any(line.strip().startswith("chain unrolled: overall ") for line in table)
 
 
 def test_a_compile_over_the_timeout_is_one_failed_row(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], without_jax: None
 ) -> None:
     out = tmp_path / "scale.json"
-    args = ["--family", "chain", "--sizes", "n=3,rows=128,cols=128", "--timeout", "0.05", "--json", str(out)]
+    args = ["--family", "chain", "--sizes", "n=3,rows=128,cols=128", "--timeout", "0.05", "--loops", "rolled",
+            "--json", str(out)]
     assert run_scale.main(args) == 1
     (row,) = json.loads(out.read_text())["results"]
     assert row["compile_wall_s"] is None and "time limit" in row["error"]
     assert "FAILED: ncc: error: [F" in capsys.readouterr().out
+
+
+def test_run_scale_sets_rolled_beside_unrolled(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], without_jax: None
+) -> None:
+    out = tmp_path / "scale.json"
+    code = run_scale.main(["--family", "chain", "--sizes", "n=4,rows=1024,cols=512", "--reps", "1",
+                           "--simulate", "--json", str(out)])
+    assert code == 0
+    rolled, unrolled = json.loads(out.read_text())["results"]
+    assert (rolled["loops"], unrolled["loops"]) == ("rolled", "unrolled")
+    assert rolled["executed_instructions"] > 0 and unrolled["executed_instructions"] > 0
+    assert rolled["bir_instructions"] < unrolled["bir_instructions"]  # the frontend kept a loop
+    assert rolled["simulated_ns"] > 0 and unrolled["simulated_ns"] > 0
+    printed = capsys.readouterr().out
+    assert "loops kept rolled against unrolled" in printed
 
 
 def test_sizes_parse_in_hlo_gen_parameter_order() -> None:
@@ -130,7 +148,7 @@ def test_run_scale_repeats_the_compile_and_reports_the_median_run(
 ) -> None:
     out = tmp_path / "scale.json"
     code = run_scale.main(["--family", "chain", "--sizes", "n=2,rows=128,cols=128", "--reps", "1",
-                           "--ncc-reps", "3", "--json", str(out)])
+                           "--ncc-reps", "3", "--loops", "rolled", "--json", str(out)])
     assert code == 0
     (row,) = json.loads(out.read_text())["results"]
     runs = row["walrus_wall_runs"]
