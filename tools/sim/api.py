@@ -17,6 +17,9 @@ last inference's, `simulated_ns` the first one's time (`inference_ns` has each),
 times and instruction counts add up over all, and a schedule or an observer sees the first only.
 `observe(instruction, outputs)`, when given, is called as each instruction's effect lands, with
 the BIR instruction and a copy of its outputs' storage right then, in simulated order.
+`max_steps` bounds the instructions a run executes (limits.MAX_STEPS by default): a NEFF whose
+loops would execute more is refused (E605) before anything runs. Loops are not expanded: each
+loop body is decoded once and its iterations are created as they run (program.py).
 """
 
 from __future__ import annotations
@@ -29,12 +32,11 @@ import numpy as np
 from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes, loops
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS
 from ncc.tools.sim import limits
 from ncc.tools.sim.hb import Race
 from ncc.tools.sim.instruction import Op
 from ncc.tools.sim.memory import DeviceMemory, shape_text
-from ncc.tools.sim.program import load_streams, streams_of_program
+from ncc.tools.sim.program import load_streams, locate, streams_of_program
 from ncc.tools.sim.simulator import Simulator
 from ncc.tools.sim.trace import Schedule, ScheduleRecorder, chrome_trace
 from ncc.tools.target import Target, load_target
@@ -88,6 +90,7 @@ def simulate_neff(
     target: Target | None = None,
     record_schedule: bool = False,
     inferences: int = 1,
+    max_steps: int = limits.MAX_STEPS,
 ) -> SimResult:
     """Execute a NEFF's streams on `inputs` ("arg0".."argN"), `inferences` times back to back."""
     return _simulate(
@@ -101,6 +104,7 @@ def simulate_neff(
         target,
         record_schedule,
         inferences=inferences,
+        max_steps=max_steps,
     )
 
 
@@ -112,6 +116,7 @@ def simulate_program(
     record_schedule: bool = False,
     observe: Observer | None = None,
     inferences: int = 1,
+    max_steps: int = limits.MAX_STEPS,
 ) -> SimResult:
     """Execute a BIR program: its streams if codegen filled them, else its instructions grouped
     by engine in order. Buffers not yet allocated (address -1) get private storage each."""
@@ -127,6 +132,7 @@ def simulate_program(
         record_schedule,
         observe,
         inferences,
+        max_steps,
     )
 
 
@@ -149,25 +155,29 @@ def _simulate(
     record_schedule: bool = False,
     observe: Observer | None = None,
     inferences: int = 1,
+    max_steps: int = limits.MAX_STEPS,
 ) -> SimResult:
     target = target or _load_target(target_name)
-    hbm = list(hbm)
-    streams = loops.expand_streams(list(streams), "E603", MAX_INSTRUCTIONS, limit_code="E605")
-    limits.check_program(target, hbm, streams, num_semaphores)
+    hbm, streams = list(hbm), list(streams)
+    layouts = loops.plan_streams(streams, "E603", max_steps, limit_code="E605")
+    if layouts is None and sum(len(stream.instructions) for stream in streams) > max_steps:
+        executed = sum(len(stream.instructions) for stream in streams)
+        raise CompileError("E605", f"the streams execute {executed:,} instructions (at most {max_steps:,})")
+    limits.check_program(target, hbm, streams, num_semaphores, layouts=layouts)
     memory = DeviceMemory(target, hbm, buffers)
     _bind_inputs(memory, inputs)
-    ops = load_streams(streams, memory, target, num_semaphores)
+    ops = load_streams(streams, layouts, memory, target, num_semaphores)
     recorder = ScheduleRecorder() if record_schedule else None
     observer = None
-    if observe is not None:  # load_streams numbers ops (uid) in stream order
-        instructions = [instruction for stream in streams for instruction in stream.instructions]
+    if observe is not None:
 
         def observer(op: Op) -> None:
-            observe(instructions[op.uid], [access.read() for access in op.outputs])
+            stream, position = locate(ops, op.uid)
+            observe(stream.instruction(position), [access.read() for access in op.outputs])
 
     outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer).run()
     if recorder is not None:  # load_streams numbers ops (uid) in stream order
-        recorder.schedule.ids = [int(i.id) for stream in streams for i in stream.instructions]
+        recorder.schedule.ids = [number for stream in ops.values() for number in stream.ids()]
     result = SimResult(
         outputs={},
         simulated_ns=outcome.simulated_ns,

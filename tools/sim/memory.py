@@ -8,6 +8,11 @@ view of the operand's logical shape (storage dtype, aliasing device memory) plus
 race checker needs (region, partition range, byte hull, exact byte intervals). Bounds are
 checked once, when the operand is resolved, and an out-of-bounds operand is a CompileError E601
 naming the instruction. Malformed operands (unknown tensor, wrong memory) are E603.
+
+An operand inside a loop changes only its offset from iteration to iteration: its Access says at
+which offsets the same pattern stays in bounds (`offset_range`), and `at(offset)` gives the
+Access at another offset without resolving the pattern again (the simulator decodes a loop body
+once and checks every iteration's offsets against that range up front).
 """
 
 from __future__ import annotations
@@ -62,6 +67,12 @@ class Access:
     base: int
     counts: tuple[int, ...]
     byte_strides: tuple[int, ...]
+    offset: int = 0  # the access pattern's offset (HBM: elements, on chip: bytes)
+    offset_unit: int = 1  # bytes per unit of `offset`
+    offset_range: tuple[int, int] = (0, 0)  # the offsets at which the pattern is in bounds
+    storage: np.ndarray | None = field(default=None, repr=False)  # what `view` aliases (None: empty)
+    storage_offset: int = 0  # where `view` starts in `storage`, in bytes
+    footprint: object = field(default=None, repr=False)  # the race detector's record of this geometry
     _intervals: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
     @property
@@ -101,6 +112,24 @@ class Access:
         """Narrow computed values to this operand's dtype (bf16 rounds to nearest even) and store them."""
         if self.size:
             self.write_storage(dtypes.from_compute(np.asarray(values), self.dtype).reshape(self.view.shape))
+
+    def at(self, offset: int) -> Access:
+        """The same operand with its access pattern's offset at `offset` (a loop instance's), which
+        the caller has checked against `offset_range`: nothing is resolved or checked again."""
+        delta = (offset - self.offset) * self.offset_unit
+        moved = Access.__new__(Access)
+        moved.__dict__.update(self.__dict__)
+        moved.offset = offset
+        moved.byte_lo, moved.byte_hi = self.byte_lo + delta, self.byte_hi + delta
+        moved.base = self.base + delta
+        moved.footprint = moved._intervals = None
+        if self.storage is not None:
+            moved.storage_offset = self.storage_offset + delta
+            view = self.view
+            moved.view = np.ndarray(
+                view.shape, view.dtype, buffer=self.storage, offset=moved.storage_offset, strides=view.strides
+            )
+        return moved
 
     def intervals(self) -> tuple[np.ndarray, np.ndarray]:
         """Sorted disjoint byte intervals [starts, ends) touched in each partition (or in the tensor)."""
@@ -272,9 +301,11 @@ class DeviceMemory:
         numel = len(data) // itemsize
         strides = tuple(int(d.stride) for d in ap.dims)
         empty = any(c == 0 for c in counts)
-        lo = ap.offset + sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
-        hi = ap.offset + sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + 1
-        if not empty and (lo < 0 or hi > numel):
+        below = sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
+        above = sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + 1
+        lo, hi = ap.offset + below, ap.offset + above
+        offset_range = (-below, numel - above)  # lo >= 0 and hi <= numel
+        if not empty and not offset_range[0] <= ap.offset <= offset_range[1]:
             raise CompileError(
                 "E601",
                 f"{what} reaches elements {lo}..{hi - 1} of HBM tensor {ap.tensor!r} "
@@ -302,6 +333,11 @@ class DeviceMemory:
             base=ap.offset * itemsize,
             counts=counts,
             byte_strides=byte_strides,
+            offset=int(ap.offset),
+            offset_unit=itemsize,
+            offset_range=offset_range,
+            storage=None if empty else data,
+            storage_offset=ap.offset * itemsize,
         )
 
     def _resolve_onchip(self, ap: bir_pb2.AccessPattern, counts: tuple[int, ...], what: str) -> Access:
@@ -332,12 +368,15 @@ class DeviceMemory:
         strides = tuple(int(d.stride) * itemsize for d in ap.dims)
         base_address = buffer.address if allocated else 0
         start = base_address + int(ap.offset)
-        lo = start + sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
-        hi = start + sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + itemsize
+        below = sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
+        above = sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + itemsize
+        lo, hi = start + below, start + above
         limit_lo = base_address
         limit_hi = base_address + buffer.bytes_per_partition if buffer.bytes_per_partition > 0 else row_bytes
+        # lo >= limit_lo and hi <= min(limit_hi, row_bytes)
+        offset_range = (limit_lo - base_address - below, min(limit_hi, row_bytes) - base_address - above)
         empty = p_count == 0 or any(c == 0 for c in counts)
-        if not empty and (lo < limit_lo or hi > min(limit_hi, row_bytes)):
+        if not empty and not offset_range[0] <= ap.offset <= offset_range[1]:
             raise CompileError(
                 "E601",
                 f"{what} reaches bytes {lo - base_address}..{hi - base_address - 1} of buffer {ap.tensor!r} "
@@ -371,4 +410,8 @@ class DeviceMemory:
             base=start,
             counts=counts,
             byte_strides=strides,
+            offset=int(ap.offset),
+            offset_range=offset_range,
+            storage=None if empty else storage_array,
+            storage_offset=p_lo * row_bytes + start,
         )

@@ -21,8 +21,13 @@ starts. When no event is pending and streams are unfinished the run is deadlocke
 and deadlock.py explains why. The loop always ends: each instruction starts once and each event
 is processed once.
 
+Each engine's instructions come from its `EngineStream` (program.py), which creates the Op of a
+loop instance when the engine reaches it: the loop runs as its expansion would, without the
+expansion ever being held in memory.
+
 Happens-before is tracked alongside (hb.py) when race checking is on: one thread per engine and
-per (queue, trigger engine) pair, clocks ticked as instructions start and transfers are queued.
+per (queue, trigger engine) pair the program uses, clocks ticked as instructions start and
+transfers are queued.
 A queue moves its transfers in FIFO order, but transfers that different engines issue onto one
 queue interleave in an order only the run decides, so that order is no synchronization (as in
 the compiler's model, docs/ir.md): a store issued too early that happens to go ahead of a load
@@ -38,8 +43,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,6 +52,7 @@ from ncc.tools.sim import semantics
 from ncc.tools.sim.deadlock import BlockedPort, BlockedWait, PendingUpdate, describe_deadlock
 from ncc.tools.sim.hb import Race, RaceDetector, SemaphoreLog, VectorClocks
 from ncc.tools.sim.instruction import Op, engine_name, queue_name
+from ncc.tools.sim.program import EngineStream, locate
 from ncc.tools.sim.trace import ScheduleRecorder
 from ncc.tools.target import ENGINES, Target
 from ncc.tools.target.costs import DISPATCH_CLAIMED_PORTS
@@ -56,16 +62,32 @@ _COMPLETE, _TRIGGERED, _TRANSFERRED = "complete", "triggered", "transferred"
 
 @dataclass
 class _Engine:
+    """An engine's progress through its stream: `head` is the instruction at `pc` (None past the end)."""
+
     engine: int
     thread: int
-    ops: list[Op]
+    stream: EngineStream | None
+    length: int = 0
     pc: int = 0
+    head: Op | None = None
+    cursor: Iterator[Op] = field(default_factory=lambda: iter(()))
     running: Op | None = None
     busy_ns: float = 0.0
 
+    @classmethod
+    def of(cls, engine: int, thread: int, stream: EngineStream | None) -> _Engine:
+        if stream is None:
+            return cls(engine, thread, None)
+        cursor = stream.ops()
+        return cls(engine, thread, stream, stream.length, head=next(cursor, None), cursor=cursor)
+
+    def advance(self) -> None:
+        self.pc += 1
+        self.head = next(self.cursor, None)
+
     @property
     def live(self) -> bool:
-        return self.running is not None or self.pc < len(self.ops)
+        return self.running is not None or self.pc < self.length
 
 
 @dataclass
@@ -87,7 +109,7 @@ class Simulator:
 
     def __init__(
         self,
-        streams: dict[int, list[Op]],
+        streams: dict[int, EngineStream],
         target: Target,
         num_semaphores: int,
         check_races: bool,
@@ -98,14 +120,12 @@ class Simulator:
         self.target = target
         self.recorder = recorder
         self.observer = observer
+        self.streams = streams
         engine_ids = list(ENGINES.values())
-        self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
+        self.engines = [_Engine.of(e, i, streams.get(e)) for i, e in enumerate(engine_ids)]
         # the happens-before thread of each (queue, trigger engine)'s transfers
-        self.transfer_thread = {
-            (q, e.engine): len(engine_ids) * (1 + q) + e.thread
-            for q in range(target.dma_queues)
-            for e in self.engines
-        }
+        pairs = sorted({(q, stream.engine) for stream in streams.values() for q in stream.dma_queues()})
+        self.transfer_thread = {pair: len(engine_ids) + number for number, pair in enumerate(pairs)}
         self.queue_free_ns = [0.0] * target.dma_queues
         self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
         self.queue_busy_ns = [0.0] * target.dma_queues
@@ -117,10 +137,10 @@ class Simulator:
         self.sequence = itertools.count()
         self.now = 0.0
         self.started = 0
-        threads = len(engine_ids) * (1 + target.dma_queues)
+        threads = len(engine_ids) + len(pairs)
         self.clocks = VectorClocks(threads) if check_races else None
-        self.sem_log = SemaphoreLog(num_semaphores) if check_races else None
-        self.races = RaceDetector(self._frontier) if check_races else None
+        self.sem_log = SemaphoreLog(num_semaphores, threads) if check_races else None
+        self.races = RaceDetector(self._frontier, self._label) if check_races else None
 
     # ---- the loop --------------------------------------------------------------------------
 
@@ -136,7 +156,7 @@ class Simulator:
                 self._handle(kind, payload)
         deadlock = self._deadlock() if any(e.live for e in self.engines) else None
         if self.recorder is not None:
-            stuck = [e.ops[e.pc] for e in self.engines if e.running is None and e.pc < len(e.ops)]
+            stuck = [e.head for e in self.engines if e.running is None and e.head is not None]
             self.recorder.finished(self.now, stuck)
         busy = {engine_name(e.engine): e.busy_ns for e in self.engines}
         for queue, used in enumerate(self.queue_used):
@@ -157,17 +177,18 @@ class Simulator:
         heapq.heappush(self.events, (time, next(self.sequence), kind, payload))
 
     def _start_ready(self) -> None:
+        counts, now = self.counts, self.now
         for engine in self.engines:
-            if engine.running is not None or engine.pc >= len(engine.ops):
+            op = engine.head
+            if engine.running is not None or op is None:
                 continue
-            op = engine.ops[engine.pc]
-            if not self._claim_at_dispatch(engine, op):
+            if op.ports and not self._claim_at_dispatch(engine, op):
                 continue
-            if any(self.counts[s] < v for s, v in op.waits):
+            if any(counts[s] < v for s, v in op.waits):
                 continue
             if self.recorder is not None:
-                self.recorder.waits_met(engine.engine, self.now)
-            if any(self.port_free_ns.get(p, 0.0) > self.now for p in op.ports):
+                self.recorder.waits_met(engine.engine, now)
+            if op.ports and any(self.port_free_ns.get(p, 0.0) > now for p in op.ports):
                 continue
             self._start(engine, op)
 
@@ -185,7 +206,7 @@ class Simulator:
         return True
 
     def _start(self, engine: _Engine, op: Op) -> None:
-        engine.pc += 1
+        engine.advance()
         engine.running = op
         engine.busy_ns += op.cost_ns
         self.started += 1
@@ -199,7 +220,7 @@ class Simulator:
             joins = [c for c in (self.sem_log.cause(s, v) for s, v in op.waits) if c is not None]
             clock = self.clocks.tick(engine.thread, joins)
             if not op.is_dma:
-                self._record(engine.thread, clock, op, op.label)
+                self._record(engine.thread, clock, op)
         self._push(end, _TRIGGERED if op.is_dma else _COMPLETE, (engine, op, clock))
 
     def _handle(self, kind: str, payload: object) -> None:
@@ -217,7 +238,7 @@ class Simulator:
             if self.clocks is not None:
                 thread = self.transfer_thread[op.queue, engine.engine]
                 transfer_clock = self.clocks.tick(thread, [clock])
-                self._record(thread, transfer_clock, op, op.transfer_label)
+                self._record(thread, transfer_clock, op)
             engine.running = None
             start = max(self.now, self.queue_free_ns[op.queue])
             end = start + op.transfer_ns
@@ -253,11 +274,18 @@ class Simulator:
 
     # ---- happens-before ----------------------------------------------------------------------
 
-    def _record(self, thread: int, clock: np.ndarray, op: Op, label: str) -> None:
+    def _record(self, thread: int, clock: np.ndarray, op: Op) -> None:
+        values = clock.tolist()
         for access in op.inputs:
-            self.races.access(thread, clock, access, False, op.uid, label)
+            self.races.access(thread, values, access, False, op.uid)
         for access in op.outputs:
-            self.races.access(thread, clock, access, True, op.uid, label)
+            self.races.access(thread, values, access, True, op.uid)
+
+    def _label(self, uid: int, thread: int) -> str:
+        """Instruction `uid` as races name it: on its engine's thread or its transfer's."""
+        stream, position = locate(self.streams, uid)
+        op = stream.op_at(position)
+        return op.label if thread < len(self.engines) else op.transfer_label
 
     def _frontier(self) -> np.ndarray | None:
         """Minimum clock of every event still to come (engines with work left; queued transfers
@@ -271,19 +299,19 @@ class Simulator:
         pending: list[PendingUpdate] = []
         ports: list[BlockedPort] = []
         for engine in self.engines:
-            if engine.pc >= len(engine.ops):
+            head = engine.head
+            if head is None:
                 continue
-            head = engine.ops[engine.pc]
             name = engine_name(engine.engine)
             for port in head.ports:
                 holder = self.port_claims.get(port)
                 if holder is not None and holder is not engine:
-                    held_by = holder.ops[holder.pc]
-                    ports.append(BlockedPort(name, head.name, port, engine_name(holder.engine), held_by.name))
+                    holder_name = engine_name(holder.engine)
+                    ports.append(BlockedPort(name, head.name, port, holder_name, holder.head.name))
             for semaphore, value in head.waits:
                 if self.counts[semaphore] < value:
                     blocked.append(BlockedWait(name, head.name, semaphore, value, self.counts[semaphore]))
-            for op in engine.ops[engine.pc :]:
-                for semaphore, increment in op.updates:
-                    pending.append(PendingUpdate(name, op.name, semaphore, increment))
+            # per semaphore the first positive update and the sum of all: the diagnosis looks at no more
+            for instruction, semaphore, total in engine.stream.positive_updates(engine.pc):
+                pending.append(PendingUpdate(name, instruction, semaphore, total))
         return describe_deadlock(blocked, pending, ports)
