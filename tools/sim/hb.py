@@ -36,7 +36,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ncc.schemas.common_pb2 import HBM
 from ncc.tools.sim.memory import Access
+
+_ONCHIP_BUCKET = 512  # bytes of a partition per bucket of the race detector's footprint index
+_HBM_BUCKET = 65536
 
 
 @dataclass
@@ -146,26 +150,28 @@ class _Footprint:
 
     __slots__ = ("access", "buckets", "detector", "key", "overlapping", "reads", "writes")
 
-    def __init__(self, key: tuple, access: Access, buckets: list[int] | None, detector: object) -> None:
+    def __init__(self, key: tuple, access: Access, buckets: range | None, detector: object) -> None:
         self.key = key
         self.access = access  # the first access seen: where messages read the geometry
         self.buckets = buckets  # the region's buckets it is filed in (None: a wide footprint)
         self.detector = detector  # whose it is (None once dropped): an Access caches its footprint
         self.reads: dict[int, _Log] = {}
         self.writes: dict[int, _Log] = {}
-        self.overlapping: list[_Footprint] = []
+        # the footprints whose hull meets this one's: do they share a byte (None: not known yet)
+        self.overlapping: dict[_Footprint, bool | None] = {}
 
 
 class _Region:
-    """The footprints of one memory region, found by key and by the byte buckets they cover."""
+    """The footprints of one memory region, found by key and by the byte buckets they cover
+    (`bucket_bytes` wide: on chip a partition's bytes are few and tiles small, in HBM not)."""
 
-    BUCKET_BYTES = 4096
     MAX_BUCKETS = 64  # a footprint spanning more is wide: compared with every new footprint
 
-    def __init__(self) -> None:
+    def __init__(self, bucket_bytes: int) -> None:
+        self.bucket_bytes = bucket_bytes
         self.by_key: dict[tuple, _Footprint] = {}
-        self.buckets: dict[int, list[_Footprint]] = {}
-        self.wide: list[_Footprint] = []
+        self.buckets: dict[int, dict[_Footprint, None]] = {}
+        self.wide: dict[_Footprint, None] = {}
 
     def footprint(self, access: Access, detector: object) -> _Footprint:
         key = (
@@ -175,24 +181,27 @@ class _Region:
         found = self.by_key.get(key)
         if found is not None:
             return found
-        first, last = access.byte_lo // self.BUCKET_BYTES, (access.byte_hi - 1) // self.BUCKET_BYTES
-        buckets = list(range(first, last + 1)) if last - first < self.MAX_BUCKETS else None
+        first, last = access.byte_lo // self.bucket_bytes, (access.byte_hi - 1) // self.bucket_bytes
+        buckets = range(first, last + 1) if last - first < self.MAX_BUCKETS else None
         footprint = _Footprint(key, access, buckets, detector)
-        seen: set[int] = set()
-        nearby = [*self.wide, *(f for b in (buckets or self.buckets) for f in self.buckets.get(b, ()))]
-        for other in nearby:
-            if id(other) not in seen:
-                seen.add(id(other))
-                if other.access.overlaps(access):
-                    other.overlapping.append(footprint)
-                    footprint.overlapping.append(other)
-        footprint.overlapping.append(footprint)
+        p_lo, p_hi, b_lo, b_hi = access.part_lo, access.part_hi, access.byte_lo, access.byte_hi
+        seen: set[_Footprint] = set()
+        near = [self.buckets.get(b, {}) for b in buckets] if buckets else list(self.buckets.values())
+        for filed in (self.wide, *near):
+            for other in filed:
+                known = other.access  # the hulls first: most neighbours in a bucket do not meet
+                apart = known.part_hi <= p_lo or p_hi <= known.part_lo
+                if apart or known.byte_hi <= b_lo or b_hi <= known.byte_lo or other in seen:
+                    continue
+                seen.add(other)
+                other.overlapping[footprint] = footprint.overlapping[other] = None
+        footprint.overlapping[footprint] = True
         self.by_key[key] = footprint
         if buckets is None:
-            self.wide.append(footprint)
+            self.wide[footprint] = None
         else:
             for bucket in buckets:
-                self.buckets.setdefault(bucket, []).append(footprint)
+                self.buckets.setdefault(bucket, {})[footprint] = None
         return footprint
 
     def drop(self, footprint: _Footprint) -> None:
@@ -200,13 +209,13 @@ class _Region:
         del self.by_key[footprint.key]
         for other in footprint.overlapping:
             if other is not footprint:
-                other.overlapping.remove(footprint)
+                del other.overlapping[footprint]
         if footprint.buckets is None:
-            self.wide.remove(footprint)
+            del self.wide[footprint]
         else:
             for bucket in footprint.buckets:
                 filed = self.buckets[bucket]
-                filed.remove(footprint)
+                del filed[footprint]
                 if not filed:
                     del self.buckets[bucket]
 
@@ -214,15 +223,29 @@ class _Region:
 def _unordered(footprint: _Footprint, thread: int, clock: list[int], write: bool) -> bool:
     """Does another thread hold a conflicting entry on an overlapping footprint that is not
     ordered before `clock`? (Its latest entry there is then unordered.)"""
-    for other in footprint.overlapping:
-        for t, log in other.writes.items():
+    for other, shared in footprint.overlapping.items():
+        if shared is not False and _latest_unordered(other, thread, clock, write):
+            if shared or _share_bytes(footprint, other):
+                return True
+    return False
+
+
+def _latest_unordered(footprint: _Footprint, thread: int, clock: list[int], write: bool) -> bool:
+    for t, log in footprint.writes.items():
+        if log.clocks[-1] > clock[t] and t != thread:
+            return True
+    if write:
+        for t, log in footprint.reads.items():
             if log.clocks[-1] > clock[t] and t != thread:
                 return True
-        if write:
-            for t, log in other.reads.items():
-                if log.clocks[-1] > clock[t] and t != thread:
-                    return True
     return False
+
+
+def _share_bytes(footprint: _Footprint, other: _Footprint) -> bool:
+    """The exact test of two footprints whose hulls meet (numpy: made once per pair, when needed)."""
+    shared = other.access.overlaps(footprint.access)
+    footprint.overlapping[other] = other.overlapping[footprint] = shared
+    return shared
 
 
 class RaceDetector:
@@ -262,7 +285,8 @@ class RaceDetector:
         if footprint is None or footprint.detector is not self:  # new, dropped, or another run's
             region = self.regions.get(access.region)
             if region is None:
-                region = self.regions[access.region] = _Region()
+                bucket_bytes = _HBM_BUCKET if access.memory == HBM else _ONCHIP_BUCKET
+                region = self.regions[access.region] = _Region(bucket_bytes)
             footprint = access.footprint = region.footprint(access, self)
         if _unordered(footprint, thread, clock, write):
             self._report(thread, clock, access, write, uid, footprint)
@@ -283,7 +307,9 @@ class RaceDetector:
     ) -> None:
         """Report every unordered conflicting entry of the overlapping footprints, oldest first."""
         found = []
-        for other in footprint.overlapping:
+        for other, shared in footprint.overlapping.items():
+            if not (shared or shared is None and _share_bytes(footprint, other)):
+                continue
             for prior_write, logs in ((True, other.writes), (False, other.reads)):
                 if not (write or prior_write):
                     continue

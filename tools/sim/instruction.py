@@ -47,10 +47,10 @@ class Op:
     transfer_ns: float = 0.0
     hbm_ns: float = 0.0
     ports: tuple[str, ...] = ()
+    is_dma: bool = field(init=False)  # moves data on a queue (target.is_dma), read once per event
 
-    @property
-    def is_dma(self) -> bool:
-        return is_dma(self.op)
+    def __post_init__(self) -> None:
+        self.is_dma = is_dma(self.op)
 
     @property
     def moved_bytes(self) -> int:

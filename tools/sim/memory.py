@@ -28,6 +28,8 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
 
 ONCHIP_NAMES = {common_pb2.SBUF: "SBUF", common_pb2.PSUM: "PSUM"}
+# dtypes whose stored form is not their computed values' cast (dtypes.from_compute rounds or maps)
+_CONVERTED_ON_STORE = frozenset({common_pb2.BF16, common_pb2.PRED})
 MEMORY_NAMES = {common_pb2.HBM: "HBM", **ONCHIP_NAMES}
 
 
@@ -74,14 +76,17 @@ class Access:
     storage_offset: int = 0  # where `view` starts in `storage`, in bytes
     footprint: object = field(default=None, repr=False)  # the race detector's record of this geometry
     _intervals: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    size: int = field(init=False)  # elements: the view's, read on every execution and check
+    empty: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = int(self.view.size)
+        self.empty = self.size == 0
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.view.shape
 
-    @property
-    def size(self) -> int:
-        return int(self.view.size)
 
     @property
     def partitions(self) -> int:
@@ -92,17 +97,14 @@ class Access:
     def nbytes(self) -> int:
         return self.size * dtypes.itemsize(self.dtype)
 
-    @property
-    def empty(self) -> bool:
-        return self.size == 0
-
     def read(self) -> np.ndarray:
         """A copy of the operand's stored values (storage dtype, logical shape)."""
         return np.array(self.view, copy=True)
 
     def read_compute(self) -> np.ndarray:
-        """The operand's values widened for arithmetic (float32 for floats, int64 for integers)."""
-        return dtypes.to_compute(self.read(), self.dtype)
+        """The operand's values widened for arithmetic (float32 for floats, int64 for integers), in
+        a new array (widening copies, so nothing is copied before it)."""
+        return dtypes.to_compute(self.view, self.dtype)
 
     def write_storage(self, values: np.ndarray) -> None:
         if self.size:
@@ -110,8 +112,13 @@ class Access:
 
     def write_compute(self, values: np.ndarray) -> None:
         """Narrow computed values to this operand's dtype (bf16 rounds to nearest even) and store them."""
-        if self.size:
-            self.write_storage(dtypes.from_compute(np.asarray(values), self.dtype).reshape(self.view.shape))
+        if not self.size:
+            return
+        values = np.asarray(values)
+        if values.dtype == self.view.dtype and self.dtype not in _CONVERTED_ON_STORE:
+            self.view[...] = values.reshape(self.view.shape)  # already the stored type (f32 into f32)
+        else:
+            self.write_storage(dtypes.from_compute(values, self.dtype).reshape(self.view.shape))
 
     def at(self, offset: int) -> Access:
         """The same operand with its access pattern's offset at `offset` (a loop instance's), which

@@ -34,6 +34,7 @@ from ncc.tools.sim.timing import CostModel
 from ncc.tools.target import ENGINES, Target, encoded_wait_value
 
 _ACCESS_CACHE = 64  # per varying operand: the Accesses kept for the offsets a rotation revisits
+_TABLE_TRIPS = 4096  # a loop up to this long has what a variation adds per iteration tabulated
 
 
 def streams_of_program(program: bir_pb2.Program) -> list[bir_pb2.Stream]:
@@ -57,6 +58,23 @@ def _instruction_name(instruction: bir_pb2.Instruction, engine: int, position: i
     return f"{engine_name(engine)}[{position}]"
 
 
+def _tabulate(variations: Sequence[loops.Variation], trips: Sequence[int]) -> list[list[int] | None]:
+    """Per loop, what its variation adds at each iteration (None for a loop too long to tabulate)."""
+    return [
+        [loops.rotated(rotation, step, r) for r in range(trip)] if trip <= _TABLE_TRIPS else None
+        for (rotation, step), trip in zip(variations, trips, strict=True)
+    ]
+
+
+def _grown(
+    base: int, variations: Sequence[loops.Variation], tables: list[list[int] | None], point: loops.Point
+) -> int:
+    """`base` plus what each loop's variation adds at `point`."""
+    for table, (rotation, step), r in zip(tables, variations, point, strict=True):
+        base += table[r] if table is not None else loops.rotated(rotation, step, r)
+    return base
+
+
 @dataclass
 class _Varied:
     """An operand of a loop body entry whose offset changes with the iteration."""
@@ -65,12 +83,11 @@ class _Varied:
     number: int
     variations: list[loops.Variation]
     access: Access  # at the first iteration point
+    tables: list[list[int] | None]
     cache: dict[int, Access] = field(default_factory=dict)
 
     def at(self, point: loops.Point) -> Access:
-        offset = self.access.offset
-        for (rotation, step), r in zip(self.variations, point, strict=True):
-            offset += loops.rotated(rotation, step, r)
+        offset = _grown(self.access.offset, self.variations, self.tables, point)
         access = self.cache.get(offset)
         if access is None:
             if len(self.cache) >= _ACCESS_CACHE:
@@ -91,25 +108,31 @@ class _Varied:
 class Template:
     """One stream entry decoded once: the Op of its first instance, and what the others change."""
 
-    def __init__(self, instruction: bir_pb2.Instruction, op: Op, depth: int) -> None:
+    def __init__(self, instruction: bir_pb2.Instruction, op: Op, trips: Sequence[int]) -> None:
         self.instruction = instruction
         self.op = op
+        self.prefix = f"{instruction.name}@"
         self.varied: list[_Varied] = []
-        self.grown: list[tuple[int, int, list[int]]] = []  # (wait number, base, steps)
-        if not depth:
+        # (wait number, semaphore, base, variations, tables) of each wait whose threshold grows
+        self.grown: list[tuple[int, int, int, list[loops.Variation], list[list[int] | None]]] = []
+        if not trips:
             return
         sides = ((True, instruction.outputs, op.outputs), (False, instruction.inputs, op.inputs))
         for output, operands, accesses in sides:
             for number, (ap, access) in enumerate(zip(operands, accesses, strict=True)):
                 if ap.loop:
-                    self.varied.append(_Varied(output, number, loops.operand_variations(ap), access))
+                    variations = loops.operand_variations(ap)
+                    tables = _tabulate(variations, trips)
+                    self.varied.append(_Varied(output, number, variations, access, tables))
         for number, wait in enumerate(instruction.waits):
             if wait.loop_steps:
-                self.grown.append((number, int(wait.value), [int(step) for step in wait.loop_steps]))
+                variations = loops.wait_variations(wait)
+                tables = _tabulate(variations, trips)
+                self.grown.append((number, op.waits[number][0], int(wait.value), variations, tables))
 
     def name(self, point: loops.Point) -> str:
         """The name of the instance at `point`, as the expanded instruction's."""
-        return f"{self.instruction.name}@{','.join(map(str, point))}" if point else self.op.name
+        return self.prefix + ",".join(map(str, point)) if point else self.op.name
 
     def instance(self, point: loops.Point, uid: int) -> Op:
         """The Op this entry executes at `point` (outside loops: the template's own)."""
@@ -118,7 +141,7 @@ class Template:
         op = Op.__new__(Op)
         op.__dict__.update(self.op.__dict__)
         op.uid = uid
-        op.name = f"{self.instruction.name}@{','.join(map(str, point))}"
+        op.name = self.prefix + ",".join(map(str, point))
         if self.varied:
             inputs, outputs = list(op.inputs), list(op.outputs)
             for varied in self.varied:
@@ -126,9 +149,8 @@ class Template:
             op.inputs, op.outputs = inputs, outputs
         if self.grown:
             waits = list(op.waits)
-            for number, base, steps in self.grown:
-                grown = base + sum(step * r for step, r in zip(steps, point, strict=True))
-                waits[number] = (waits[number][0], loops.wait_value(grown))
+            for number, semaphore, base, variations, tables in self.grown:
+                waits[number] = (semaphore, loops.wait_value(_grown(base, variations, tables, point)))
             op.waits = tuple(waits)
         return op
 
@@ -172,7 +194,7 @@ class EngineStream:
             except CompileError:
                 failures.append((index, point))  # no later entry has an instance that runs before
                 break
-            template = self.templates[index] = Template(instruction, op, len(trips))
+            template = self.templates[index] = Template(instruction, op, trips)
             for varied in template.varied:
                 bad = varied.first_out_of_bounds(trips)
                 if bad is not None:

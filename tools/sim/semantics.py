@@ -268,7 +268,13 @@ _CHECKS: dict[str, Callable[[Op, Target], None]] = {
 def execute(op: Op) -> None:
     """Apply `op`'s effect on device memory."""
     with np.errstate(all="ignore"):
-        _EXECUTE[op.op](op)
+        apply(op)
+
+
+def apply(op: Op) -> None:
+    """`execute` without setting numpy's floating-point error handling, for a caller that sets it
+    (to ignore) once around many instructions."""
+    _EXECUTE[op.op](op)
 
 
 def _nop(_op: Op) -> None:

@@ -145,15 +145,8 @@ class Simulator:
     # ---- the loop --------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        while True:
-            self._start_ready()
-            if not self.events:
-                break
-            time = self.events[0][0]
-            self.now = time
-            while self.events and self.events[0][0] == time:
-                _, _, kind, payload = heapq.heappop(self.events)
-                self._handle(kind, payload)
+        with np.errstate(all="ignore"):  # once for the run: semantics.apply leaves it alone
+            self._loop()
         deadlock = self._deadlock() if any(e.live for e in self.engines) else None
         if self.recorder is not None:
             stuck = [e.head for e in self.engines if e.running is None and e.head is not None]
@@ -173,6 +166,18 @@ class Simulator:
             final_counts=list(self.counts),
         )
 
+    def _loop(self) -> None:
+        events = self.events
+        while True:
+            self._start_ready()
+            if not events:
+                break
+            time = events[0][0]
+            self.now = time
+            while events and events[0][0] == time:
+                _, _, kind, payload = heapq.heappop(events)
+                self._handle(kind, payload)
+
     def _push(self, time: float, kind: str, payload: object) -> None:
         heapq.heappush(self.events, (time, next(self.sequence), kind, payload))
 
@@ -182,13 +187,19 @@ class Simulator:
             op = engine.head
             if engine.running is not None or op is None:
                 continue
-            if op.ports and not self._claim_at_dispatch(engine, op):
+            ports = op.ports
+            if ports and not self._claim_at_dispatch(engine, op):
                 continue
-            if any(counts[s] < v for s, v in op.waits):
+            waiting = False
+            for semaphore, value in op.waits:
+                if counts[semaphore] < value:
+                    waiting = True
+                    break
+            if waiting:
                 continue
             if self.recorder is not None:
                 self.recorder.waits_met(engine.engine, now)
-            if op.ports and any(self.port_free_ns.get(p, 0.0) > now for p in op.ports):
+            if ports and any(self.port_free_ns.get(p, 0.0) > now for p in ports):
                 continue
             self._start(engine, op)
 
@@ -217,7 +228,11 @@ class Simulator:
             self.recorder.started(op, self.now, end)
         clock = None
         if self.clocks is not None:
-            joins = [c for c in (self.sem_log.cause(s, v) for s, v in op.waits) if c is not None]
+            joins = []
+            for semaphore, value in op.waits:
+                cause = self.sem_log.cause(semaphore, value)
+                if cause is not None:
+                    joins.append(cause)
             clock = self.clocks.tick(engine.thread, joins)
             if not op.is_dma:
                 self._record(engine.thread, clock, op)
@@ -258,7 +273,7 @@ class Simulator:
             self._update(op, clock)
 
     def _execute(self, op: Op) -> None:
-        semantics.execute(op)
+        semantics.apply(op)
         if self.observer is not None:
             self.observer(op)
 
