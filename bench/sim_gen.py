@@ -23,7 +23,7 @@ credits that a prologue nop grants (R, P or TILES), so every threshold is at lea
 on SP waits for every semaphore's final count and resets them. Executed instructions:
 9 * PASSES * TILES + 10. `drop` names instructions ("lda", "free", ...) whose waits are
 dropped: e.g. "free" lets DVE overwrite os[g % R] while store g - R may still read it, a race
-between iterations; "ldx" (PE no longer waits for x) also a race.
+between iterations; "mm" (PE no longer waits for x, nor for its PSUM slot) also races.
 
     python bench/sim_gen.py --executed 1000000 -o big.neff   # also writes big.io.npz (arg0, arg1)
 """
