@@ -127,7 +127,9 @@ class _Streams:
             self.bodies[engine] = []
 
 
-def _onchip(memory: int, address: int, cols: int, dtype: int, slot_bytes: int, slots: int) -> bir_pb2.AccessPattern:
+def _onchip(
+    memory: int, address: int, cols: int, dtype: int, slot_bytes: int, slots: int
+) -> bir_pb2.AccessPattern:
     """An operand at `address` of `memory` that rotates over `slots` slots with the tile loop."""
     ap = bir_pb2.AccessPattern(
         memory=memory, tensor="@SBUF" if memory == SBUF else "@PSUM", dtype=dtype, offset=address,
@@ -187,8 +189,8 @@ def pipeline_neff(shape: Shape, drop: Sequence[str] = (), name: str = "pipeline"
     s.add(ACT, "lda", "dma", body=True, dma_queue=1, outputs=[slot(as_at)],
           inputs=[_hbm_tile("out", free, PARTITIONS * free)],
           waits=[(S_DVE, 1, steps), (S_ST, 1, steps)], updates=[(S_LDA, 1)])
-    s.add(PE, "mm", "matmul", body=True, outputs=[slot(0, memory=PSUM, slots=p)], inputs=[w_tile, slot(xs_at)],
-          waits=[(S_LDX, 1, steps), (S_ACT, 1, steps)], updates=[(S_MM, 1)])
+    s.add(PE, "mm", "matmul", body=True, outputs=[slot(0, memory=PSUM, slots=p)],
+          inputs=[w_tile, slot(xs_at)], waits=[(S_LDX, 1, steps), (S_ACT, 1, steps)], updates=[(S_MM, 1)])
     s.add(ACT, "act", "activation", body=True, func="tanh", scalars=[1.0, 0.0],
           outputs=[slot(hs_at, BF16)], inputs=[slot(0, memory=PSUM, slots=p)],
           waits=[(S_MM, 1 + r, steps), (S_DVE, 1, steps)], updates=[(S_ACT, 1)])
@@ -248,11 +250,11 @@ def reference_output(shape: Shape, inputs: dict[str, np.ndarray]) -> np.ndarray:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--executed", type=int, default=1_000_000, help="about this many executed instructions")
+    parser.add_argument("--executed", type=int, default=1_000_000, help="about this many instructions")
     parser.add_argument("--tiles", type=int, default=64)
     parser.add_argument("--free", type=int, default=64, help="f32 columns of a tile")
-    parser.add_argument("--drop", default="", help="comma-separated instruction names whose waits are dropped")
-    parser.add_argument("-o", "--output", required=True, type=Path, help="the NEFF to write (and NAME.io.npz)")
+    parser.add_argument("--drop", default="", help="comma-separated names of instructions to drop waits of")
+    parser.add_argument("-o", "--output", required=True, type=Path, help="the NEFF (inputs: NAME.io.npz)")
     args = parser.parse_args(argv)
     shape = shape_for(args.executed, args.tiles, args.free)
     write_neff(args.output, pipeline_neff(shape, [d for d in args.drop.split(",") if d]))
