@@ -106,6 +106,13 @@ class Access:
         a new array (widening copies, so nothing is copied before it)."""
         return dtypes.to_compute(self.view, self.dtype)
 
+    def values(self) -> np.ndarray:
+        """The operand's values as `read_compute` has them, but without a copy when they are stored
+        as computed (f32): the result may alias device memory, so it is only read."""
+        if self.dtype == common_pb2.F32:
+            return self.view
+        return dtypes.to_compute(self.view, self.dtype)
+
     def write_storage(self, values: np.ndarray) -> None:
         if self.size:
             self.view[...] = np.asarray(values, dtype=self.view.dtype).reshape(self.view.shape)

@@ -58,41 +58,43 @@ def _instruction_name(instruction: bir_pb2.Instruction, engine: int, position: i
     return f"{engine_name(engine)}[{position}]"
 
 
-def _tabulate(variations: Sequence[loops.Variation], trips: Sequence[int]) -> list[list[int] | None]:
-    """Per loop, what its variation adds at each iteration (None for a loop too long to tabulate)."""
-    return [
-        [loops.rotated(rotation, step, r) for r in range(trip)] if trip <= _TABLE_TRIPS else None
-        for (rotation, step), trip in zip(variations, trips, strict=True)
-    ]
+class _Rotated:
+    """What a variation adds at iteration r of a loop too long to tabulate, computed when asked."""
+
+    def __init__(self, variation: loops.Variation) -> None:
+        self.rotation, self.step = variation
+
+    def __getitem__(self, r: int) -> int:
+        return loops.rotated(self.rotation, self.step, r)
 
 
-def _grown(
-    base: int, variations: Sequence[loops.Variation], tables: list[list[int] | None], point: loops.Point
-) -> int:
-    """`base` plus what each loop's variation adds at `point`."""
-    for table, (rotation, step), r in zip(tables, variations, point, strict=True):
-        base += table[r] if table is not None else loops.rotated(rotation, step, r)
-    return base
+Table = list[int] | _Rotated
+
+
+def _tabulate(variations: Sequence[loops.Variation], trips: Sequence[int]) -> tuple[Table, ...]:
+    """Per loop, what its variation adds at each iteration: a list, or for a loop longer than
+    _TABLE_TRIPS a _Rotated that computes it."""
+    return tuple(
+        [loops.rotated(*variation, r) for r in range(trip)] if trip <= _TABLE_TRIPS else _Rotated(variation)
+        for variation, trip in zip(variations, trips, strict=True)
+    )
 
 
 @dataclass
 class _Varied:
-    """An operand of a loop body entry whose offset changes with the iteration."""
+    """An operand of a loop body entry whose offset changes with the iteration: its Access at the
+    first point, and those at the offsets met since (a rotation revisits them)."""
 
     output: bool
     number: int
     variations: list[loops.Variation]
-    access: Access  # at the first iteration point
-    tables: list[list[int] | None]
+    access: Access
     cache: dict[int, Access] = field(default_factory=dict)
 
-    def at(self, point: loops.Point) -> Access:
-        offset = _grown(self.access.offset, self.variations, self.tables, point)
-        access = self.cache.get(offset)
-        if access is None:
-            if len(self.cache) >= _ACCESS_CACHE:
-                self.cache.clear()
-            access = self.cache[offset] = self.access.at(offset)
+    def at(self, offset: int) -> Access:
+        if len(self.cache) >= _ACCESS_CACHE:
+            self.cache.clear()
+        access = self.cache[offset] = self.access.at(offset)
         return access
 
     def first_out_of_bounds(self, trips: Sequence[int]) -> loops.Point | None:
@@ -106,15 +108,18 @@ class _Varied:
 
 
 class Template:
-    """One stream entry decoded once: the Op of its first instance, and what the others change."""
+    """One stream entry decoded once: the Op of its first instance, and what the others change:
+    the offsets of `varied` operands and the thresholds of `grown` waits, each its base plus a
+    table entry per enclosing loop."""
 
     def __init__(self, instruction: bir_pb2.Instruction, op: Op, trips: Sequence[int]) -> None:
         self.instruction = instruction
         self.op = op
         self.prefix = f"{instruction.name}@"
         self.varied: list[_Varied] = []
-        # (wait number, semaphore, base, variations, tables) of each wait whose threshold grows
-        self.grown: list[tuple[int, int, int, list[loops.Variation], list[list[int] | None]]] = []
+        # (operand, base offset, tables) per varied operand, (number, semaphore, base, tables) per grown wait
+        self._offsets: list[tuple[_Varied, int, tuple[Table, ...]]] = []
+        self._thresholds: list[tuple[int, int, int, tuple[Table, ...]]] = []
         if not trips:
             return
         sides = ((True, instruction.outputs, op.outputs), (False, instruction.inputs, op.inputs))
@@ -122,13 +127,13 @@ class Template:
             for number, (ap, access) in enumerate(zip(operands, accesses, strict=True)):
                 if ap.loop:
                     variations = loops.operand_variations(ap)
-                    tables = _tabulate(variations, trips)
-                    self.varied.append(_Varied(output, number, variations, access, tables))
+                    varied = _Varied(output, number, variations, access)
+                    self.varied.append(varied)
+                    self._offsets.append((varied, access.offset, _tabulate(variations, trips)))
         for number, wait in enumerate(instruction.waits):
             if wait.loop_steps:
-                variations = loops.wait_variations(wait)
-                tables = _tabulate(variations, trips)
-                self.grown.append((number, op.waits[number][0], int(wait.value), variations, tables))
+                tables = _tabulate(loops.wait_variations(wait), trips)
+                self._thresholds.append((number, op.waits[number][0], int(wait.value), tables))
 
     def name(self, point: loops.Point) -> str:
         """The name of the instance at `point`, as the expanded instruction's."""
@@ -139,19 +144,27 @@ class Template:
         if not point:
             return self.op
         op = Op.__new__(Op)
-        op.__dict__.update(self.op.__dict__)
-        op.uid = uid
-        op.name = self.prefix + ",".join(map(str, point))
-        if self.varied:
+        fields = op.__dict__
+        fields.update(self.op.__dict__)
+        fields["uid"] = uid
+        fields["name"] = self.prefix + ",".join(map(str, point))
+        if self._offsets:
             inputs, outputs = list(op.inputs), list(op.outputs)
-            for varied in self.varied:
-                (outputs if varied.output else inputs)[varied.number] = varied.at(point)
-            op.inputs, op.outputs = inputs, outputs
-        if self.grown:
+            for varied, offset, tables in self._offsets:
+                for table, r in zip(tables, point, strict=True):
+                    offset += table[r]
+                access = varied.cache.get(offset)
+                if access is None:
+                    access = varied.at(offset)
+                (outputs if varied.output else inputs)[varied.number] = access
+            fields["inputs"], fields["outputs"] = inputs, outputs
+        if self._thresholds:
             waits = list(op.waits)
-            for number, semaphore, base, variations, tables in self.grown:
-                waits[number] = (semaphore, loops.wait_value(_grown(base, variations, tables, point)))
-            op.waits = tuple(waits)
+            for number, semaphore, value, tables in self._thresholds:
+                for table, r in zip(tables, point, strict=True):
+                    value += table[r]
+                waits[number] = (semaphore, loops.wait_value(value))
+            fields["waits"] = tuple(waits)
         return op
 
 
@@ -325,6 +338,7 @@ def _decode(
     op.transfer_ns = costs.transfer_ns(op)
     op.hbm_ns = costs.hbm_ns(op)
     op.ports = costs.ports(op)
+    op.dispatch_ports = costs.dispatch_ports(op)
     return op
 
 

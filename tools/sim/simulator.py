@@ -55,7 +55,6 @@ from ncc.tools.sim.instruction import Op, engine_name, queue_name
 from ncc.tools.sim.program import EngineStream, locate
 from ncc.tools.sim.trace import ScheduleRecorder
 from ncc.tools.target import ENGINES, Target
-from ncc.tools.target.costs import DISPATCH_CLAIMED_PORTS
 
 _COMPLETE, _TRIGGERED, _TRANSFERRED = "complete", "triggered", "transferred"
 
@@ -187,8 +186,7 @@ class Simulator:
             op = engine.head
             if engine.running is not None or op is None:
                 continue
-            ports = op.ports
-            if ports and not self._claim_at_dispatch(engine, op):
+            if op.dispatch_ports and not self._claim_at_dispatch(engine, op):
                 continue
             waiting = False
             for semaphore, value in op.waits:
@@ -199,13 +197,13 @@ class Simulator:
                 continue
             if self.recorder is not None:
                 self.recorder.waits_met(engine.engine, now)
-            if ports and any(self.port_free_ns.get(p, 0.0) > now for p in ports):
+            if op.ports and any(self.port_free_ns.get(p, 0.0) > now for p in op.ports):
                 continue
             self._start(engine, op)
 
     def _claim_at_dispatch(self, engine: _Engine, op: Op) -> bool:
         """Claim the dispatch-arbitrated ports `op` needs; False while another engine has one."""
-        wanted = [p for p in op.ports if p in DISPATCH_CLAIMED_PORTS]
+        wanted = op.dispatch_ports
         for port in wanted:
             holder = self.port_claims.get(port)
             if holder is not None and holder is not engine:
