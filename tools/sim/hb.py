@@ -65,9 +65,10 @@ class VectorClocks:
 
     def __init__(self, threads: int) -> None:
         self.clocks = np.zeros((threads, threads), dtype=np.int64)
+        self.rows = list(self.clocks)  # each thread's clock, a view made once
 
     def tick(self, thread: int, joins: list[np.ndarray]) -> np.ndarray:
-        clock = self.clocks[thread]
+        clock = self.rows[thread]
         for other in joins:
             np.maximum(clock, other, out=clock)
         clock[thread] += 1
@@ -220,27 +221,6 @@ class _Region:
                     del self.buckets[bucket]
 
 
-def _unordered(footprint: _Footprint, thread: int, clock: list[int], write: bool) -> bool:
-    """Does another thread hold a conflicting entry on an overlapping footprint that is not
-    ordered before `clock`? (Its latest entry there is then unordered.)"""
-    for other, shared in footprint.overlapping.items():
-        if shared is not False and _latest_unordered(other, thread, clock, write):
-            if shared or _share_bytes(footprint, other):
-                return True
-    return False
-
-
-def _latest_unordered(footprint: _Footprint, thread: int, clock: list[int], write: bool) -> bool:
-    for t, log in footprint.writes.items():
-        if log.clocks[-1] > clock[t] and t != thread:
-            return True
-    if write:
-        for t, log in footprint.reads.items():
-            if log.clocks[-1] > clock[t] and t != thread:
-                return True
-    return False
-
-
 def _share_bytes(footprint: _Footprint, other: _Footprint) -> bool:
     """The exact test of two footprints whose hulls meet (numpy: made once per pair, when needed)."""
     shared = other.access.overlaps(footprint.access)
@@ -271,11 +251,7 @@ class RaceDetector:
         self._seq = 0  # accesses recorded so far: the order races are reported in
         self._size = 0  # entries held
         self._compact_at = 4096
-
-    @property
-    def capped(self) -> bool:
-        """True once `max_races` pairs were found: the count is then a lower bound."""
-        return self.race_count >= self.max_races
+        self.capped = max_races <= 0  # `max_races` pairs were found: race_count is a lower bound
 
     def access(self, thread: int, clock: list[int], access: Access, write: bool, uid: int) -> None:
         """Record one access by the event with vector clock `clock` on `thread`, reporting races."""
@@ -288,8 +264,24 @@ class RaceDetector:
                 bucket_bytes = _HBM_BUCKET if access.memory == HBM else _ONCHIP_BUCKET
                 region = self.regions[access.region] = _Region(bucket_bytes)
             footprint = access.footprint = region.footprint(access, self)
-        if _unordered(footprint, thread, clock, write):
-            self._report(thread, clock, access, write, uid, footprint)
+        # Another thread's latest conflicting entry on an overlapping footprint that is unordered
+        # with this access means races: then each is found and reported.
+        for other, shared in footprint.overlapping.items():
+            if shared is False:
+                continue
+            unordered = False
+            for t, log in other.writes.items():
+                if log.clocks[-1] > clock[t] and t != thread:
+                    unordered = True
+                    break
+            if write and not unordered:
+                for t, log in other.reads.items():
+                    if log.clocks[-1] > clock[t] and t != thread:
+                        unordered = True
+                        break
+            if unordered and (shared or _share_bytes(footprint, other)):
+                self._report(thread, clock, access, write, uid, footprint)
+                break
         logs = footprint.writes if write else footprint.reads
         log = logs.get(thread)
         if log is None:
@@ -325,6 +317,7 @@ class RaceDetector:
                 continue
             self._reported.add(pair)
             self.race_count += 1
+            self.capped = self.race_count >= self.max_races
             if self.capped:
                 break
             if len(self.races) < self.max_races:
