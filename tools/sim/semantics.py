@@ -348,32 +348,30 @@ def _operand(access: Access, kind: type, shape: tuple[int, ...], in_place: bool 
     return values.astype(kind, copy=False)
 
 
+_ARITHMETIC = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+               "minimum": np.minimum}
+_FLOAT_ONLY = {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}
+_BITWISE = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+            "ge": np.greater_equal}
+
+
 def _binary(func: str, a: np.ndarray, b: np.ndarray, kind: type, out_dtype: int) -> np.ndarray:
     """A tensor_tensor/tensor_scalar function computed in `kind` (see `_domain`) on values of the
     output's type (an integer's width decides how shifts and wrap-around behave)."""
     floating = kind is np.float32
-    if func in ("add", "subtract", "multiply", "maximum", "minimum"):
-        return {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-                "minimum": np.minimum}[func](a, b)
-    if floating and func in ("divide", "power", "remainder", "atan2"):
-        return {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}[func](a, b)
+    if func in _ARITHMETIC:
+        return _ARITHMETIC[func](a, b)
+    if floating and func in _FLOAT_ONLY:
+        return _FLOAT_ONLY[func](a, b)
     if func in numerics.INTEGER_BINARY:
         bits = dtypes.itemsize(out_dtype) * 8
         return numerics.INTEGER_BINARY[func](a, b, bits, dtypes.is_signed(out_dtype))
-    if func in ("and", "or", "xor"):
+    if func in _BITWISE:
         if floating:
-            lhs, rhs = a != 0, b != 0
-            return {"and": lhs & rhs, "or": lhs | rhs, "xor": lhs ^ rhs}[func].astype(kind)
-        return {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[func](a, b)
-    compare = {
-        "eq": np.equal,
-        "ne": np.not_equal,
-        "lt": np.less,
-        "le": np.less_equal,
-        "gt": np.greater,
-        "ge": np.greater_equal,
-    }[func]
-    return compare(a, b).astype(kind)
+            return _BITWISE[func](a != 0, b != 0).astype(kind)
+        return _BITWISE[func](a, b)
+    return _COMPARE[func](a, b).astype(kind)
 
 
 def _tensor_tensor(op: Op) -> None:
