@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -231,11 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--reps and every size must be at least 1")
     results = []
     with contextlib.ExitStack() as stack:
-        if args.keep:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            scratch = args.keep
-        else:
-            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ncc-bench-sim-")))
+        scratch = run_scale.scratch_dir(stack, args.keep, "ncc-bench-sim-")
         if args.chain:
             results.append(bench_chain(args.chain, args.reps, args.timeout, scratch))
         for size in sizes:
@@ -243,11 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     print(render(results, args.reps))
     if args.json:
         document = {
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-            },
+            "machine": run_scale.machine(),
             "reps": args.reps,
             "results": [r.as_json() for r in results],
             "growth": growth(results),
