@@ -222,6 +222,45 @@ def test_an_operand_too_big_for_the_host_is_named_as_its_first_instance(monkeypa
     assert "'act@0,0' input 0 spans" in _errors_as_expanded(neff, inputs, "E604")
 
 
+_HOSTILE = [0, 1, -1, 7, 256, -256, 4096, -4096, 60000, -60000, 1 << 40, -(1 << 40), 1 << 62, -(1 << 62)]
+
+
+def _mutant(rng: random.Random) -> bir_pb2.Neff:
+    """The small pipeline with one loop field, threshold or operand size made random or hostile."""
+    neff = sim_gen.pipeline_neff(SMALL)
+    body = [i for s in neff.streams for i in s.instructions if i.op != "loop" and "@" not in i.name]
+    instruction = rng.choice([i for i in body if any(ap.loop for ap in (*i.inputs, *i.outputs)) or i.waits])
+    operands = [ap for ap in (*instruction.inputs, *instruction.outputs) if ap.loop]
+    how = rng.choice(["step", "rotation", "wait", "trip", "count"])
+    if how == "step" and operands:
+        rng.choice(rng.choice(operands).loop).step = rng.choice(_HOSTILE)
+    elif how == "rotation" and operands:
+        variation = rng.choice(rng.choice(operands).loop)
+        if len(variation.rotation) > 1:
+            variation.rotation[rng.randrange(1, len(variation.rotation))] = rng.choice(_HOSTILE)
+    elif how == "wait" and instruction.waits:
+        wait = rng.choice(instruction.waits)
+        if wait.loop_steps and rng.random() < 0.5:
+            wait.loop_steps[rng.randrange(len(wait.loop_steps))] = rng.choice(_HOSTILE)
+        else:
+            wait.value = max(0, wait.value + rng.choice(_HOSTILE))
+    elif how == "trip":
+        loop = rng.choice([i for s in neff.streams for i in s.instructions if i.op == "loop"])
+        loop.trip_count = rng.randint(1, 9)
+    elif operands:
+        dims = rng.choice(operands).dims
+        dims[rng.randrange(len(dims))].count += rng.choice([1, 7, 300])
+    return neff
+
+
+def test_random_loop_mutants_fail_or_run_as_their_expansions():
+    rng = random.Random(3)
+    inputs = sim_gen.pipeline_inputs(SMALL)
+    outcomes = [assert_runs_as_expanded(_mutant(rng), inputs) for _ in range(40)]
+    codes = {outcome[0] if isinstance(outcome, tuple) else "ran" for outcome in outcomes}
+    assert {"ran", "E601", "E603"} <= codes, codes
+
+
 # ---- the step limit --------------------------------------------------------------------------
 
 
