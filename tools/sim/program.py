@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import getitem
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import loops
@@ -143,16 +144,14 @@ class Template:
         """The Op this entry executes at `point` (outside loops: the template's own)."""
         if not point:
             return self.op
-        op = Op.__new__(Op)
+        op = _Instance.__new__(_Instance)
         fields = op.__dict__
         fields.update(self.op.__dict__)
-        fields["uid"] = uid
-        fields["name"] = self.prefix + ",".join(map(str, point))
+        fields["uid"], fields["prefix"], fields["point"] = uid, self.prefix, point
         if self._offsets:
             inputs, outputs = list(op.inputs), list(op.outputs)
-            for varied, offset, tables in self._offsets:
-                for table, r in zip(tables, point, strict=True):
-                    offset += table[r]
+            for varied, offset, tables in self._offsets:  # a table per enclosing loop, as many as `point`
+                offset += sum(map(getitem, tables, point))
                 access = varied.cache.get(offset)
                 if access is None:
                     access = varied.at(offset)
@@ -161,11 +160,18 @@ class Template:
         if self._thresholds:
             waits = list(op.waits)
             for number, semaphore, value, tables in self._thresholds:
-                for table, r in zip(tables, point, strict=True):
-                    value += table[r]
-                waits[number] = (semaphore, loops.wait_value(value))
+                waits[number] = (semaphore, loops.wait_value(value + sum(map(getitem, tables, point))))
             fields["waits"] = tuple(waits)
         return op
+
+
+class _Instance(Op):
+    """The Op of a loop instance, its name (`prefix` + point) made only when asked for: races,
+    deadlocks, traces and observers name few of a long run's instructions."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.__dict__["prefix"] + ",".join(map(str, self.__dict__["point"]))
 
 
 class EngineStream:
