@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import random
 import re
 import time
@@ -26,6 +27,7 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.packager.neff import decode_neff, encode_neff
+from ncc.tools.sim import effects
 from ncc.tools.sim.api import SimResult, simulate_neff, simulate_program
 from ncc.tools.walrus_driver.pass_manager import default_pipeline
 from ncc.tools.walrus_driver.passes.bir_sim import random_inputs
@@ -345,3 +347,67 @@ def test_a_stream_without_loops_is_not_checked_for_loop_fields():
     instruction.waits.add(semaphore=0, value=0, loop_steps=[3])
     plain = _expanded(sim_gen.pipeline_neff(SMALL))
     assert _observed(simulate_neff(flat, inputs)) == _observed(simulate_neff(plain, inputs))
+
+
+# ---- effects in a forked child ---------------------------------------------------------------
+
+
+@pytest.fixture
+def spied_effects(monkeypatch: pytest.MonkeyPatch) -> list[effects.Effects]:
+    """Every Effects the runs make, and every run's effects forked however short it is."""
+    made: list[effects.Effects] = []
+    real = effects.Effects.__init__
+
+    def init(self: effects.Effects, *args, **kwargs) -> None:
+        real(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(effects.Effects, "__init__", init)
+    monkeypatch.setattr(effects, "PARALLEL_MIN_INSTRUCTIONS", 0)
+    return made
+
+
+def _in_one_process(neff: bir_pb2.Neff, inputs: dict, **options) -> dict | tuple[str, str]:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(effects, "PARALLEL_MIN_INSTRUCTIONS", 10**18)
+        return _outcome(lambda: simulate_neff(neff, inputs, **options))
+
+
+@pytest.mark.parametrize("drop", [(), ("free",)])
+def test_effects_applied_by_a_forked_child_are_those_of_one_process(spied_effects, drop):
+    neff, inputs = _pipeline(drop)
+    forked_run = _outcome(lambda: simulate_neff(neff, inputs, inferences=2, record_schedule=True))
+    assert forked_run == _in_one_process(neff, inputs, inferences=2, record_schedule=True)
+    assert spied_effects[0]._worker.ran_in_child and spied_effects[1]._worker is None
+
+
+def test_a_deadlocked_run_forks_and_names_the_deadlock_alike(spied_effects):
+    neff, inputs = _pipeline()
+    _edit_waits(neff, "ldx", sim_gen.S_POOL, 1)
+    assert _outcome(lambda: simulate_neff(neff, inputs)) == _in_one_process(neff, inputs)
+
+
+def test_when_the_child_dies_its_effects_are_applied_here(spied_effects, monkeypatch):
+    monkeypatch.setattr(effects, "_read_uids", lambda fd: os._exit(3))  # in the child only
+    neff, inputs = _pipeline()
+    assert _outcome(lambda: simulate_neff(neff, inputs)) == _in_one_process(neff, inputs)
+    assert spied_effects[0]._worker.started is False and not spied_effects[0]._worker.ran_in_child
+
+
+def test_without_fork_the_effects_are_applied_here(spied_effects, monkeypatch):
+    def no_fork() -> int:
+        raise OSError("no process slot")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    neff, inputs = _pipeline()
+    assert _outcome(lambda: simulate_neff(neff, inputs)) == _in_one_process(neff, inputs)
+
+
+def test_an_observed_run_stays_in_one_process(spied_effects):
+    neff, inputs = _pipeline()
+    program = bir_pb2.Program(
+        target=neff.target, num_semaphores=neff.num_semaphores, hbm=neff.hbm, buffers=neff.buffers,
+        streams=neff.streams,
+    )
+    simulate_program(program, inputs, observe=lambda instruction, outputs: None)
+    assert spied_effects[0]._worker is None

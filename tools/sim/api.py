@@ -33,10 +33,11 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes, loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim import limits
+from ncc.tools.sim.effects import Effects
 from ncc.tools.sim.hb import Race
 from ncc.tools.sim.instruction import Op
 from ncc.tools.sim.memory import DeviceMemory, shape_text
-from ncc.tools.sim.program import load_streams, locate, streams_of_program
+from ncc.tools.sim.program import EngineStream, load_streams, locate, streams_of_program
 from ncc.tools.sim.simulator import Simulator
 from ncc.tools.sim.trace import Schedule, ScheduleRecorder, chrome_trace
 from ncc.tools.target import Target, load_target
@@ -175,9 +176,31 @@ def _simulate(
             stream, position = locate(ops, op.uid)
             observe(stream.instruction(position), [access.read() for access in op.outputs])
 
-    outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer).run()
-    if recorder is not None:  # load_streams numbers ops (uid) in stream order
-        recorder.schedule.ids = [number for stream in ops.values() for number in stream.ids()]
+    # an observer reads memory as each effect lands: then they land here, not in a child
+    effects = Effects(ops, memory, inferences, in_process=observe is not None)
+    try:
+        result = _run(ops, target, num_semaphores, check_races, recorder, observer, inferences, effects)
+        if recorder is not None:  # load_streams numbers ops (uid) in stream order
+            recorder.schedule.ids = [number for stream in ops.values() for number in stream.ids()]
+        result.outputs = effects.outputs()
+    finally:
+        effects.close()
+    return result
+
+
+def _run(
+    ops: dict[int, EngineStream],
+    target: Target,
+    num_semaphores: int,
+    check_races: bool,
+    recorder: ScheduleRecorder | None,
+    observer: Callable[[Op], None] | None,
+    inferences: int,
+    effects: Effects,
+) -> SimResult:
+    """The inferences' simulation (outputs left empty: the effects may land in another process)."""
+    effect = effects.effect
+    outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer, effect=effect).run()
     result = SimResult(
         outputs={},
         simulated_ns=outcome.simulated_ns,
@@ -195,8 +218,9 @@ def _simulate(
     for _ in range(1, inferences):
         if result.deadlock:
             break
+        effects.next_inference()
         outcome = Simulator(
-            ops, target, num_semaphores, check_races, initial_counts=outcome.final_counts
+            ops, target, num_semaphores, check_races, initial_counts=outcome.final_counts, effect=effect
         ).run()
         result.inference_ns.append(outcome.simulated_ns)
         result.races += outcome.races
@@ -206,7 +230,6 @@ def _simulate(
         result.instruction_count += outcome.instruction_count
         for name, busy in outcome.engine_busy_ns.items():
             result.engine_busy_ns[name] = result.engine_busy_ns.get(name, 0.0) + busy
-    result.outputs = _collect_outputs(memory)
     return result
 
 
@@ -226,13 +249,3 @@ def _bind_inputs(memory: DeviceMemory, inputs: Mapping[str, np.ndarray]) -> None
         except (TypeError, ValueError) as err:
             raise CompileError("E602", f"{described} cannot be converted: {err}", key) from None
         memory.store_tensor(tensor.name, storage)
-
-
-def _collect_outputs(memory: DeviceMemory) -> dict[str, np.ndarray]:
-    found = sorted(
-        (tensor for tensor in memory.tensors.values() if tensor.role == bir_pb2.OUTPUT), key=lambda t: t.index
-    )
-    return {
-        f"out{tensor.index}": dtypes.storage_to_user_array(memory.load_tensor(tensor.name), tensor.dtype)
-        for tensor in found
-    }

@@ -36,7 +36,9 @@ on the same queue is a race, not an ordering.
 A `ScheduleRecorder` (trace.py), when given, is told when each instruction's waits held, when it
 started and ended and when each transfer moved; without one the loop records nothing. An
 `observer`, when given, is called with each op right after its functional effect landed (what
-`ncc bisect` uses to find the first instruction whose result differs).
+`ncc bisect` uses to find the first instruction whose result differs). `effect` applies the
+functional effect: semantics.apply, or effects.py's hand-over to a child process (nothing in the
+loop depends on a value in memory).
 """
 
 from __future__ import annotations
@@ -115,10 +117,12 @@ class Simulator:
         recorder: ScheduleRecorder | None = None,
         observer: Callable[[Op], None] | None = None,
         initial_counts: list[int] | None = None,
+        effect: Callable[[Op], None] = semantics.apply,
     ) -> None:
         self.target = target
         self.recorder = recorder
         self.observer = observer
+        self.effect = effect  # applies an op's functional effect (effects.py: maybe in a child)
         self.streams = streams
         engine_ids = list(ENGINES.values())
         self.engines = [_Engine.of(e, i, streams.get(e)) for i, e in enumerate(engine_ids)]
@@ -271,7 +275,7 @@ class Simulator:
             self._update(op, clock)
 
     def _execute(self, op: Op) -> None:
-        semantics.apply(op)
+        self.effect(op)
         if self.observer is not None:
             self.observer(op)
 
