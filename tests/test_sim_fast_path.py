@@ -272,6 +272,9 @@ def test_the_step_limit_is_a_parameter_and_a_hostile_trip_count_is_refused_at_on
         simulate_neff(neff, inputs, max_steps=SMALL.executed - 1)
     assert err.value.code == "E605" and f"{SMALL.executed:,} instructions" in err.value.message
     assert simulate_neff(neff, inputs, max_steps=SMALL.executed).instruction_count == SMALL.executed
+    with pytest.raises(CompileError) as err:  # without loops too
+        simulate_neff(_expanded(neff), inputs, max_steps=SMALL.executed - 1)
+    assert err.value.code == "E605" and f"execute {SMALL.executed:,} instructions" in err.value.message
     next(i for s in neff.streams for i in s.instructions if i.op == "loop").trip_count = 10**15
     started = time.monotonic()
     with pytest.raises(CompileError) as err:
