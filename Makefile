@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ bench-fusion: setup
 # `ncc reduce` of a planted crash on each shared model: reduction time and final size.
 bench-reduce: setup
 	$(BIN)/python bench/run_reduce.py
+
+# `ncc run` of rolled NEFFs executing 16k, 100k and 1M instructions (and the compiled 2,000-op
+# chain): wall, us per instruction, CPU, peak RSS, and how they grow with the executed count.
+bench-sim: setup
+	$(BIN)/python bench/run_sim.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

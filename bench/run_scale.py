@@ -588,11 +588,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     with contextlib.ExitStack() as stack:
-        if args.keep:
-            args.keep.mkdir(parents=True, exist_ok=True)
-            scratch = args.keep
-        else:
-            scratch = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ncc-bench-scale-")))
+        scratch = scratch_dir(stack, args.keep, "ncc-bench-scale-")
         for family, size in plan:
             for number, mode in enumerate(modes):  # XLA:CPU timed once per size
                 result = bench_size(family, size, args.reps if number == 0 else 0, args.timeout, scratch,
@@ -608,12 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         print("(the work directories named above are removed; --keep DIR keeps them)")
     if args.json:
         document = {
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "platform": platform.platform(),
-                "jax": _jax_version(),
-            },
+            "machine": machine() | {"jax": _jax_version()},
             "reps": args.reps,
             "timeout_s": args.timeout,
             "results": [r.as_json() for r in results],
@@ -621,6 +612,20 @@ def main(argv: list[str] | None = None) -> int:
         }
         args.json.write_text(json.dumps(document, indent=1) + "\n")
     return 1 if any(r.error for r in results) else 0
+
+
+def machine() -> dict[str, object]:
+    """What a benchmark's JSON says of the machine it ran on."""
+    return {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()}
+
+
+def scratch_dir(stack: contextlib.ExitStack, keep: Path | None, prefix: str) -> Path:
+    """Where a benchmark writes its files: `keep` (created) when given, else a temporary folder
+    that goes when `stack` closes."""
+    if keep:
+        keep.mkdir(parents=True, exist_ok=True)
+        return keep
+    return Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
 
 
 def _jax_version() -> str | None:

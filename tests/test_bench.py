@@ -17,6 +17,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import hlo_gen  # noqa: E402
 import run_bench  # noqa: E402
 import run_scale  # noqa: E402
+import run_sim  # noqa: E402
 
 TINY = {
     "chain": {"n": 3, "rows": 128, "cols": 128},
@@ -154,3 +155,20 @@ def test_run_scale_repeats_the_compile_and_reports_the_median_run(
     runs = row["walrus_wall_runs"]
     assert len(runs) == 3 and row["walrus_wall_s"] == sorted(runs)[1]
     assert "walrus wall of every ncc compile" in capsys.readouterr().out
+
+
+def test_run_sim_reports_every_size_the_growth_and_checks_the_outputs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "sim.json"
+    code = run_sim.main(["--sizes", "600,1200", "--chain", "3", "--reps", "2", "--json", str(out)])
+    assert code == 0
+    data = json.loads(out.read_text())
+    chain, small, larger = data["results"]
+    assert chain["label"] == "chain n=3" and not chain["generated"] and chain["executed"] > 0
+    for row in (small, larger):
+        assert row["error"] == "" and len(row["runs"]) == 2 and row["peak_rss_bytes"] > 0
+        assert row["wall_s"] >= row["simulate_s"] > 0 and row["us_per_instruction"] > 0
+    assert small["executed"] < larger["executed"]
+    assert isinstance(data["growth"]["wall_s"], float)
+    assert "growth of wall with executed instructions" in capsys.readouterr().out

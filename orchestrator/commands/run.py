@@ -1,4 +1,5 @@
-"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report F.json] [--trace F.json] [--inferences N]`.
+"""`ncc run FILE.neff --inputs IN.npz --output OUT.npz [--report F.json] [--trace F.json] [--inferences N]
+[--max-steps N]`.
 
 Runs the NEFF on the simulator (ncc.tools.sim.api, the simulator's public API) with the arrays
 arg0..argN of IN.npz, writes out0..outM to OUT.npz and prints the simulated time. If IN.npz also
@@ -11,7 +12,9 @@ deadlock, or semaphores left above 0 at the end of an inference are failed check
 after the outputs, the report and the trace were written so they can be inspected. `--trace`
 writes the simulated schedule in Chrome Trace Event Format (open it in ui.perfetto.dev or
 chrome://tracing): a track per engine and per DMA queue, each instruction a slice, semaphore
-stalls as "wait" slices (ncc.tools.sim.trace); without it nothing is recorded.
+stalls as "wait" slices (ncc.tools.sim.trace); without it nothing is recorded. `--max-steps N`
+is the most instructions the NEFF may execute (its loops counted before anything runs, so a
+hostile trip count is [E605] at once; default ncc.tools.sim.limits.MAX_STEPS, 20 million).
 
 Every file written (--output, --report, --trace) is checked before the simulation runs: its
 directory exists [U004], it is not a directory and not one of the files read or another output
@@ -24,6 +27,7 @@ import argparse
 import hashlib
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -32,6 +36,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ncc.orchestrator.config import THREAD_POOL_ENV
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 from ncc.orchestrator.outputs import OutputError, check_writable, is_stream, write_output
 from ncc.orchestrator.versions import ncc_version
@@ -52,6 +57,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         metavar="N",
         help="run the NEFF N times back to back, memory and semaphores carried over (default 1)",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="refuse a NEFF that would execute more than N instructions [E605] (default 20,000,000)",
     )
     parser.add_argument(
         "--trace",
@@ -158,8 +170,19 @@ def schedule_quality(simulated_ns: float, metadata: Mapping[str, str]) -> dict[s
     return {"lower_bound_ns": bound, "makespan_over_lower_bound": simulated_ns / bound}
 
 
+def _single_threaded_math() -> None:
+    """One BLAS thread for the simulation (unless the user chose a pool size). The simulator is one
+    Python thread whose matmuls are single tiles (at most 128 x 128 x 512): a thread pool only
+    hands each one back and forth, and with other jobs on the cores its spinning threads cost ten
+    times the work (a 128 x 128 x 64 matmul: 190 us pooled, 20 us on one thread, measured on 2
+    busy cores). Set before numpy is first imported, which is when BLAS reads it."""
+    for name in THREAD_POOL_ENV:
+        os.environ.setdefault(name, "1")
+
+
 def run(args: argparse.Namespace) -> int:
     _check_paths(args)
+    _single_threaded_math()
     import numpy as np
 
     from ncc.schemas import bir_pb2
@@ -179,11 +202,14 @@ def run(args: argparse.Namespace) -> int:
         warning = f"ncc: warning: {args.inputs} holds arrays the NEFF does not take, ignored: {names}"
         print(warning, file=sys.stderr)
     started = time.monotonic()
+    steps = {} if args.max_steps is None else {"max_steps": args.max_steps}
     try:
         result = simulate_neff(
-            neff, inputs, record_schedule=args.trace is not None, inferences=args.inferences
+            neff, inputs, record_schedule=args.trace is not None, inferences=args.inferences, **steps
         )
     except CompileError as err:
+        if err.code == "E605":
+            err.message += "; --max-steps N raises the limit"
         raise _compile_error(err) from None
     wall = time.monotonic() - started
 

@@ -75,13 +75,21 @@ def bf16_to_f32(words: np.ndarray) -> np.ndarray:
 
 
 def f32_to_bf16(values: np.ndarray) -> np.ndarray:
-    """Round float32 to bf16 (nearest even), returned as uint16 words."""
-    bits = np.asarray(values, dtype=np.float32, order="C").view(np.uint32)
-    rounded = bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-    words = (rounded >> np.uint32(16)).astype(np.uint16)
-    nan = np.isnan(values)
-    if np.any(nan):
-        words = np.where(nan, np.uint16(0x7FC0), words)
+    """Round float32 to bf16 (nearest even), returned as uint16 words. (In place on one temporary,
+    and a NaN looked for by the sum, NaN when one is, before the exact test: the simulator rounds
+    every bf16 result it stores.)"""
+    values = np.asarray(values, dtype=np.float32, order="C")
+    bits = values.view(np.uint32)
+    rounded = bits >> np.uint32(16)
+    rounded &= np.uint32(1)
+    rounded += bits
+    rounded += np.uint32(0x7FFF)  # bits + 0x7FFF + lsb, modulo 2^32 as before
+    rounded >>= np.uint32(16)
+    words = rounded.astype(np.uint16)
+    if np.isnan(values.sum()):  # also when inf - inf: the test below decides
+        nan = np.isnan(values)
+        if nan.any():
+            words = np.where(nan, np.uint16(0x7FC0), words)
     return words
 
 

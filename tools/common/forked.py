@@ -81,6 +81,11 @@ class Forked(Generic[T]):
         os.close(write_end)
         self._pid, self._read_end = pid, read_end
 
+    @property
+    def started(self) -> bool:
+        """A child runs `fn` (until result() or cancel())."""
+        return self._pid != 0
+
     def result(self) -> T:
         """The function's value (or its exception), from the child if it delivered one."""
         if self._pid:

@@ -1,7 +1,8 @@
 """`ncc-sim`: execute a NEFF on golden inputs, check it, and report.
 
     ncc-sim --neff model.neff --inputs golden.pb [--expect golden.pb] [--output out.pb]
-            [--report report.json] [--atol 1e-4] [--rtol 0] [--no-race-check] --diagnostics d.pb
+            [--report report.json] [--atol 1e-4] [--rtol 0] [--no-race-check] [--max-steps N]
+            --diagnostics d.pb
 
 `--inputs`/`--expect` are ncc.TensorSet files (tensors "arg*" are inputs, "out*" expected
 outputs; one file may hold both). The report (JSON) and the outputs (TensorSet) are written
@@ -9,7 +10,8 @@ atomically before any verdict, so a failing run still leaves them to inspect. Ve
 order: a deadlock is E612, a race E611 (naming the first and the count), an output that differs
 from `--expect` beyond |got - expected| <= atol + rtol·max|expected| is E610 (with the max error),
 semaphores left above 0 at the end of an inference (a NEFF that cannot run twice) E613.
-`--inferences N` runs the NEFF N times back to back with memory and semaphores carried over.
+`--inferences N` runs the NEFF N times back to back with memory and semaphores carried over;
+`--max-steps N` refuses (E605) a NEFF that would execute more than N instructions.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ncc.tools.common.toolmain import exit_now, run_tool
 from ncc.tools.packager.neff import read_neff
 from ncc.tools.sim.api import SimResult, simulate_neff
 from ncc.tools.sim.check import ATOL, Comparison, compare, default_rtol, read_tensors
+from ncc.tools.sim.limits import MAX_STEPS
 
 __all__ = ["Comparison", "compare", "default_rtol", "main"]
 
@@ -49,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--inferences", type=int, default=1, help="run the NEFF this many times back to back (default 1)"
     )
     parser.add_argument("--no-race-check", action="store_true", help="skip happens-before race detection")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=MAX_STEPS,
+        help=f"refuse a NEFF that would execute more instructions (default {MAX_STEPS:,})",
+    )
     return parser
 
 
@@ -68,7 +77,9 @@ def body(args: argparse.Namespace) -> None:
     if args.rtol is None:
         args.rtol = default_rtol(neff)
     inputs = read_tensors(args.inputs, "inputs", "arg")
-    result = simulate_neff(neff, inputs, check_races=not args.no_race_check, inferences=args.inferences)
+    result = simulate_neff(
+        neff, inputs, check_races=not args.no_race_check, inferences=args.inferences, max_steps=args.max_steps
+    )
     comparisons: list[Comparison] = []
     if args.expect:
         expected = read_tensors(args.expect, "expected outputs", "out")

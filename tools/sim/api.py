@@ -17,6 +17,9 @@ last inference's, `simulated_ns` the first one's time (`inference_ns` has each),
 times and instruction counts add up over all, and a schedule or an observer sees the first only.
 `observe(instruction, outputs)`, when given, is called as each instruction's effect lands, with
 the BIR instruction and a copy of its outputs' storage right then, in simulated order.
+`max_steps` bounds the instructions a run executes (limits.MAX_STEPS by default): a NEFF whose
+loops would execute more is refused (E605) before anything runs. Loops are not expanded: each
+loop body is decoded once and its iterations are created as they run (program.py).
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ import numpy as np
 from ncc.schemas import bir_pb2
 from ncc.tools.common import dtypes, loops
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS
 from ncc.tools.sim import limits
+from ncc.tools.sim.effects import Effects
 from ncc.tools.sim.hb import Race
 from ncc.tools.sim.instruction import Op
 from ncc.tools.sim.memory import DeviceMemory, shape_text
-from ncc.tools.sim.program import load_streams, streams_of_program
+from ncc.tools.sim.program import EngineStream, load_streams, locate, streams_of_program
 from ncc.tools.sim.simulator import Simulator
 from ncc.tools.sim.trace import Schedule, ScheduleRecorder, chrome_trace
 from ncc.tools.target import Target, load_target
@@ -88,6 +91,7 @@ def simulate_neff(
     target: Target | None = None,
     record_schedule: bool = False,
     inferences: int = 1,
+    max_steps: int = limits.MAX_STEPS,
 ) -> SimResult:
     """Execute a NEFF's streams on `inputs` ("arg0".."argN"), `inferences` times back to back."""
     return _simulate(
@@ -101,6 +105,7 @@ def simulate_neff(
         target,
         record_schedule,
         inferences=inferences,
+        max_steps=max_steps,
     )
 
 
@@ -112,6 +117,7 @@ def simulate_program(
     record_schedule: bool = False,
     observe: Observer | None = None,
     inferences: int = 1,
+    max_steps: int = limits.MAX_STEPS,
 ) -> SimResult:
     """Execute a BIR program: its streams if codegen filled them, else its instructions grouped
     by engine in order. Buffers not yet allocated (address -1) get private storage each."""
@@ -127,6 +133,7 @@ def simulate_program(
         record_schedule,
         observe,
         inferences,
+        max_steps,
     )
 
 
@@ -149,25 +156,51 @@ def _simulate(
     record_schedule: bool = False,
     observe: Observer | None = None,
     inferences: int = 1,
+    max_steps: int = limits.MAX_STEPS,
 ) -> SimResult:
     target = target or _load_target(target_name)
-    hbm = list(hbm)
-    streams = loops.expand_streams(list(streams), "E603", MAX_INSTRUCTIONS, limit_code="E605")
-    limits.check_program(target, hbm, streams, num_semaphores)
+    hbm, streams = list(hbm), list(streams)
+    layouts = loops.plan_streams(streams, "E603", max_steps, limit_code="E605")
+    if layouts is None and sum(len(stream.instructions) for stream in streams) > max_steps:
+        executed = sum(len(stream.instructions) for stream in streams)
+        raise CompileError("E605", f"the streams execute {executed:,} instructions (at most {max_steps:,})")
+    limits.check_program(target, hbm, streams, num_semaphores, layouts=layouts)
     memory = DeviceMemory(target, hbm, buffers)
     _bind_inputs(memory, inputs)
-    ops = load_streams(streams, memory, target, num_semaphores)
+    ops = load_streams(streams, layouts, memory, target, num_semaphores)
     recorder = ScheduleRecorder() if record_schedule else None
     observer = None
-    if observe is not None:  # load_streams numbers ops (uid) in stream order
-        instructions = [instruction for stream in streams for instruction in stream.instructions]
+    if observe is not None:
 
         def observer(op: Op) -> None:
-            observe(instructions[op.uid], [access.read() for access in op.outputs])
+            stream, position = locate(ops, op.uid)
+            observe(stream.instruction(position), [access.read() for access in op.outputs])
 
-    outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer).run()
-    if recorder is not None:  # load_streams numbers ops (uid) in stream order
-        recorder.schedule.ids = [int(i.id) for stream in streams for i in stream.instructions]
+    # an observer reads memory as each effect lands: then they land here, not in a child
+    effects = Effects(ops, memory, inferences, in_process=observe is not None)
+    try:
+        result = _run(ops, target, num_semaphores, check_races, recorder, observer, inferences, effects)
+        if recorder is not None:  # load_streams numbers ops (uid) in stream order
+            recorder.schedule.ids = [number for stream in ops.values() for number in stream.ids()]
+        result.outputs = effects.outputs()
+    finally:
+        effects.close()
+    return result
+
+
+def _run(
+    ops: dict[int, EngineStream],
+    target: Target,
+    num_semaphores: int,
+    check_races: bool,
+    recorder: ScheduleRecorder | None,
+    observer: Callable[[Op], None] | None,
+    inferences: int,
+    effects: Effects,
+) -> SimResult:
+    """The inferences' simulation (outputs left empty: the effects may land in another process)."""
+    effect = effects.effect
+    outcome = Simulator(ops, target, num_semaphores, check_races, recorder, observer, effect=effect).run()
     result = SimResult(
         outputs={},
         simulated_ns=outcome.simulated_ns,
@@ -185,8 +218,9 @@ def _simulate(
     for _ in range(1, inferences):
         if result.deadlock:
             break
+        effects.next_inference()
         outcome = Simulator(
-            ops, target, num_semaphores, check_races, initial_counts=outcome.final_counts
+            ops, target, num_semaphores, check_races, initial_counts=outcome.final_counts, effect=effect
         ).run()
         result.inference_ns.append(outcome.simulated_ns)
         result.races += outcome.races
@@ -196,7 +230,6 @@ def _simulate(
         result.instruction_count += outcome.instruction_count
         for name, busy in outcome.engine_busy_ns.items():
             result.engine_busy_ns[name] = result.engine_busy_ns.get(name, 0.0) + busy
-    result.outputs = _collect_outputs(memory)
     return result
 
 
@@ -216,13 +249,3 @@ def _bind_inputs(memory: DeviceMemory, inputs: Mapping[str, np.ndarray]) -> None
         except (TypeError, ValueError) as err:
             raise CompileError("E602", f"{described} cannot be converted: {err}", key) from None
         memory.store_tensor(tensor.name, storage)
-
-
-def _collect_outputs(memory: DeviceMemory) -> dict[str, np.ndarray]:
-    found = sorted(
-        (tensor for tensor in memory.tensors.values() if tensor.role == bir_pb2.OUTPUT), key=lambda t: t.index
-    )
-    return {
-        f"out{tensor.index}": dtypes.storage_to_user_array(memory.load_tensor(tensor.name), tensor.dtype)
-        for tensor in found
-    }

@@ -1,30 +1,46 @@
 """Happens-before and race detection (docs/ir.md "Happens-before") with vector clocks.
 
-Threads are the engines and the DMA queues. Each instruction (and each dma transfer) is one
-event on its thread; its vector clock is its thread's clock joined with
+Threads are the engines and the (DMA queue, trigger engine) pairs the program uses. Each
+instruction (and each dma transfer) is one event on its thread; its vector clock is its thread's
+clock joined with
 
   * for an engine instruction: the clocks of exactly the semaphore updates that brought each
     awaited semaphore up to the awaited value, in arrival order (`SemaphoreLog.cause`);
   * for a dma transfer: the clock of its trigger (which already holds the trigger's waits).
 
-An access A (thread t, own clock c) happens before an event with clock V iff c <= V[t].
-`RaceDetector` keeps, per memory region, a columnar history of accesses (thread, clock,
-partition range, byte hull, read/write) and checks each new access against it with numpy; hull
-overlaps are refined with the exact byte intervals before a race is reported. Each racing pair
-of instructions is reported once. Entries that happen before every event still to come (the
+An access A (thread t, own clock c) happens before an event with clock V iff c <= V[t]. Every
+access is checked against every earlier conflicting access (at least one a write) to an
+overlapping byte by another thread that does not happen before it; each racing pair of
+instructions is reported once, in the order the earlier accesses were recorded.
+
+`RaceDetector` files accesses by footprint: the exact geometry of an operand (region, partitions,
+byte pattern), which a loop's iterations revisit. Footprints that share a byte are linked once,
+when the second one is first seen (the exact byte test runs then, not per access), and each keeps,
+per thread, the own clocks of its reads and of its writes in recording order, which is increasing
+order. A new access therefore only compares, for each overlapping footprint and thread, the
+latest clock with its own vector clock: an access races with a thread's entries exactly when the
+latest one is unordered with it, and then the unordered ones are the tail of that list. The
+check costs the same however long the history is, and a history entry is three integers
+(its clock, instruction and recording order); the labels of the instructions are asked for
+(`label`) only when a race is reported. Entries that happen before every event still to come (the
 element-wise minimum of the live threads' clocks, supplied by the simulator) can never race
-again and are pruned, which keeps the history, and the check, small.
+again and are pruned, and footprints left without entries are dropped.
 """
 
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
+from ncc.schemas.common_pb2 import HBM
 from ncc.tools.sim.memory import Access
+
+_ONCHIP_BUCKET = 512  # bytes of a partition per bucket of the race detector's footprint index
+_HBM_BUCKET = 65536
 
 
 @dataclass
@@ -49,9 +65,10 @@ class VectorClocks:
 
     def __init__(self, threads: int) -> None:
         self.clocks = np.zeros((threads, threads), dtype=np.int64)
+        self.rows = list(self.clocks)  # each thread's clock, a view made once
 
     def tick(self, thread: int, joins: list[np.ndarray]) -> np.ndarray:
-        clock = self.clocks[thread]
+        clock = self.rows[thread]
         for other in joins:
             np.maximum(clock, other, out=clock)
         clock[thread] += 1
@@ -65,25 +82,34 @@ class VectorClocks:
 
 
 class SemaphoreLog:
-    """Per semaphore, the updates in arrival order: running count and running join of their clocks."""
+    """Per semaphore, the updates in arrival order: running count and running join of their clocks
+    (the joins as rows of one growing array per semaphore: a vector clock's bytes per update)."""
 
-    def __init__(self, semaphores: int) -> None:
+    def __init__(self, semaphores: int, threads: int) -> None:
+        self.threads = threads
         self.counts: list[list[int]] = [[] for _ in range(semaphores)]
-        self.joins: list[list[np.ndarray]] = [[] for _ in range(semaphores)]
+        self.joins = [np.zeros((0, threads), dtype=np.int64) for _ in range(semaphores)]
         self.monotonic = [True] * semaphores
 
     def record(self, semaphore: int, count_after: int, clock: np.ndarray) -> None:
         counts, joins = self.counts[semaphore], self.joins[semaphore]
+        n = len(counts)
         if counts and count_after < counts[-1]:
             self.monotonic[semaphore] = False
         counts.append(count_after)
-        joins.append(np.maximum(joins[-1], clock) if joins else clock.copy())
+        if n == len(joins):
+            grown = np.zeros((max(16, 2 * n), self.threads), dtype=np.int64)
+            grown[:n] = joins
+            joins = self.joins[semaphore] = grown
+        if n:
+            np.maximum(joins[n - 1], clock, out=joins[n])
+        else:
+            joins[0] = clock
 
     def reset(self) -> None:
         """Every semaphore back to 0 (a `sem_reset`): later waits are caused by later updates only."""
         for semaphore in range(len(self.counts)):
             self.counts[semaphore] = []
-            self.joins[semaphore] = []
             self.monotonic[semaphore] = True
 
     def cause(self, semaphore: int, value: int) -> np.ndarray | None:
@@ -100,124 +126,227 @@ class SemaphoreLog:
         return self.joins[semaphore][index]
 
 
-@dataclass
-class _Entry:
-    access: Access
-    label: str
-    uid: int
-    write: bool
+class _Log:
+    """One thread's reads or writes of one footprint: own clocks, instruction uids and recording
+    order (`seq`), in recording order."""
 
-
-class _RegionHistory:
-    """Columnar access history of one memory region."""
+    __slots__ = ("clocks", "seqs", "uids")
 
     def __init__(self) -> None:
-        self.size = 0
-        capacity = 64
-        self.thread = np.zeros(capacity, dtype=np.int64)
-        self.clock = np.zeros(capacity, dtype=np.int64)
-        self.p_lo = np.zeros(capacity, dtype=np.int64)
-        self.p_hi = np.zeros(capacity, dtype=np.int64)
-        self.b_lo = np.zeros(capacity, dtype=np.int64)
-        self.b_hi = np.zeros(capacity, dtype=np.int64)
-        self.write = np.zeros(capacity, dtype=bool)
-        self.entries: list[_Entry] = []
-        self.compact_at = 256
+        self.clocks = array("q")
+        self.uids = array("q")
+        self.seqs = array("q")
 
-    _COLUMNS = ("thread", "clock", "p_lo", "p_hi", "b_lo", "b_hi", "write")
+    def drop_through(self, clock: int) -> int:
+        """Drop the entries whose clock is at most `clock`; how many were dropped."""
+        cut = bisect.bisect_right(self.clocks, clock)
+        if cut:
+            del self.clocks[:cut], self.uids[:cut], self.seqs[:cut]
+        return cut
 
-    def conflicts(self, thread: int, clock: np.ndarray, access: Access, write: bool) -> np.ndarray:
-        """Indices of prior accesses that overlap `access` by hull, conflict, and are unordered."""
-        n = self.size
-        if n == 0:
-            return np.empty(0, dtype=np.int64)
-        mask = (self.b_lo[:n] < access.byte_hi) & (self.b_hi[:n] > access.byte_lo)
-        mask &= (self.p_lo[:n] < access.part_hi) & (self.p_hi[:n] > access.part_lo)
-        if not write:
-            mask &= self.write[:n]
-        threads = self.thread[:n]
-        mask &= threads != thread
-        mask &= self.clock[:n] > clock[threads]
-        return np.flatnonzero(mask)
 
-    def append(self, thread: int, own_clock: int, access: Access, entry: _Entry) -> None:
-        if self.size == len(self.thread):
-            for column in self._COLUMNS:
-                old = getattr(self, column)
-                grown = np.zeros(2 * len(old), dtype=old.dtype)
-                grown[: len(old)] = old
-                setattr(self, column, grown)
-        i = self.size
-        self.thread[i], self.clock[i] = thread, own_clock
-        self.p_lo[i], self.p_hi[i] = access.part_lo, access.part_hi
-        self.b_lo[i], self.b_hi[i] = access.byte_lo, access.byte_hi
-        self.write[i] = entry.write
-        self.entries.append(entry)
-        self.size += 1
+class _Footprint:
+    """Every recorded access of one exact geometry, by kind and thread, and the footprints it shares
+    a byte with (itself included)."""
 
-    def prune(self, frontier: np.ndarray | None) -> None:
-        """Drop entries that happen before every future event (`frontier` None: no future events)."""
-        n = self.size
-        if frontier is None:
-            keep = np.zeros(n, dtype=bool)
+    __slots__ = ("access", "buckets", "detector", "key", "overlapping", "reads", "writes")
+
+    def __init__(self, key: tuple, access: Access, buckets: range | None, detector: object) -> None:
+        self.key = key
+        self.access = access  # the first access seen: where messages read the geometry
+        self.buckets = buckets  # the region's buckets it is filed in (None: a wide footprint)
+        self.detector = detector  # whose it is (None once dropped): an Access caches its footprint
+        self.reads: dict[int, _Log] = {}
+        self.writes: dict[int, _Log] = {}
+        # the footprints whose hull meets this one's: do they share a byte (None: not known yet)
+        self.overlapping: dict[_Footprint, bool | None] = {}
+
+
+class _Region:
+    """The footprints of one memory region, found by key and by the byte buckets they cover
+    (`bucket_bytes` wide: on chip a partition's bytes are few and tiles small, in HBM not)."""
+
+    MAX_BUCKETS = 64  # a footprint spanning more is wide: compared with every new footprint
+
+    def __init__(self, bucket_bytes: int) -> None:
+        self.bucket_bytes = bucket_bytes
+        self.by_key: dict[tuple, _Footprint] = {}
+        self.buckets: dict[int, dict[_Footprint, None]] = {}
+        self.wide: dict[_Footprint, None] = {}
+
+    def footprint(self, access: Access, detector: object) -> _Footprint:
+        key = (
+            access.part_lo, access.part_hi, access.byte_lo, access.byte_hi, access.base, access.counts,
+            access.byte_strides, access.dtype,
+        )
+        found = self.by_key.get(key)
+        if found is not None:
+            return found
+        first, last = access.byte_lo // self.bucket_bytes, (access.byte_hi - 1) // self.bucket_bytes
+        buckets = range(first, last + 1) if last - first < self.MAX_BUCKETS else None
+        footprint = _Footprint(key, access, buckets, detector)
+        p_lo, p_hi, b_lo, b_hi = access.part_lo, access.part_hi, access.byte_lo, access.byte_hi
+        seen: set[_Footprint] = set()
+        near = [self.buckets.get(b, {}) for b in buckets] if buckets else list(self.buckets.values())
+        for filed in (self.wide, *near):
+            for other in filed:
+                known = other.access  # the hulls first: most neighbours in a bucket do not meet
+                apart = known.part_hi <= p_lo or p_hi <= known.part_lo
+                if apart or known.byte_hi <= b_lo or b_hi <= known.byte_lo or other in seen:
+                    continue
+                seen.add(other)
+                other.overlapping[footprint] = footprint.overlapping[other] = None
+        footprint.overlapping[footprint] = True
+        self.by_key[key] = footprint
+        if buckets is None:
+            self.wide[footprint] = None
         else:
-            keep = self.clock[:n] > frontier[self.thread[:n]]
-        kept = np.flatnonzero(keep)
-        for column in self._COLUMNS:
-            values = getattr(self, column)
-            values[: len(kept)] = values[kept]
-        self.entries = [self.entries[i] for i in kept]
-        self.size = len(kept)
-        self.compact_at = max(256, 2 * self.size)
+            for bucket in buckets:
+                self.buckets.setdefault(bucket, {})[footprint] = None
+        return footprint
+
+    def drop(self, footprint: _Footprint) -> None:
+        footprint.detector = None
+        del self.by_key[footprint.key]
+        for other in footprint.overlapping:
+            if other is not footprint:
+                del other.overlapping[footprint]
+        if footprint.buckets is None:
+            del self.wide[footprint]
+        else:
+            for bucket in footprint.buckets:
+                filed = self.buckets[bucket]
+                del filed[footprint]
+                if not filed:
+                    del self.buckets[bucket]
+
+
+def _share_bytes(footprint: _Footprint, other: _Footprint) -> bool:
+    """The exact test of two footprints whose hulls meet (numpy: made once per pair, when needed)."""
+    shared = other.access.overlaps(footprint.access)
+    footprint.overlapping[other] = other.overlapping[footprint] = shared
+    return shared
 
 
 class RaceDetector:
     """Checks every access against the unordered conflicting accesses recorded before it.
 
     After `max_races` distinct racing pairs it stops looking (`capped`): a program that races
-    everywhere has O(n²) racing pairs, and counting them all would turn a verdict into hours."""
+    everywhere has O(n²) racing pairs, and counting them all would turn a verdict into hours.
+    `label(uid, thread)` names an instruction as races name it (e.g. "'add3' (DVE)")."""
 
-    def __init__(self, frontier: Callable[[], np.ndarray | None], max_races: int = 10000) -> None:
+    def __init__(
+        self,
+        frontier: Callable[[], np.ndarray | None],
+        label: Callable[[int, int], str],
+        max_races: int = 10000,
+    ) -> None:
         self.frontier = frontier
+        self.label = label
         self.max_races = max_races
-        self.regions: dict[str, _RegionHistory] = {}
+        self.regions: dict[str, _Region] = {}
         self.races: list[Race] = []
         self.race_count = 0
         self._reported: set[tuple[int, int]] = set()
+        self._seq = 0  # accesses recorded so far: the order races are reported in
+        self._size = 0  # entries held
+        self._compact_at = 4096
+        self.capped = max_races <= 0  # `max_races` pairs were found: race_count is a lower bound
 
-    @property
-    def capped(self) -> bool:
-        """True once `max_races` pairs were found: the count is then a lower bound."""
-        return self.race_count >= self.max_races
-
-    def access(
-        self, thread: int, clock: np.ndarray, access: Access, write: bool, uid: int, label: str
-    ) -> None:
+    def access(self, thread: int, clock: list[int], access: Access, write: bool, uid: int) -> None:
         """Record one access by the event with vector clock `clock` on `thread`, reporting races."""
         if access.empty or self.capped:
             return
-        history = self.regions.get(access.region)
-        if history is None:
-            history = self.regions[access.region] = _RegionHistory()
-        for index in history.conflicts(thread, clock, access, write):
-            prior = history.entries[int(index)]
-            pair = (min(prior.uid, uid), max(prior.uid, uid))
-            if prior.uid == uid or pair in self._reported or not prior.access.overlaps(access):
+        footprint = access.footprint
+        if footprint is None or footprint.detector is not self:  # new, dropped, or another run's
+            region = self.regions.get(access.region)
+            if region is None:
+                bucket_bytes = _HBM_BUCKET if access.memory == HBM else _ONCHIP_BUCKET
+                region = self.regions[access.region] = _Region(bucket_bytes)
+            footprint = access.footprint = region.footprint(access, self)
+        # Another thread's latest conflicting entry on an overlapping footprint that is unordered
+        # with this access means races: then each is found and reported.
+        for other, shared in footprint.overlapping.items():
+            if shared is False:
+                continue
+            unordered = False
+            for t, log in other.writes.items():
+                if log.clocks[-1] > clock[t] and t != thread:
+                    unordered = True
+                    break
+            if write and not unordered:
+                for t, log in other.reads.items():
+                    if log.clocks[-1] > clock[t] and t != thread:
+                        unordered = True
+                        break
+            if unordered and (shared or _share_bytes(footprint, other)):
+                self._report(thread, clock, access, write, uid, footprint)
+                break
+        logs = footprint.writes if write else footprint.reads
+        log = logs.get(thread)
+        if log is None:
+            log = logs[thread] = _Log()
+        log.clocks.append(clock[thread])
+        log.uids.append(uid)
+        log.seqs.append(self._seq)
+        self._seq += 1
+        self._size += 1
+        if self._size >= self._compact_at:
+            self._prune()
+
+    def _report(
+        self, thread: int, clock: list[int], access: Access, write: bool, uid: int, footprint: _Footprint
+    ) -> None:
+        """Report every unordered conflicting entry of the overlapping footprints, oldest first."""
+        found = []
+        for other, shared in footprint.overlapping.items():
+            if not (shared or shared is None and _share_bytes(footprint, other)):
+                continue
+            for prior_write, logs in ((True, other.writes), (False, other.reads)):
+                if not (write or prior_write):
+                    continue
+                for t, log in logs.items():
+                    if t == thread:
+                        continue
+                    for i in range(bisect.bisect_right(log.clocks, clock[t]), len(log.clocks)):
+                        found.append((log.seqs[i], log.uids[i], t, prior_write, other))
+        found.sort(key=lambda entry: entry[0])
+        for _, prior_uid, prior_thread, prior_write, other in found:
+            pair = (min(prior_uid, uid), max(prior_uid, uid))
+            if prior_uid == uid or pair in self._reported:
                 continue
             self._reported.add(pair)
             self.race_count += 1
+            self.capped = self.race_count >= self.max_races
             if self.capped:
                 break
             if len(self.races) < self.max_races:
                 self.races.append(
                     Race(
-                        first=prior.label,
-                        second=label,
-                        memory=prior.access.describe_overlap(access),
-                        first_access="write" if prior.write else "read",
+                        first=self.label(prior_uid, prior_thread),
+                        second=self.label(uid, thread),
+                        memory=other.access.describe_overlap(access),
+                        first_access="write" if prior_write else "read",
                         second_access="write" if write else "read",
                     )
                 )
-        history.append(thread, int(clock[thread]), access, _Entry(access, label, uid, write))
-        if history.size >= history.compact_at:
-            history.prune(self.frontier())
+
+    def _prune(self) -> None:
+        """Drop entries that happen before every future event, and footprints left empty."""
+        frontier = self.frontier()
+        bound = None if frontier is None else frontier.tolist()
+        for region in self.regions.values():
+            for footprint in list(region.by_key.values()):
+                for logs in (footprint.reads, footprint.writes):
+                    for t in list(logs):
+                        log = logs[t]
+                        if bound is None:
+                            self._size -= len(log.clocks)
+                            del logs[t]
+                        else:
+                            self._size -= log.drop_through(bound[t])
+                            if not log.clocks:
+                                del logs[t]
+                if not footprint.reads and not footprint.writes:
+                    region.drop(footprint)
+        self._compact_at = max(4096, 2 * self._size)

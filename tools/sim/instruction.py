@@ -27,7 +27,7 @@ class Op:
     `cost_ns` is how long it occupies its engine (for a dma: the trigger's issue time);
     `transfer_ns` is a dma's time on its queue, `hbm_ns` the time its bytes occupy the core's
     aggregate HBM bandwidth (0 when it touches no HBM). `ports` are the shared memory ports it
-    holds while it runs (see timing.py).
+    holds while it runs, `dispatch_ports` those it claims as soon as it is next (see timing.py).
     """
 
     uid: int
@@ -47,10 +47,11 @@ class Op:
     transfer_ns: float = 0.0
     hbm_ns: float = 0.0
     ports: tuple[str, ...] = ()
+    dispatch_ports: tuple[str, ...] = ()  # of `ports`, those claimed at dispatch (timing.py)
+    is_dma: bool = field(init=False)  # moves data on a queue (target.is_dma), read once per event
 
-    @property
-    def is_dma(self) -> bool:
-        return is_dma(self.op)
+    def __post_init__(self) -> None:
+        self.is_dma = is_dma(self.op)
 
     @property
     def moved_bytes(self) -> int:

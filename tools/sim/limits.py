@@ -10,6 +10,11 @@ E604 it fits the target but not this host's memory budget for simulation.
 
 The budget is the smaller of half the memory available now, a quarter of the address-space limit
 (RLIMIT_AS) when one is set, and NCC_SIM_MAX_BYTES when given.
+
+What a NEFF executes is bounded separately, by a step limit (MAX_STEPS by default, `ncc run
+--max-steps`): its loops are counted before anything runs (E605, tools/common/loops.py), so a
+hostile trip count is refused at once instead of running for hours. A NEFF may hold at most
+MAX_INSTRUCTIONS entries, the compiler's own budget (E603).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import resource
 from collections.abc import Iterable, Sequence
 
 from ncc.schemas import bir_pb2
-from ncc.tools.common import dtypes
+from ncc.tools.common import dtypes, loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS
 from ncc.tools.sim.memory import known_dtype
@@ -28,6 +33,12 @@ from ncc.tools.target import Target
 
 MAX_DIMS = 8  # dims of an access pattern or a tensor shape
 BUDGET_ENV = "NCC_SIM_MAX_BYTES"
+# Executed instructions a run may take by default. The simulator runs about 25-60 us per executed
+# instruction (bench/run_sim.py), and a loop's instances are created as they run, so memory does
+# not grow with this number: 20M is a run of 10-20 minutes, twenty times the largest program the
+# compiler's budget (MAX_INSTRUCTIONS) lets it unroll, room for rolled programs that repeat more;
+# past it a run is more likely a hostile or mistaken trip count than a program anyone waits for.
+MAX_STEPS = 20_000_000
 
 
 def host_budget_bytes() -> int:
@@ -59,8 +70,11 @@ def check_program(
     streams: Sequence[bir_pb2.Stream],
     num_semaphores: int,
     budget: int | None = None,
+    layouts: Sequence[loops.Layout] | None = None,
 ) -> None:
-    """Raise CompileError (E603/E604) for anything the simulator must not try to allocate or run."""
+    """Raise CompileError (E603/E604) for anything the simulator must not try to allocate or run.
+    With loops (`layouts`, loops.plan_streams'), an entry inside loops is named as its first
+    instance (`name@0,...`): the one that would fail first, all its instances being alike."""
     budget = host_budget_bytes() if budget is None else budget
     if not 0 <= num_semaphores <= target.num_semaphores:
         raise CompileError(
@@ -90,11 +104,14 @@ def check_program(
         raise CompileError(
             "E604", f"the NEFF's HBM tensors need {total:,} bytes; this host allows {budget:,} for simulation"
         )
-    for stream in streams:
-        for instruction in stream.instructions:
+    for number, stream in enumerate(streams):
+        for entry, instruction in enumerate(stream.instructions):
+            name = instruction.name
+            if layouts is not None and layouts[number].loops[entry]:
+                name = f"{name}@{','.join('0' * len(layouts[number].loops[entry]))}"
             for kind, operands in (("input", instruction.inputs), ("output", instruction.outputs)):
                 for index, ap in enumerate(operands):
-                    what = f"instruction {instruction.name!r} {kind} {index}"
+                    what = f"instruction {name!r} {kind} {index}"
                     if not known_dtype(ap.dtype):
                         continue
                     counts = [int(d.count) for d in ap.dims]

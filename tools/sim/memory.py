@@ -8,6 +8,11 @@ view of the operand's logical shape (storage dtype, aliasing device memory) plus
 race checker needs (region, partition range, byte hull, exact byte intervals). Bounds are
 checked once, when the operand is resolved, and an out-of-bounds operand is a CompileError E601
 naming the instruction. Malformed operands (unknown tensor, wrong memory) are E603.
+
+An operand inside a loop changes only its offset from iteration to iteration: its Access says at
+which offsets the same pattern stays in bounds (`offset_range`), and `at(offset)` gives the
+Access at another offset without resolving the pattern again (the simulator decodes a loop body
+once and checks every iteration's offsets against that range up front).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.target import Target
 
 ONCHIP_NAMES = {common_pb2.SBUF: "SBUF", common_pb2.PSUM: "PSUM"}
+# dtypes whose stored form is not their computed values' cast (dtypes.from_compute rounds or maps)
+_CONVERTED_ON_STORE = frozenset({common_pb2.BF16, common_pb2.PRED})
 MEMORY_NAMES = {common_pb2.HBM: "HBM", **ONCHIP_NAMES}
 
 
@@ -62,15 +69,24 @@ class Access:
     base: int
     counts: tuple[int, ...]
     byte_strides: tuple[int, ...]
+    offset: int = 0  # the access pattern's offset (HBM: elements, on chip: bytes)
+    offset_unit: int = 1  # bytes per unit of `offset`
+    offset_range: tuple[int, int] = (0, 0)  # the offsets at which the pattern is in bounds
+    storage: np.ndarray | None = field(default=None, repr=False)  # what `view` aliases (None: empty)
+    storage_offset: int = 0  # where `view` starts in `storage`, in bytes
+    footprint: object = field(default=None, repr=False)  # the race detector's record of this geometry
     _intervals: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    size: int = field(init=False)  # elements: the view's, read on every execution and check
+    empty: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.size = int(self.view.size)
+        self.empty = self.size == 0
 
     @property
     def shape(self) -> tuple[int, ...]:
         return self.view.shape
 
-    @property
-    def size(self) -> int:
-        return int(self.view.size)
 
     @property
     def partitions(self) -> int:
@@ -81,17 +97,21 @@ class Access:
     def nbytes(self) -> int:
         return self.size * dtypes.itemsize(self.dtype)
 
-    @property
-    def empty(self) -> bool:
-        return self.size == 0
-
     def read(self) -> np.ndarray:
         """A copy of the operand's stored values (storage dtype, logical shape)."""
         return np.array(self.view, copy=True)
 
     def read_compute(self) -> np.ndarray:
-        """The operand's values widened for arithmetic (float32 for floats, int64 for integers)."""
-        return dtypes.to_compute(self.read(), self.dtype)
+        """The operand's values widened for arithmetic (float32 for floats, int64 for integers), in
+        a new array (widening copies, so nothing is copied before it)."""
+        return dtypes.to_compute(self.view, self.dtype)
+
+    def values(self) -> np.ndarray:
+        """The operand's values as `read_compute` has them, but without a copy when they are stored
+        as computed (f32): the result may alias device memory, so it is only read."""
+        if self.dtype == common_pb2.F32:
+            return self.view
+        return dtypes.to_compute(self.view, self.dtype)
 
     def write_storage(self, values: np.ndarray) -> None:
         if self.size:
@@ -99,8 +119,31 @@ class Access:
 
     def write_compute(self, values: np.ndarray) -> None:
         """Narrow computed values to this operand's dtype (bf16 rounds to nearest even) and store them."""
-        if self.size:
-            self.write_storage(dtypes.from_compute(np.asarray(values), self.dtype).reshape(self.view.shape))
+        if not self.size:
+            return
+        values = np.asarray(values)
+        if values.dtype == self.view.dtype and self.dtype not in _CONVERTED_ON_STORE:
+            self.view[...] = values.reshape(self.view.shape)  # already the stored type (f32 into f32)
+        else:
+            self.write_storage(dtypes.from_compute(values, self.dtype).reshape(self.view.shape))
+
+    def at(self, offset: int) -> Access:
+        """The same operand with its access pattern's offset at `offset` (a loop instance's), which
+        the caller has checked against `offset_range`: nothing is resolved or checked again."""
+        delta = (offset - self.offset) * self.offset_unit
+        moved = Access.__new__(Access)
+        moved.__dict__.update(self.__dict__)
+        moved.offset = offset
+        moved.byte_lo, moved.byte_hi = self.byte_lo + delta, self.byte_hi + delta
+        moved.base = self.base + delta
+        moved.footprint = moved._intervals = None
+        if self.storage is not None:
+            moved.storage_offset = self.storage_offset + delta
+            view = self.view
+            moved.view = np.ndarray(
+                view.shape, view.dtype, buffer=self.storage, offset=moved.storage_offset, strides=view.strides
+            )
+        return moved
 
     def intervals(self) -> tuple[np.ndarray, np.ndarray]:
         """Sorted disjoint byte intervals [starts, ends) touched in each partition (or in the tensor)."""
@@ -272,9 +315,11 @@ class DeviceMemory:
         numel = len(data) // itemsize
         strides = tuple(int(d.stride) for d in ap.dims)
         empty = any(c == 0 for c in counts)
-        lo = ap.offset + sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
-        hi = ap.offset + sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + 1
-        if not empty and (lo < 0 or hi > numel):
+        below = sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
+        above = sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + 1
+        lo, hi = ap.offset + below, ap.offset + above
+        offset_range = (-below, numel - above)  # lo >= 0 and hi <= numel
+        if not empty and not offset_range[0] <= ap.offset <= offset_range[1]:
             raise CompileError(
                 "E601",
                 f"{what} reaches elements {lo}..{hi - 1} of HBM tensor {ap.tensor!r} "
@@ -302,6 +347,11 @@ class DeviceMemory:
             base=ap.offset * itemsize,
             counts=counts,
             byte_strides=byte_strides,
+            offset=int(ap.offset),
+            offset_unit=itemsize,
+            offset_range=offset_range,
+            storage=None if empty else data,
+            storage_offset=ap.offset * itemsize,
         )
 
     def _resolve_onchip(self, ap: bir_pb2.AccessPattern, counts: tuple[int, ...], what: str) -> Access:
@@ -332,12 +382,15 @@ class DeviceMemory:
         strides = tuple(int(d.stride) * itemsize for d in ap.dims)
         base_address = buffer.address if allocated else 0
         start = base_address + int(ap.offset)
-        lo = start + sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
-        hi = start + sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + itemsize
+        below = sum(min(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True))
+        above = sum(max(0, (c - 1) * s) for c, s in zip(counts, strides, strict=True)) + itemsize
+        lo, hi = start + below, start + above
         limit_lo = base_address
         limit_hi = base_address + buffer.bytes_per_partition if buffer.bytes_per_partition > 0 else row_bytes
+        # lo >= limit_lo and hi <= min(limit_hi, row_bytes)
+        offset_range = (limit_lo - base_address - below, min(limit_hi, row_bytes) - base_address - above)
         empty = p_count == 0 or any(c == 0 for c in counts)
-        if not empty and (lo < limit_lo or hi > min(limit_hi, row_bytes)):
+        if not empty and not offset_range[0] <= ap.offset <= offset_range[1]:
             raise CompileError(
                 "E601",
                 f"{what} reaches bytes {lo - base_address}..{hi - base_address - 1} of buffer {ap.tensor!r} "
@@ -371,4 +424,8 @@ class DeviceMemory:
             base=start,
             counts=counts,
             byte_strides=strides,
+            offset=int(ap.offset),
+            offset_range=offset_range,
+            storage=None if empty else storage_array,
+            storage_offset=p_lo * row_bytes + start,
         )

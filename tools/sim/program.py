@@ -6,19 +6,36 @@ Every static problem is reported here, before simulation starts: a stream whose 
 belong to another engine, two streams for one engine, semaphores outside the program's
 `num_semaphores`, more waits/updates than the target allows (E603), and, through
 DeviceMemory.resolve and semantics.validate, bad operands (E601/E603).
+
+A stream with loops is not expanded: each entry is decoded once, as its first instance (a
+`Template`), and `EngineStream.ops` creates the Op of each later instance when the simulator
+reaches it, from the loop layout (tools/common/loops.py): the name `name@point`, the operands at
+their offsets for that point (Access.at, shared by the iterations an address rotation revisits)
+and the grown waits (loops.wait_value). Only offsets and thresholds vary with the iteration, so
+the static checks of the first instance hold for every instance but bounds, which are checked
+for all iterations at once from each operand's offset range (loops.first_point_outside): the
+error, if any, is that of the first instance in execution order that fails, decoded as the
+expansion would decode it. A loop of a million instructions costs the decoding of its body,
+memory for its body, and per executed instance only what differs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from operator import getitem
 
 from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common import loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim import semantics
 from ncc.tools.sim.instruction import Op, engine_name
-from ncc.tools.sim.memory import DeviceMemory
+from ncc.tools.sim.memory import Access, DeviceMemory
 from ncc.tools.sim.timing import CostModel
 from ncc.tools.target import ENGINES, Target, encoded_wait_value
+
+_ACCESS_CACHE = 64  # per varying operand: the Accesses kept for the offsets a rotation revisits
+_TABLE_TRIPS = 4096  # a loop up to this long has what a variation adds per iteration tabulated
 
 
 def streams_of_program(program: bir_pb2.Program) -> list[bir_pb2.Stream]:
@@ -42,28 +59,240 @@ def _instruction_name(instruction: bir_pb2.Instruction, engine: int, position: i
     return f"{engine_name(engine)}[{position}]"
 
 
+class _Rotated:
+    """What a variation adds at iteration r of a loop too long to tabulate, computed when asked."""
+
+    def __init__(self, variation: loops.Variation) -> None:
+        self.rotation, self.step = variation
+
+    def __getitem__(self, r: int) -> int:
+        return loops.rotated(self.rotation, self.step, r)
+
+
+Table = list[int] | _Rotated
+
+
+def _tabulate(variations: Sequence[loops.Variation], trips: Sequence[int]) -> tuple[Table, ...]:
+    """Per loop, what its variation adds at each iteration: a list, or for a loop longer than
+    _TABLE_TRIPS a _Rotated that computes it."""
+    return tuple(
+        [loops.rotated(*variation, r) for r in range(trip)] if trip <= _TABLE_TRIPS else _Rotated(variation)
+        for variation, trip in zip(variations, trips, strict=True)
+    )
+
+
+@dataclass
+class _Varied:
+    """An operand of a loop body entry whose offset changes with the iteration: its Access at the
+    first point, and those at the offsets met since (a rotation revisits them)."""
+
+    output: bool
+    number: int
+    variations: list[loops.Variation]
+    access: Access
+    cache: dict[int, Access] = field(default_factory=dict)
+
+    def at(self, offset: int) -> Access:
+        if len(self.cache) >= _ACCESS_CACHE:
+            self.cache.clear()
+        access = self.cache[offset] = self.access.at(offset)
+        return access
+
+    def first_out_of_bounds(self, trips: Sequence[int]) -> loops.Point | None:
+        """The first point at which this operand leaves its memory, if any."""
+        if self.access.storage is None:
+            return None  # an empty operand touches nothing: it is never out of bounds
+        low, high = self.access.offset_range
+        return loops.first_point_outside(
+            trips, self.access.offset, self.variations, lambda offset: low <= offset <= high
+        )
+
+
+class Template:
+    """One stream entry decoded once: the Op of its first instance, and what the others change:
+    the offsets of `varied` operands and the thresholds of `grown` waits, each its base plus a
+    table entry per enclosing loop."""
+
+    def __init__(self, instruction: bir_pb2.Instruction, op: Op, trips: Sequence[int]) -> None:
+        self.instruction = instruction
+        self.op = op
+        self.prefix = f"{instruction.name}@"
+        self.varied: list[_Varied] = []
+        # (operand, base offset, tables) per varied operand, (number, semaphore, base, tables) per grown wait
+        self._offsets: list[tuple[_Varied, int, tuple[Table, ...]]] = []
+        self._thresholds: list[tuple[int, int, int, tuple[Table, ...]]] = []
+        if not trips:
+            return
+        sides = ((True, instruction.outputs, op.outputs), (False, instruction.inputs, op.inputs))
+        for output, operands, accesses in sides:
+            for number, (ap, access) in enumerate(zip(operands, accesses, strict=True)):
+                if ap.loop:
+                    variations = loops.operand_variations(ap)
+                    varied = _Varied(output, number, variations, access)
+                    self.varied.append(varied)
+                    self._offsets.append((varied, access.offset, _tabulate(variations, trips)))
+        for number, wait in enumerate(instruction.waits):
+            if wait.loop_steps:
+                tables = _tabulate(loops.wait_variations(wait), trips)
+                self._thresholds.append((number, op.waits[number][0], int(wait.value), tables))
+
+    def name(self, point: loops.Point) -> str:
+        """The name of the instance at `point`, as the expanded instruction's."""
+        return self.prefix + ",".join(map(str, point)) if point else self.op.name
+
+    def instance(self, point: loops.Point, uid: int) -> Op:
+        """The Op this entry executes at `point` (outside loops: the template's own)."""
+        if not point:
+            return self.op
+        op = _Instance.__new__(_Instance)
+        fields = op.__dict__
+        fields.update(self.op.__dict__)
+        fields["uid"], fields["prefix"], fields["point"] = uid, self.prefix, point
+        if self._offsets:
+            inputs, outputs = list(op.inputs), list(op.outputs)
+            for varied, offset, tables in self._offsets:  # a table per enclosing loop, as many as `point`
+                offset += sum(map(getitem, tables, point))
+                access = varied.cache.get(offset)
+                if access is None:
+                    access = varied.at(offset)
+                (outputs if varied.output else inputs)[varied.number] = access
+            fields["inputs"], fields["outputs"] = inputs, outputs
+        if self._thresholds:
+            waits = list(op.waits)
+            for number, semaphore, value, tables in self._thresholds:
+                waits[number] = (semaphore, loops.wait_value(value + sum(map(getitem, tables, point))))
+            fields["waits"] = tuple(waits)
+        return op
+
+
+class _Instance(Op):
+    """The Op of a loop instance, its name (`prefix` + point) made only when asked for: races,
+    deadlocks, traces and observers name few of a long run's instructions."""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.__dict__["prefix"] + ",".join(map(str, self.__dict__["point"]))
+
+
+class EngineStream:
+    """One engine's decoded stream: the templates of its entries and their layout. It executes
+    `length` instructions, numbered (uid) in execution order from `base_uid` on."""
+
+    def __init__(
+        self,
+        stream: bir_pb2.Stream,
+        layout: loops.Layout,
+        base_uid: int,
+        memory: DeviceMemory,
+        target: Target,
+        costs: CostModel,
+        num_semaphores: int,
+    ) -> None:
+        self.engine = stream.engine
+        self.stream = stream
+        self.layout = layout
+        self.base_uid = base_uid
+        self.length = layout.executed
+        self.templates: dict[int, Template] = {}
+
+        def decode(index: int, point: loops.Point) -> Op:
+            entry = stream.instructions[index]
+            position = layout.position(index, point)
+            instruction = loops.instance(entry, point) if point else entry
+            uid = base_uid + position
+            return _decode(instruction, self.engine, position, uid, memory, target, costs, num_semaphores)
+
+        failures: list[tuple[int, loops.Point]] = []
+        for index, instruction in enumerate(stream.instructions):
+            if instruction.op == loops.LOOP_OP:
+                continue
+            trips = layout.trips[index]
+            point = (0,) * len(trips)
+            try:
+                op = decode(index, point)
+            except CompileError:
+                failures.append((index, point))  # no later entry has an instance that runs before
+                break
+            template = self.templates[index] = Template(instruction, op, trips)
+            for varied in template.varied:
+                bad = varied.first_out_of_bounds(trips)
+                if bad is not None:
+                    failures.append((index, bad))
+        failure = loops.first_failure(layout, failures)
+        if failure is not None:
+            decode(*failure)  # raises the error of the first failing instance, as expanded
+            raise AssertionError(f"instance {failure} of the {engine_name(self.engine)} stream should fail")
+
+    def ops(self, start: int = 0) -> Iterator[Op]:
+        """The Ops this stream executes, in order, from position `start` on."""
+        templates, uid = self.templates, self.base_uid + start
+        for index, point in self.layout.instances(start):
+            yield templates[index].instance(point, uid)
+            uid += 1
+
+    def op_at(self, position: int) -> Op:
+        return next(self.ops(position))
+
+    def instruction(self, position: int) -> bir_pb2.Instruction:
+        """The BIR instruction executed at `position` (inside loops: loops.instance of its entry)."""
+        index, point = next(self.layout.instances(position))
+        entry = self.stream.instructions[index]
+        return loops.instance(entry, point) if point else entry
+
+    def ids(self) -> Iterator[int]:
+        """The BIR id of every instruction executed, in order (an instance carries its entry's)."""
+        for index, _ in self.layout.instances():
+            yield int(self.stream.instructions[index].id)
+
+    def dma_queues(self) -> set[int]:
+        """The dma queues this stream triggers transfers on."""
+        return {template.op.queue for template in self.templates.values() if template.op.is_dma}
+
+    def positive_updates(self, start: int) -> list[tuple[str, int, int]]:
+        """(first instruction, semaphore, total) of the positive updates still to come from
+        position `start` on: per semaphore, the first instruction that makes one and the sum of
+        all of them, in the order of those first ones (what a deadlock diagnosis needs)."""
+        first: dict[int, str] = {}
+        total: dict[int, int] = {}
+        for index, point in self.layout.instances(start):
+            template = self.templates[index]
+            for semaphore, increment in template.op.updates:
+                if increment > 0:
+                    if semaphore not in first:
+                        first[semaphore] = template.name(point)
+                        total[semaphore] = 0
+                    total[semaphore] += increment
+        return [(name, semaphore, total[semaphore]) for semaphore, name in first.items()]
+
+
+def locate(streams: dict[int, EngineStream], uid: int) -> tuple[EngineStream, int]:
+    """The stream that executes instruction `uid`, and its position there."""
+    for stream in streams.values():
+        if stream.base_uid <= uid < stream.base_uid + stream.length:
+            return stream, uid - stream.base_uid
+    raise KeyError(uid)
+
+
 def load_streams(
     streams: Iterable[bir_pb2.Stream],
+    layouts: Sequence[loops.Layout] | None,
     memory: DeviceMemory,
     target: Target,
     num_semaphores: int,
-) -> dict[int, list[Op]]:
-    """Decode every stream; the result maps each engine to its ops in program order."""
+) -> dict[int, EngineStream]:
+    """Decode every stream (`layouts`: loops.plan_streams', None when no stream has loops); maps
+    each engine to its decoded stream, whose instructions are numbered in stream order."""
     costs = CostModel(target)
-    result: dict[int, list[Op]] = {}
+    result: dict[int, EngineStream] = {}
     uid = 0
-    for stream in streams:
+    for number, stream in enumerate(streams):
         if stream.engine not in ENGINES.values():
             raise CompileError("E603", f"a stream names no valid engine ({stream.engine})")
         if stream.engine in result:
             raise CompileError("E603", f"two streams for engine {engine_name(stream.engine)}")
-        ops: list[Op] = []
-        for position, instruction in enumerate(stream.instructions):
-            ops.append(
-                _decode(instruction, stream.engine, position, uid, memory, target, costs, num_semaphores)
-            )
-            uid += 1
-        result[stream.engine] = ops
+        layout = layouts[number] if layouts is not None else loops.Layout.flat(len(stream.instructions))
+        result[stream.engine] = EngineStream(stream, layout, uid, memory, target, costs, num_semaphores)
+        uid += layout.executed
     return result
 
 
@@ -115,6 +344,7 @@ def _decode(
     op.transfer_ns = costs.transfer_ns(op)
     op.hbm_ns = costs.hbm_ns(op)
     op.ports = costs.ports(op)
+    op.dispatch_ports = costs.dispatch_ports(op)
     return op
 
 

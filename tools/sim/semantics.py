@@ -268,7 +268,13 @@ _CHECKS: dict[str, Callable[[Op, Target], None]] = {
 def execute(op: Op) -> None:
     """Apply `op`'s effect on device memory."""
     with np.errstate(all="ignore"):
-        _EXECUTE[op.op](op)
+        apply(op)
+
+
+def apply(op: Op) -> None:
+    """`execute` without setting numpy's floating-point error handling, for a caller that sets it
+    (to ignore) once around many instructions."""
+    _EXECUTE[op.op](op)
 
 
 def _nop(_op: Op) -> None:
@@ -277,7 +283,7 @@ def _nop(_op: Op) -> None:
 
 def _dma(op: Op) -> None:
     out = op.outputs[0]
-    out.write_storage(op.inputs[0].read().view(out.view.dtype))
+    out.write_storage(op.inputs[0].view.view(out.view.dtype))  # numpy copies overlapping bytes safely
 
 
 def _dma_gather(op: Op) -> None:
@@ -324,60 +330,72 @@ def _transpose(op: Op) -> None:
 def _activation(op: Op) -> None:
     scale = np.float32(op.scalars[0]) if len(op.scalars) > 0 else np.float32(1)
     bias = np.float32(op.scalars[1]) if len(op.scalars) > 1 else np.float32(0)
-    x = op.inputs[0].read_compute().astype(np.float32, copy=False) * scale + bias
+    x = np.multiply(op.inputs[0].values().astype(np.float32, copy=False), scale)  # a new, contiguous array
+    x += bias
     op.outputs[0].write_compute(ACTIVATIONS[op.func](x).astype(np.float32, copy=False))
 
 
-def _operand(access: Access, kind: type, shape: tuple[int, ...]) -> np.ndarray:
-    values = access.read_compute().reshape(shape)
+# Functions whose every element is one correctly rounded IEEE operation: numpy's contiguous (SIMD)
+# and strided loops agree on them bit for bit, so they may read operands in place. The others
+# (power, atan2, maximum of +0 and -0, ...) read contiguous copies as before: there vectorised and
+# scalar loops may differ.
+_EXACT_FUNCS = frozenset({"add", "subtract", "multiply", "divide", "eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def _operand(access: Access, kind: type, shape: tuple[int, ...], in_place: bool = False) -> np.ndarray:
+    """An operand's values in `kind` and `shape`; `in_place`: they may alias device memory."""
+    values = (access.values() if in_place else access.read_compute()).reshape(shape)
     return values.astype(kind, copy=False)
+
+
+_ARITHMETIC = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
+               "minimum": np.minimum}
+_FLOAT_ONLY = {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}
+_BITWISE = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
+_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+            "ge": np.greater_equal}
 
 
 def _binary(func: str, a: np.ndarray, b: np.ndarray, kind: type, out_dtype: int) -> np.ndarray:
     """A tensor_tensor/tensor_scalar function computed in `kind` (see `_domain`) on values of the
     output's type (an integer's width decides how shifts and wrap-around behave)."""
     floating = kind is np.float32
-    if func in ("add", "subtract", "multiply", "maximum", "minimum"):
-        return {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-                "minimum": np.minimum}[func](a, b)
-    if floating and func in ("divide", "power", "remainder", "atan2"):
-        return {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}[func](a, b)
+    if func in _ARITHMETIC:
+        return _ARITHMETIC[func](a, b)
+    if floating and func in _FLOAT_ONLY:
+        return _FLOAT_ONLY[func](a, b)
     if func in numerics.INTEGER_BINARY:
         bits = dtypes.itemsize(out_dtype) * 8
         return numerics.INTEGER_BINARY[func](a, b, bits, dtypes.is_signed(out_dtype))
-    if func in ("and", "or", "xor"):
+    if func in _BITWISE:
         if floating:
-            lhs, rhs = a != 0, b != 0
-            return {"and": lhs & rhs, "or": lhs | rhs, "xor": lhs ^ rhs}[func].astype(kind)
-        return {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}[func](a, b)
-    compare = {
-        "eq": np.equal,
-        "ne": np.not_equal,
-        "lt": np.less,
-        "le": np.less_equal,
-        "gt": np.greater,
-        "ge": np.greater_equal,
-    }[func]
-    return compare(a, b).astype(kind)
+            return _BITWISE[func](a != 0, b != 0).astype(kind)
+        return _BITWISE[func](a, b)
+    return _COMPARE[func](a, b).astype(kind)
 
 
 def _tensor_tensor(op: Op) -> None:
     out = op.outputs[0]
     kind = _domain(*op.inputs, out)
-    a = _operand(op.inputs[0], kind, out.shape)
-    b = _operand(op.inputs[1], kind, out.shape)
+    exact = op.func in _EXACT_FUNCS
+    a = _operand(op.inputs[0], kind, out.shape, exact)
+    b = _operand(op.inputs[1], kind, out.shape, exact)
     out.write_compute(_binary(op.func, a, b, kind, out.dtype))
 
 
 def _tensor_scalar(op: Op) -> None:
     out = op.outputs[0]
     kind = _domain(op.inputs[0], out)
-    a = _operand(op.inputs[0], kind, out.shape)
-    scalar = (
-        np.full(out.shape, op.scalars[0], dtype=np.float32)
-        if kind is np.float32  # an integer scalar wraps into the domain (-1 is all ones in u64)
-        else np.full(out.shape, int(round(op.scalars[0])), dtype=np.int64).astype(kind)
-    )
+    exact = kind is np.float32 and op.func in _EXACT_FUNCS
+    a = _operand(op.inputs[0], kind, out.shape, exact)
+    if exact:  # broadcast: the same f32 value meets every element
+        scalar = np.float32(op.scalars[0])
+    else:
+        scalar = (
+            np.full(out.shape, op.scalars[0], dtype=np.float32)
+            if kind is np.float32  # an integer scalar wraps into the domain (-1 is all ones in u64)
+            else np.full(out.shape, int(round(op.scalars[0])), dtype=np.int64).astype(kind)
+        )
     if op.attributes.get("reverse") == "1":
         a, scalar = scalar, a
     out.write_compute(_binary(op.func, a, scalar, kind, out.dtype))
@@ -400,7 +418,7 @@ def _tensor_reduce(op: Op) -> None:
 
 def _tensor_copy(op: Op) -> None:
     out = op.outputs[0]
-    out.write_compute(op.inputs[0].read_compute().reshape(out.shape))
+    out.write_compute(op.inputs[0].values().reshape(out.shape))  # narrowing is exact on any layout
 
 
 def _iota(op: Op) -> None:

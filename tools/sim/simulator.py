@@ -21,8 +21,13 @@ starts. When no event is pending and streams are unfinished the run is deadlocke
 and deadlock.py explains why. The loop always ends: each instruction starts once and each event
 is processed once.
 
+Each engine's instructions come from its `EngineStream` (program.py), which creates the Op of a
+loop instance when the engine reaches it: the loop runs as its expansion would, without the
+expansion ever being held in memory.
+
 Happens-before is tracked alongside (hb.py) when race checking is on: one thread per engine and
-per (queue, trigger engine) pair, clocks ticked as instructions start and transfers are queued.
+per (queue, trigger engine) pair the program uses, clocks ticked as instructions start and
+transfers are queued.
 A queue moves its transfers in FIFO order, but transfers that different engines issue onto one
 queue interleave in an order only the run decides, so that order is no synchronization (as in
 the compiler's model, docs/ir.md): a store issued too early that happens to go ahead of a load
@@ -31,15 +36,17 @@ on the same queue is a race, not an ordering.
 A `ScheduleRecorder` (trace.py), when given, is told when each instruction's waits held, when it
 started and ended and when each transfer moved; without one the loop records nothing. An
 `observer`, when given, is called with each op right after its functional effect landed (what
-`ncc bisect` uses to find the first instruction whose result differs).
+`ncc bisect` uses to find the first instruction whose result differs). `effect` applies the
+functional effect: semantics.apply, or effects.py's hand-over to a child process (nothing in the
+loop depends on a value in memory).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -47,25 +54,41 @@ from ncc.tools.sim import semantics
 from ncc.tools.sim.deadlock import BlockedPort, BlockedWait, PendingUpdate, describe_deadlock
 from ncc.tools.sim.hb import Race, RaceDetector, SemaphoreLog, VectorClocks
 from ncc.tools.sim.instruction import Op, engine_name, queue_name
+from ncc.tools.sim.program import EngineStream, locate
 from ncc.tools.sim.trace import ScheduleRecorder
 from ncc.tools.target import ENGINES, Target
-from ncc.tools.target.costs import DISPATCH_CLAIMED_PORTS
 
 _COMPLETE, _TRIGGERED, _TRANSFERRED = "complete", "triggered", "transferred"
 
 
 @dataclass
 class _Engine:
+    """An engine's progress through its stream: `head` is the instruction at `pc` (None past the end)."""
+
     engine: int
     thread: int
-    ops: list[Op]
+    stream: EngineStream | None
+    length: int = 0
     pc: int = 0
+    head: Op | None = None
+    cursor: Iterator[Op] = field(default_factory=lambda: iter(()))
     running: Op | None = None
     busy_ns: float = 0.0
 
+    @classmethod
+    def of(cls, engine: int, thread: int, stream: EngineStream | None) -> _Engine:
+        if stream is None:
+            return cls(engine, thread, None)
+        cursor = stream.ops()
+        return cls(engine, thread, stream, stream.length, head=next(cursor, None), cursor=cursor)
+
+    def advance(self) -> None:
+        self.pc += 1
+        self.head = next(self.cursor, None)
+
     @property
     def live(self) -> bool:
-        return self.running is not None or self.pc < len(self.ops)
+        return self.running is not None or self.pc < self.length
 
 
 @dataclass
@@ -87,25 +110,25 @@ class Simulator:
 
     def __init__(
         self,
-        streams: dict[int, list[Op]],
+        streams: dict[int, EngineStream],
         target: Target,
         num_semaphores: int,
         check_races: bool,
         recorder: ScheduleRecorder | None = None,
         observer: Callable[[Op], None] | None = None,
         initial_counts: list[int] | None = None,
+        effect: Callable[[Op], None] = semantics.apply,
     ) -> None:
         self.target = target
         self.recorder = recorder
         self.observer = observer
+        self.effect = effect  # applies an op's functional effect (effects.py: maybe in a child)
+        self.streams = streams
         engine_ids = list(ENGINES.values())
-        self.engines = [_Engine(engine=e, thread=i, ops=streams.get(e, [])) for i, e in enumerate(engine_ids)]
+        self.engines = [_Engine.of(e, i, streams.get(e)) for i, e in enumerate(engine_ids)]
         # the happens-before thread of each (queue, trigger engine)'s transfers
-        self.transfer_thread = {
-            (q, e.engine): len(engine_ids) * (1 + q) + e.thread
-            for q in range(target.dma_queues)
-            for e in self.engines
-        }
+        pairs = sorted({(q, stream.engine) for stream in streams.values() for q in stream.dma_queues()})
+        self.transfer_thread = {pair: len(engine_ids) + number for number, pair in enumerate(pairs)}
         self.queue_free_ns = [0.0] * target.dma_queues
         self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
         self.queue_busy_ns = [0.0] * target.dma_queues
@@ -117,26 +140,19 @@ class Simulator:
         self.sequence = itertools.count()
         self.now = 0.0
         self.started = 0
-        threads = len(engine_ids) * (1 + target.dma_queues)
+        threads = len(engine_ids) + len(pairs)
         self.clocks = VectorClocks(threads) if check_races else None
-        self.sem_log = SemaphoreLog(num_semaphores) if check_races else None
-        self.races = RaceDetector(self._frontier) if check_races else None
+        self.sem_log = SemaphoreLog(num_semaphores, threads) if check_races else None
+        self.races = RaceDetector(self._frontier, self._label) if check_races else None
 
     # ---- the loop --------------------------------------------------------------------------
 
     def run(self) -> Outcome:
-        while True:
-            self._start_ready()
-            if not self.events:
-                break
-            time = self.events[0][0]
-            self.now = time
-            while self.events and self.events[0][0] == time:
-                _, _, kind, payload = heapq.heappop(self.events)
-                self._handle(kind, payload)
+        with np.errstate(all="ignore"):  # once for the run: semantics.apply leaves it alone
+            self._loop()
         deadlock = self._deadlock() if any(e.live for e in self.engines) else None
         if self.recorder is not None:
-            stuck = [e.ops[e.pc] for e in self.engines if e.running is None and e.pc < len(e.ops)]
+            stuck = [e.head for e in self.engines if e.running is None and e.head is not None]
             self.recorder.finished(self.now, stuck)
         busy = {engine_name(e.engine): e.busy_ns for e in self.engines}
         for queue, used in enumerate(self.queue_used):
@@ -153,27 +169,45 @@ class Simulator:
             final_counts=list(self.counts),
         )
 
+    def _loop(self) -> None:
+        events = self.events
+        while True:
+            self._start_ready()
+            if not events:
+                break
+            time = events[0][0]
+            self.now = time
+            while events and events[0][0] == time:
+                _, _, kind, payload = heapq.heappop(events)
+                self._handle(kind, payload)
+
     def _push(self, time: float, kind: str, payload: object) -> None:
         heapq.heappush(self.events, (time, next(self.sequence), kind, payload))
 
     def _start_ready(self) -> None:
+        counts, now = self.counts, self.now
         for engine in self.engines:
-            if engine.running is not None or engine.pc >= len(engine.ops):
+            op = engine.head
+            if engine.running is not None or op is None:
                 continue
-            op = engine.ops[engine.pc]
-            if not self._claim_at_dispatch(engine, op):
+            if op.dispatch_ports and not self._claim_at_dispatch(engine, op):
                 continue
-            if any(self.counts[s] < v for s, v in op.waits):
+            waiting = False
+            for semaphore, value in op.waits:
+                if counts[semaphore] < value:
+                    waiting = True
+                    break
+            if waiting:
                 continue
             if self.recorder is not None:
-                self.recorder.waits_met(engine.engine, self.now)
-            if any(self.port_free_ns.get(p, 0.0) > self.now for p in op.ports):
+                self.recorder.waits_met(engine.engine, now)
+            if op.ports and any(self.port_free_ns.get(p, 0.0) > now for p in op.ports):
                 continue
             self._start(engine, op)
 
     def _claim_at_dispatch(self, engine: _Engine, op: Op) -> bool:
         """Claim the dispatch-arbitrated ports `op` needs; False while another engine has one."""
-        wanted = [p for p in op.ports if p in DISPATCH_CLAIMED_PORTS]
+        wanted = op.dispatch_ports
         for port in wanted:
             holder = self.port_claims.get(port)
             if holder is not None and holder is not engine:
@@ -185,7 +219,7 @@ class Simulator:
         return True
 
     def _start(self, engine: _Engine, op: Op) -> None:
-        engine.pc += 1
+        engine.advance()
         engine.running = op
         engine.busy_ns += op.cost_ns
         self.started += 1
@@ -196,10 +230,14 @@ class Simulator:
             self.recorder.started(op, self.now, end)
         clock = None
         if self.clocks is not None:
-            joins = [c for c in (self.sem_log.cause(s, v) for s, v in op.waits) if c is not None]
+            joins = []
+            for semaphore, value in op.waits:
+                cause = self.sem_log.cause(semaphore, value)
+                if cause is not None:
+                    joins.append(cause)
             clock = self.clocks.tick(engine.thread, joins)
             if not op.is_dma:
-                self._record(engine.thread, clock, op, op.label)
+                self._record(engine.thread, clock, op)
         self._push(end, _TRIGGERED if op.is_dma else _COMPLETE, (engine, op, clock))
 
     def _handle(self, kind: str, payload: object) -> None:
@@ -217,7 +255,7 @@ class Simulator:
             if self.clocks is not None:
                 thread = self.transfer_thread[op.queue, engine.engine]
                 transfer_clock = self.clocks.tick(thread, [clock])
-                self._record(thread, transfer_clock, op, op.transfer_label)
+                self._record(thread, transfer_clock, op)
             engine.running = None
             start = max(self.now, self.queue_free_ns[op.queue])
             end = start + op.transfer_ns
@@ -237,7 +275,7 @@ class Simulator:
             self._update(op, clock)
 
     def _execute(self, op: Op) -> None:
-        semantics.execute(op)
+        self.effect(op)
         if self.observer is not None:
             self.observer(op)
 
@@ -253,11 +291,18 @@ class Simulator:
 
     # ---- happens-before ----------------------------------------------------------------------
 
-    def _record(self, thread: int, clock: np.ndarray, op: Op, label: str) -> None:
+    def _record(self, thread: int, clock: np.ndarray, op: Op) -> None:
+        values = clock.tolist()
         for access in op.inputs:
-            self.races.access(thread, clock, access, False, op.uid, label)
+            self.races.access(thread, values, access, False, op.uid)
         for access in op.outputs:
-            self.races.access(thread, clock, access, True, op.uid, label)
+            self.races.access(thread, values, access, True, op.uid)
+
+    def _label(self, uid: int, thread: int) -> str:
+        """Instruction `uid` as races name it: on its engine's thread or its transfer's."""
+        stream, position = locate(self.streams, uid)
+        op = stream.op_at(position)
+        return op.label if thread < len(self.engines) else op.transfer_label
 
     def _frontier(self) -> np.ndarray | None:
         """Minimum clock of every event still to come (engines with work left; queued transfers
@@ -271,19 +316,19 @@ class Simulator:
         pending: list[PendingUpdate] = []
         ports: list[BlockedPort] = []
         for engine in self.engines:
-            if engine.pc >= len(engine.ops):
+            head = engine.head
+            if head is None:
                 continue
-            head = engine.ops[engine.pc]
             name = engine_name(engine.engine)
             for port in head.ports:
                 holder = self.port_claims.get(port)
                 if holder is not None and holder is not engine:
-                    held_by = holder.ops[holder.pc]
-                    ports.append(BlockedPort(name, head.name, port, engine_name(holder.engine), held_by.name))
+                    holder_name = engine_name(holder.engine)
+                    ports.append(BlockedPort(name, head.name, port, holder_name, holder.head.name))
             for semaphore, value in head.waits:
                 if self.counts[semaphore] < value:
                     blocked.append(BlockedWait(name, head.name, semaphore, value, self.counts[semaphore]))
-            for op in engine.ops[engine.pc :]:
-                for semaphore, increment in op.updates:
-                    pending.append(PendingUpdate(name, op.name, semaphore, increment))
+            # per semaphore the first positive update and the sum of all: the diagnosis looks at no more
+            for instruction, semaphore, total in engine.stream.positive_updates(engine.pc):
+                pending.append(PendingUpdate(name, instruction, semaphore, total))
         return describe_deadlock(blocked, pending, ports)

@@ -55,3 +55,8 @@ class CostModel:
     def ports(op: Op) -> tuple[str, ...]:
         """The shared memory ports `op` holds while it runs."""
         return costs.ports(op=op.op, engine=op.engine, memories={a.memory for a in (*op.inputs, *op.outputs)})
+
+    @staticmethod
+    def dispatch_ports(op: Op) -> tuple[str, ...]:
+        """Of `op.ports`, those claimed when it is dispatched rather than when it starts."""
+        return tuple(port for port in op.ports if port in costs.DISPATCH_CLAIMED_PORTS)
