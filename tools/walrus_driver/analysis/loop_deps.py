@@ -100,6 +100,7 @@ class LoopDeps:
         self.instructions = list(program.instructions)
         self.operands = {i.id: list(self._operands(i)) for i in self.instructions}
         self.carried: list[Carried] = []
+        self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
         self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
                                                            // _MAX_PAGES)) for t in program.hbm}
@@ -118,13 +119,16 @@ class LoopDeps:
         """(operand index, box) of each operand that touches something: its box at iteration 0
         of the instruction's outermost `level` loops, swept over the iterations of the loops
         inside them."""
-        chain = self.nest.chain_of(instr.id)
-        swept = [self.nest.loops[loop].trip for loop in chain[level:]]
-        result = []
-        for index, operand in enumerate(self.operands[instr.id]):
-            box = self._box(operand, level, swept, instr.name)
-            if box is not None:
-                result.append((index, box))
+        key = (instr.id, level)
+        result = self._boxes.get(key)
+        if result is None:
+            chain = self.nest.chain_of(instr.id)
+            swept = [self.nest.loops[loop].trip for loop in chain[level:]]
+            result = self._boxes[key] = []
+            for index, operand in enumerate(self.operands[instr.id]):
+                box = self._box(operand, level, swept, instr.name)
+                if box is not None:
+                    result.append((index, box))
         return result
 
     def _box(self, operand: _Operand, level: int, swept: list[int], where: str) -> _Box | None:
