@@ -23,6 +23,13 @@ an operand moves from one iteration to the next:
 A distance that is too short is safe (a later wait for an earlier instance of the same thread
 completes in order), so every approximation here is toward a shorter distance.
 
+Aligned dependences (`_align`): a loop whose every conflict with an earlier loop of the same
+block is in HBM, one step a time in both (a nest reading, row block by row block, what the nest
+before it wrote), follows that loop iteration by iteration instead of waiting for all of it:
+its iteration r needs the earlier loop's iterations up to scale * r + delta only (scale the
+ratio of their steps), so the DAG's edges between them become such dependences (Carried with
+`src_loop`), and the two loops overlap at run time as the unrolled program's nests did.
+
 The walks: one per block (the top level and each loop body), over the instructions of the
 block and of the loops inside it in static order, each with its operands' boxes swept over the
 loops inside the block; pairs within one inner loop are left to that loop's own walk, and an
@@ -48,14 +55,17 @@ _WIDE = 1 << 62  # a row width that puts a whole HBM tensor in one row
 
 @dataclass(frozen=True)
 class Carried:
-    """dst at iteration r of `loop` follows src at iteration r - distance (src's inner loops at
-    their last iteration)."""
+    """dst at iteration r of `loop` follows src at iteration r - distance of the same loop, or
+    (an aligned dependence) at iteration scale * r - distance of `src_loop`, a loop before
+    `loop` in their common block; src's inner loops at their last iteration."""
 
     src: int
     dst: int
     loop: int
     distance: int
     code: int
+    src_loop: int | None = None
+    scale: int = 1
 
 
 class _Box(NamedTuple):
@@ -100,6 +110,7 @@ class LoopDeps:
         self.instructions = list(program.instructions)
         self.operands = {i.id: list(self._operands(i)) for i in self.instructions}
         self.carried: list[Carried] = []
+        self.aligned = 0  # pairs of loops whose dependence runs iteration by iteration
         self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
         self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
@@ -211,7 +222,94 @@ class LoopDeps:
         for loop_id, body in members.items():
             self._walk(graph, loop_id, body, self.nest.loops[loop_id].depth)
             self._carry(loop_id, body)
+        self._align(graph, members)
         return graph
+
+    # ---- loops one after the other -------------------------------------------------------------
+    def _align(self, graph: DepGraph, members: dict[int, list[bir_pb2.Instruction]]) -> None:
+        """Let a loop's iterations follow an earlier sibling loop's iteration by iteration where
+        that is all they depend on (the module docstring: aligned dependences)."""
+        position = {instr.id: index for index, instr in enumerate(self.instructions)}
+        candidates: set[tuple[int, int]] = set()
+        for src, dst in graph.edges:
+            pair = self._siblings(src, dst)
+            if pair is not None:
+                candidates.add(pair)
+        for first, second in sorted(candidates, key=lambda pair: position[members[pair[1]][0].id]):
+            pairs = self._aligned_pairs(first, second, members)
+            if not pairs:
+                continue
+            sources = {instr.id for instr in members[first]}
+            graph.remove_edges_from([(src, instr.id) for instr in members[second]
+                                     for src in list(graph.predecessors(instr.id)) if src in sources])
+            for src, dst, scale, delta, code in pairs:
+                self.carried.append(Carried(src, dst, second, -delta, code, first, scale))
+            self.aligned += 1
+
+    def _siblings(self, src: int, dst: int) -> tuple[int, int] | None:
+        """The two sibling loops (children of one block) holding `src` and `dst`."""
+        chain_src, chain_dst = self.nest.chain_of(src), self.nest.chain_of(dst)
+        shared = 0
+        while shared < min(len(chain_src), len(chain_dst)) and chain_src[shared] == chain_dst[shared]:
+            shared += 1
+        if shared >= len(chain_src) or shared >= len(chain_dst):
+            return None
+        return chain_src[shared], chain_dst[shared]
+
+    def _aligned_pairs(self, first: int, second: int, members: dict[int, list[bir_pb2.Instruction]]
+                       ) -> list[tuple[int, int, int, int, int]]:
+        """(src, dst, scale, delta, code) for every conflict between loops `first` and `second`,
+        when each is HBM whose step per iteration of `second` is `scale` times its step per
+        iteration of `first`, so that iteration r of `second` needs iterations up to
+        scale * r + delta of `first`, within its iterations; [] when some conflict is not so
+        (on chip, steps that do not divide) and `second` must wait for the whole of `first`."""
+        level = self.nest.loops[first].depth - 1  # boxes over every iteration of both loops
+        exact = self.nest.loops[first].depth  # ... and at their iteration 0
+        onchip_first = [box for i in members[first] for _, box in self.boxes(i, level)
+                        if box.memory != birutil.HBM]
+        hbm_first: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
+        for instr in members[first]:
+            at_zero = dict(self.boxes(instr, exact))
+            for index, box in self.boxes(instr, level):
+                if box.memory == birutil.HBM:
+                    hbm_first.setdefault(box.region, []).append((instr.id, index, box, at_zero[index]))
+        pairs = []
+        for instr in members[second]:
+            at_zero = dict(self.boxes(instr, exact))
+            for index, box in self.boxes(instr, level):
+                if box.memory != birutil.HBM:
+                    if any(box.memory == other.memory and box.region == other.region and _meet(box, other)
+                           for other in onchip_first):
+                        return []
+                    continue
+                for src, src_index, hull, zero in hbm_first.get(box.region, ()):
+                    if not (box.write or hull.write) or not _meet(box, hull):
+                        continue
+                    found = self._delta(src, src_index, zero, instr.id, index, at_zero[index], first, second)
+                    if found is None:
+                        return []
+                    kind = _OUTPUT if box.write and hull.write else (_FLOW if hull.write else _ANTI)
+                    pairs.append((src, instr.id, *found, kind + birutil.HBM))
+        return pairs
+
+    def _delta(self, src: int, src_index: int, src_box: _Box, dst: int, dst_index: int, dst_box: _Box,
+               first: int, second: int) -> tuple[int, int] | None:
+        """(scale, delta): the HBM operand of `dst` at iteration j of `second` meets the one of
+        `src` at iteration i of `first` only for i <= scale * j + delta, and scale * j + delta
+        stays within `first`'s iterations; None when the steps are not whole rows, or the
+        second's not a multiple of the first's."""
+        depth = self.nest.loops[first].depth
+        step, later = _step(self.operands[src][src_index], depth), _step(self.operands[dst][dst_index], depth)
+        width = self.widths.get(src_box.region, 0) or _WIDE
+        if step <= 0 or later <= 0 or step % width or later % step:
+            return None
+        rows, scale = step // width, later // step
+        # src at i meets dst at j iff i * rows - j * scale * rows lies in (dst.b0 - src.b1,
+        # dst.b1 - src.b0): i - scale * j < (dst.b1 - src.b0) / rows
+        delta = -(-(dst_box.b1 - src_box.b0) // rows) - 1
+        if scale * (self.nest.loops[second].trip - 1) + delta > self.nest.loops[first].trip - 1:
+            return None  # a late iteration would wait for one the first loop never runs
+        return scale, delta
 
     def _ordered(self, graph: DepGraph) -> None:
         names: dict[str, int] = {}

@@ -83,13 +83,28 @@ class LoopCounts:
                 count[thread] += (trip - 1) * step
 
     def threshold(self, producer: int, consumer: int, carried_loop: int | None = None,
-                  distance: int = 0) -> tuple[int, list[int]]:
+                  distance: int = 0, producer_loop: int | None = None,
+                  scale: int = 1) -> tuple[int, list[int]]:
         """(value, loop_steps) of the consumer's wait for `producer` (ids): within an iteration, or
-        `distance` iterations earlier of `carried_loop`. loop_steps has one entry per loop of the
-        consumer, or none when the threshold does not move."""
+        `distance` iterations earlier of `carried_loop`, or (`producer_loop`, an earlier loop
+        beside `carried_loop`) at that loop's iteration scale * r - distance when the consumer is
+        at iteration r of `carried_loop`. loop_steps has one entry per loop of the consumer, or none when the
+        threshold does not move."""
         nest = self.nest
         thread = self.thread[producer]
         producer_chain, consumer_chain = nest.chain_of(producer), nest.chain_of(consumer)
+        if producer_loop is not None and carried_loop is not None and producer_loop != carried_loop:
+            shared = nest.chain(producer_loop)
+            value = self.base[producer] - distance * self.per_iteration.get((thread, producer_loop), 0)
+            for loop_id in producer_chain[len(shared):]:
+                value += (nest.loops[loop_id].trip - 1) * self.per_iteration.get((thread, loop_id), 0)
+            outer = shared[:-1]  # the loops around both
+            steps = [self.per_iteration.get((thread, loop_id), 0) if loop_id in outer else 0
+                     for loop_id in consumer_chain]
+            if carried_loop in consumer_chain:
+                per = self.per_iteration.get((thread, producer_loop), 0)
+                steps[consumer_chain.index(carried_loop)] = scale * per
+            return value, steps if any(steps) else []
         if carried_loop is None:
             shared = ()
             if producer_chain and consumer_chain:

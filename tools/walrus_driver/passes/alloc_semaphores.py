@@ -206,7 +206,7 @@ def _carried_waits(ctx: PassContext, by_id: dict[int, bir_pb2.Instruction]) -> d
     queue thread, an engine, or a dma triggered on the engine that produced its source), and of
     several on one producing thread and loop only the one at the shortest distance from the
     latest producer."""
-    best: dict[tuple[int, syncmodel.Thread, int], Carried] = {}
+    best: dict[tuple[int, syncmodel.Thread, int, int | None], Carried] = {}
     position = {instr.id: index for index, instr in enumerate(ctx.program.instructions)}
     for dependence in ctx.carried:
         producer, consumer = by_id.get(dependence.src), by_id.get(dependence.dst)
@@ -217,13 +217,13 @@ def _carried_waits(ctx: PassContext, by_id: dict[int, bir_pb2.Instruction]) -> d
             continue
         if not is_dma(producer.op) and producer.engine == consumer.engine:
             continue  # the consumer's engine (or its trigger) runs after the producer completed
-        key = (dependence.dst, thread, dependence.loop)
+        key = (dependence.dst, thread, dependence.loop, dependence.src_loop)
         old = best.get(key)
         rank = (dependence.distance, -position[dependence.src])
         if old is None or rank < (old.distance, -position[old.src]):
             best[key] = dependence
     result: dict[int, list[Carried]] = {}
-    for (consumer, _, _), dependence in sorted(best.items(), key=lambda item: item[0][0]):
+    for (consumer, *_), dependence in sorted(best.items(), key=lambda item: item[0][0]):
         result.setdefault(consumer, []).append(dependence)
     return result
 
@@ -240,7 +240,8 @@ def _loop_waits(ctx: PassContext, order: list[bir_pb2.Instruction], waited: set[
             if carried is None:
                 value, steps = counts.threshold(producer, consumer)
             else:
-                value, steps = counts.threshold(producer, consumer, carried.loop, carried.distance)
+                value, steps = counts.threshold(producer, consumer, carried.loop, carried.distance,
+                                                carried.src_loop, carried.scale)
             found.append((semaphore[counts.thread[producer]], value, steps))
         waits = updated[consumer].waits
         for sem, value, steps in sorted(found):

@@ -136,6 +136,7 @@ def _analyze_loops(ctx: PassContext, use_addresses: bool) -> None:
     ctx.carried = analysis.carried
     ctx.set_stat("edges_carried", len(analysis.carried))
     ctx.set_stat("loops", len(analysis.nest.loops))
+    ctx.set_stat("loops_aligned", analysis.aligned)
 
 
 def _install(ctx: PassContext, graph: DepGraph, use_addresses: bool) -> None:
