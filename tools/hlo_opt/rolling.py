@@ -171,6 +171,12 @@ class _AxisAnalysis:
         self.cuts: set[int] = set()  # iterations where some outcome may change (a range may start there)
         self.lo, self.hi = 0, extents[name]  # the iterations every access stays unclipped in
         self.private: set[str] = set()
+        # each tensor's accesses in statement order, outputs before inputs (read once per axis:
+        # a fused 12,500-op chain has as many tensors as statements)
+        self.accesses: dict[str, list[tuple[penguin_pb2.Statement, penguin_pb2.Access]]] = {}
+        for st in nest.statements:
+            for access in (*st.outputs, *st.inputs):
+                self.accesses.setdefault(access.tensor, []).append((st, access))
 
     def steady_range(self, elsewhere: set[str]) -> tuple[int, int] | None:
         """The range of iterations with no cut inside, within [lo, hi), that runs the most
@@ -320,8 +326,7 @@ class _AxisAnalysis:
         a new accumulation at its accumulation axis's first value, a free axis) and run for every
         block in every instance (its predicates read free axes only), at the first free point
         where any of them runs."""
-        accesses = [(st, access) for st in self.nest.statements
-                    for access in (*st.outputs, *st.inputs) if access.tensor == name]
+        accesses = self.accesses[name]
         boxes = {(tuple(start.SerializeToString(deterministic=True) for start in access.starts),
                   tuple(access.extents)) for _, access in accesses}
         if len(boxes) > 1:
