@@ -1,0 +1,121 @@
+"""The dimension plan of a tiled elementwise or copy nest: which dimensions to merge and which two
+become a tile's partitions and free elements.
+
+A tiled nest works on the canonical shape (leading..., rows, cols) and steps its leading
+dimensions one at a time, so an odd high-rank shape tiled as written is one tiny tile per leading
+index: u16[6,3,12,14,3] is 216 tiles of [14, 3], f32[128,64,112,112] 8,192 tiles of [112, 112],
+an im2col copy [11,2,3,4,30,11,18,14] 104,544 tiles of [18, 14]. An elementwise op or a copy may
+walk its elements in any order as long as every operand and the result walk them alike, so the
+plan (1) merges adjacent dimensions that every view strides contiguously (each view then
+re-strides without a copy: a reshape of a view, not of data) and (2) picks the two merged
+dimensions whose tile covers most, putting them last (partitions, then free), the others as
+loops. The result is the same for any order; only the number of tiles changes (the three above:
+1, 448 and 2,904).
+
+A plan is taken only when it cuts the tile count at least PLAN_GAIN-fold, so modules whose shapes
+already tile well (every bundled model's matrices) keep their nests, and with them which nests
+fuse.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from ncc.tools.hlo2penguin.nest_builder import PARTITIONS, canonical_shape, ceil_div
+from ncc.tools.hlo2penguin.values import Splat, Value
+from ncc.tools.hlo2penguin.views import View
+
+PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Walk a shape as `atoms` (its size-1 dimensions dropped, dimensions every view strides
+    contiguously merged, a merged run possibly cut in two) permuted by `order`."""
+
+    kept: tuple[int, ...]       # the original shape without its size-1 dimensions
+    atoms: tuple[int, ...]      # `kept` merged and cut, in the original order
+    order: tuple[int, ...]      # the atoms' new order: loops..., partitions, free
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape the nest tiles."""
+        return tuple(self.atoms[a] for a in self.order)
+
+    def apply(self, view: View) -> View:
+        """`view` walked by the plan. Always a re-striding: the plan merges only dimensions that
+        every view it was made for strides contiguously, and cuts only what it merged."""
+        atoms = view.reshape(self.kept)
+        atoms = atoms.reshape(self.atoms) if atoms is not None else None
+        assert atoms is not None, "a plan merges only dimensions every view strides contiguously"
+        return atoms.transpose(self.order)
+
+    def walk(self, value: Value) -> Value:
+        """A view through `apply`, a constant over the plan's shape."""
+        return self.apply(value) if isinstance(value, View) else Splat(value.value, value.dtype, self.shape)
+
+
+def tile_count(shape: tuple[int, ...], free_tile: int) -> int:
+    """Tiles a nest over `shape` steps through: its canonical shape's leading extents times the
+    row and column tiles."""
+    canon = canonical_shape(shape)
+    if 0 in canon:
+        return 0
+    cols = ceil_div(canon[-1], min(canon[-1], free_tile))
+    return math.prod(canon[:-2]) * ceil_div(canon[-2], PARTITIONS) * cols
+
+
+def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> TilePlan | None:
+    """The plan for a nest over `shape` whose operands and result are `views` (each of `shape`),
+    or None when the shape as written is as good (within PLAN_GAIN) or has no elements."""
+    if 0 in shape or len(shape) < 2:
+        return None
+    dims = [d for d in range(len(shape)) if shape[d] != 1]
+    if not dims:
+        return None
+    groups: list[list[int]] = [[dims[0]]]
+    for d in dims[1:]:
+        previous = groups[-1][-1]
+        if all(v.strides[previous] == v.strides[d] * shape[d] for v in views):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    sizes = [math.prod(shape[d] for d in g) for g in groups]
+    cuts = [_cut(n) for n in sizes]
+    best: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
+    cuttable = [g for g, cut in enumerate(cuts) if cut is not None][:_MAX_CUT]
+    for chosen in itertools.product((False, True), repeat=len(cuttable)):
+        cut_now = {g for g, c in zip(cuttable, chosen, strict=True) if c}
+        atoms = tuple(n for g, n in enumerate(sizes) for n in (cuts[g] if g in cut_now else (sizes[g],)))
+        for order in _orders(len(atoms)):
+            tiles = tile_count(tuple(atoms[a] for a in order), free_tile)
+            if best is None or tiles < best[0]:
+                best = (tiles, atoms, order)
+    assert best is not None
+    tiles, atoms, order = best
+    if tiles * PLAN_GAIN > tile_count(shape, free_tile):
+        return None
+    return TilePlan(tuple(shape[d] for d in dims), atoms, order)
+
+
+_MAX_CUT = 6  # merged runs considered for cutting (2**6 cut choices, each with its orders)
+
+
+def _cut(n: int) -> tuple[int, int] | None:
+    """A run of n elements as (p, n / p) rows and columns, p the largest divisor up to 128; None
+    when that cuts nothing."""
+    if n <= PARTITIONS:
+        return None
+    rows = max(d for d in range(1, PARTITIONS + 1) if n % d == 0)
+    return (rows, n // rows) if rows > 1 else None
+
+
+def _orders(count: int) -> list[tuple[int, ...]]:
+    """The atom orders tried: as written first (so ties keep it), then every choice of the two
+    atoms that become partitions and free elements, the others as loops in their order."""
+    orders = [tuple(range(count))]
+    for rows, cols in itertools.permutations(range(count), 2):
+        orders.append(tuple(a for a in range(count) if a not in (rows, cols)) + (rows, cols))
+    return orders
