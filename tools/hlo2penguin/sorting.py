@@ -211,13 +211,16 @@ class SortOps:
         def op(opcode: str, operands: list[Value], **fields) -> Value:
             return self._synthetic(instr, opcode, operands, shape, pred, **fields)
 
-        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
-        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
         ahead = less(first[:-1], second[:-1], shape)
         behind = less(second[:-1], first[:-1], shape)
         earlier = op("compare", [first[-1], second[-1]], comparison_direction="LT")
         tie_break = op("and", [op("not", [behind]), earlier])
-        return op("and", [real_first, op("or", [padding_second, op("or", [ahead, tie_break])])])
+        ordered = op("or", [ahead, tie_break])
+        if count & (count - 1) == 0:  # a power of two: the network holds no padding
+            return ordered
+        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
+        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
+        return op("and", [real_first, op("or", [padding_second, ordered])])
 
 
 def _key_of_constant(value: float, dtype: int) -> int:

@@ -6,8 +6,9 @@ dimensions one at a time, so an odd high-rank shape tiled as written is one tiny
 index: u16[6,3,12,14,3] is 216 tiles of [14, 3], f32[128,64,112,112] 8,192 tiles of [112, 112],
 an im2col copy [11,2,3,4,30,11,18,14] 104,544 tiles of [18, 14]. An elementwise op or a copy may
 walk its elements in any order as long as every operand and the result walk them alike, so the
-plan (1) merges adjacent dimensions that every view strides contiguously (each view then
-re-strides without a copy: a reshape of a view, not of data) and (2) picks the two merged
+plan (1) walks the dimensions in the result's memory order and merges neighbours that every view
+strides contiguously (each view then re-strides without a copy: a reshape of a view, not of
+data), (2) may cut a merged run into (rows, columns), and (3) picks the two merged
 dimensions whose tile covers most, putting them last (partitions, then free), the others as
 loops. The result is the same for any order; only the number of tiles changes (the three above:
 1, 448 and 2,904).
@@ -32,11 +33,13 @@ PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as wr
 
 @dataclass(frozen=True)
 class TilePlan:
-    """Walk a shape as `atoms` (its size-1 dimensions dropped, dimensions every view strides
-    contiguously merged, a merged run possibly cut in two) permuted by `order`."""
+    """Walk a shape as `atoms` (its size-1 dimensions dropped, put in `memory` order, the
+    dimensions every view strides contiguously merged, a merged run possibly cut in two)
+    permuted by `order`."""
 
     kept: tuple[int, ...]       # the original shape without its size-1 dimensions
-    atoms: tuple[int, ...]      # `kept` merged and cut, in the original order
+    memory: tuple[int, ...]     # the kept dimensions in the result's memory order (largest stride first)
+    atoms: tuple[int, ...]      # the kept dimensions merged and cut, in memory order
     order: tuple[int, ...]      # the atoms' new order: loops..., partitions, free
 
     @property
@@ -47,8 +50,8 @@ class TilePlan:
     def apply(self, view: View) -> View:
         """`view` walked by the plan. Always a re-striding: the plan merges only dimensions that
         every view it was made for strides contiguously, and cuts only what it merged."""
-        atoms = view.reshape(self.kept)
-        atoms = atoms.reshape(self.atoms) if atoms is not None else None
+        squeezed = view.reshape(self.kept)
+        atoms = squeezed.transpose(self.memory).reshape(self.atoms) if squeezed is not None else None
         assert atoms is not None, "a plan merges only dimensions every view strides contiguously"
         return atoms.transpose(self.order)
 
@@ -75,8 +78,11 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
     dims = [d for d in range(len(shape)) if shape[d] != 1]
     if not dims:
         return None
-    groups: list[list[int]] = [[dims[0]]]
-    for d in dims[1:]:
+    # walk in the result's memory order, so a dimension the views have permuted alike still merges
+    memory = sorted(range(len(dims)), key=lambda k: -abs(views[0].strides[dims[k]]))
+    walk = [dims[k] for k in memory]
+    groups: list[list[int]] = [[walk[0]]]
+    for d in walk[1:]:
         previous = groups[-1][-1]
         if all(v.strides[previous] == v.strides[d] * shape[d] for v in views):
             groups[-1].append(d)
@@ -97,7 +103,7 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
     tiles, atoms, order = best
     if tiles * PLAN_GAIN > tile_count(shape, free_tile):
         return None
-    return TilePlan(tuple(shape[d] for d in dims), atoms, order)
+    return TilePlan(tuple(shape[d] for d in dims), tuple(memory), atoms, order)
 
 
 _MAX_CUT = 6  # merged runs considered for cutting (2**6 cut choices, each with its orders)
