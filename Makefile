@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-random schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench-fusion: setup
 # `ncc reduce` of a planted crash on each shared model: reduction time and final size.
 bench-reduce: setup
 	$(BIN)/python bench/run_reduce.py
+
+# Compile 500 random small modules with --verify: compile-time distribution, slowest ten, ok/refused/mismatch/traceback/timeout.
+bench-random: setup
+	$(BIN)/python bench/run_random.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup
