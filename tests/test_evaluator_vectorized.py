@@ -38,10 +38,11 @@ def test_sort_with_a_two_key_comparator_is_the_stable_sort_by_its_keys(n: int) -
     keys = rng.integers(0, 4, (3, n)).astype(np.int32)
     values = rng.integers(0, 3, (3, n)).astype(np.float32)  # many full ties: stability decides
     sk, sv = run(f"k = s32[3,{n}] parameter(0)\nv = f32[3,{n}] parameter(1)\n"
-                 f"ROOT s = (s32[3,{n}], f32[3,{n}]) sort(k, v), dimensions={{1}}, to_apply=lex", keys, values,
-                 regions=LEXICOGRAPHIC)
+                 f"ROOT s = (s32[3,{n}], f32[3,{n}]) sort(k, v), dimensions={{1}}, to_apply=lex",
+                 keys, values, regions=LEXICOGRAPHIC)
     for row in range(3):
-        order = sorted(range(n), key=lambda i, row=row: (-keys[row, i], values[row, i]))  # Python's sort is stable
+        # Python's sort is stable
+        order = sorted(range(n), key=lambda i, row=row: (-keys[row, i], values[row, i]))
         np.testing.assert_array_equal(sk[row], keys[row, order])
         np.testing.assert_array_equal(sv[row], values[row, order])
 
