@@ -29,6 +29,7 @@ from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
 PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
+MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in any view (_compact)
 
 
 @dataclass(frozen=True)
@@ -92,18 +93,54 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
     cuts = [_cut(n) for n in sizes]
     best: tuple[int, tuple[int, ...], tuple[int, ...]] | None = None
     cuttable = [g for g, cut in enumerate(cuts) if cut is not None][:_MAX_CUT]
+    # per view, the stride of each group: that of its last (innermost) dimension
+    group_strides = [[abs(v.strides[g[-1]]) for g in groups] for v in views]
     for chosen in itertools.product((False, True), repeat=len(cuttable)):
         cut_now = {g for g, c in zip(cuttable, chosen, strict=True) if c}
         atoms = tuple(n for g, n in enumerate(sizes) for n in (cuts[g] if g in cut_now else (sizes[g],)))
+        strides = [[t for g, s in enumerate(view) for t in ((s * cuts[g][1], s) if g in cut_now else (s,))]
+                   for view in group_strides]
         for order in _orders(len(atoms)):
             tiles = tile_count(tuple(atoms[a] for a in order), free_tile)
-            if best is None or tiles < best[0]:
+            if (best is None or tiles < best[0]) and _compact(atoms, strides, order, free_tile):
                 best = (tiles, atoms, order)
-    assert best is not None
+    if best is None:
+        return None
     tiles, atoms, order = best
     if tiles * PLAN_GAIN > tile_count(shape, free_tile):
         return None
     return TilePlan(tuple(shape[d] for d in dims), tuple(memory), atoms, order)
+
+
+def _compact(atoms: tuple[int, ...], strides: list[list[int]], order: tuple[int, ...],
+             free_tile: int) -> bool:
+    """Whether a tile of the order (its last two atoms) spans at most MAX_SPREAD times its
+    elements in every view where it has no run of consecutive elements. Why: the backend compares
+    HBM accesses by their hulls when they are not boxes of consecutive elements, so a tile made of
+    two far-apart dimensions of a gapped view (an interior-padded copy: every tile's hull was the
+    whole tensor) conflicts with every other access to the tensor, and its dependence analysis
+    grew with the square of the accesses (a 1,768-instruction module ran it for minutes)."""
+    if len(order) < 2:
+        rows, cols = _cut(atoms[0]) or (1, atoms[0])
+        picked = [[(s * cols, rows), (s, cols)] for s in (view[0] for view in strides)]
+    else:
+        rows_at, cols_at = order[-2], order[-1]
+        picked = [[(view[rows_at], atoms[rows_at]), (view[cols_at], atoms[cols_at])] for view in strides]
+    for (row_stride, rows), (col_stride, cols) in picked:
+        if min(row_stride, col_stride) <= 1:
+            continue  # a run of consecutive (or repeated) elements: the backend's box is exact
+        rows, cols = min(rows, PARTITIONS), min(cols, free_tile)
+        if row_stride * (rows - 1) + col_stride * (cols - 1) + 1 > MAX_SPREAD * rows * cols:
+            return False
+    return True
+
+
+def compact_views(views: list[View], free_tile: int) -> bool:
+    """Whether a nest tiling `views` (one shape, rank >= 2) as written keeps every tile compact
+    (`_compact`): the test a copy's own reordering (lower.py `_copy_order`) must pass too."""
+    shape = views[0].shape
+    order = (len(shape) - 2, len(shape) - 1)
+    return _compact(shape, [[abs(s) for s in v.strides] for v in views], order, free_tile)
 
 
 _MAX_CUT = 6  # merged runs considered for cutting (2**6 cut choices, each with its orders)

@@ -7,6 +7,8 @@ A mixin of Lowering (lower.py): its methods call the rest of the lowering throug
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
@@ -34,6 +36,15 @@ def _scan_identity(opcode: str, dtype: int) -> float | None:
         return float("-inf") if opcode == "maximum" else float("inf")
     info = np.iinfo(storage_dtype(dtype))
     return float(info.min if opcode == "maximum" else info.max)
+
+
+@dataclass(frozen=True)
+class _Along:
+    """A window dimension as window_slices reads it: one pass of a separable reduce-window."""
+
+    size: int
+    stride: int
+    window_dilation: int
 
 
 class WindowOps:
@@ -130,13 +141,44 @@ class WindowOps:
         padded = [self._padded(x, init, edges, instr.name) for x, init in zip(inputs, inits, strict=True)]
         result_shape = instr.shape.tuple_shapes[0] if k > 1 else instr.shape
         sizes = self.region_shape + tuple(int(n) for n in result_shape.dimensions)
+        if self._separable(instr, inputs, inits):
+            (acc,) = padded
+            for d, dim in enumerate(window):  # one dimension at a time: Σ sizes offsets, not Π
+                if dim.size == 1 and dim.stride == 1:
+                    continue
+                alone = [_Along(1, 1, 1)] * len(window)
+                alone[d] = _Along(dim.size, dim.stride, dim.window_dilation)
+                shape = tuple(sizes[e] if e == d else acc.shape[e] for e in range(len(window)))
+                (acc,) = self._fold_offsets(reducer, [acc], inits, alone, shape)
+            return acc
+        accs = self._fold_offsets(reducer, padded, inits, list(window), sizes)
+        return tuple(accs) if k > 1 else accs[0]
+
+    def _fold_offsets(self, reducer, padded: list[Value], inits: list[Value], window: list,
+                      sizes: tuple[int, ...]) -> list[Value]:
+        """The reducer folded over every offset of `window` (its dimensions' size, stride and
+        window_dilation), each a strided view of the padded inputs, from the inits."""
         accs = [broadcast_to(init, sizes) for init in inits]
         for offset in np.ndindex(*(d.size for d in window)):
             at = window_slices(offset, window, sizes)
             elements = [self._window(value, tuple(a.start for a in at), tuple(a.stop for a in at),
                                      tuple(a.step for a in at)) for value in padded]
             accs = self._apply_reducer(reducer, accs + elements, sizes)
-        return tuple(accs) if k > 1 else accs[0]
+        return accs
+
+    def _separable(self, instr, inputs: list[Value], inits: list[Value]) -> bool:
+        """Whether the reduce-window may run one dimension at a time: one input, a plain add,
+        multiply, maximum or minimum reducer (associative and commutative, so the window's elements
+        may combine in any grouping) with its identity as init (each pass starts from it), outside
+        a reducer's region, and a window of more than one element along two dimensions or more. A
+        4x4x4x3x3 window then costs 18 folded offsets instead of 576."""
+        window = instr.window.dimensions
+        if len(inputs) != 1 or self.region_shape or not isinstance(inits[0], Splat):
+            return False
+        if sum(d.size > 1 for d in window) < 2 or any(d.window_reversal for d in window):
+            return False
+        opcode = self._reducer(instr)
+        return opcode is not None and _scan_identity(opcode, inits[0].dtype) == inits[0].value
 
     def _scan_of(self, instr, inputs: list[Value], inits: list[Value],
                  reducer: hlo_pb2.HloComputationProto) -> tuple[int, bool] | None:
