@@ -10,7 +10,7 @@ import pytest
 
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo_opt.golden.evaluator import SEQUENTIAL_FOLD, evaluate
-from ncc.tools.hlo_opt.golden.sort import key_order, merge_order, simple_key
+from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key
 
 
 def run(body: str, *args: np.ndarray, regions: str = "") -> list[np.ndarray]:
@@ -47,17 +47,22 @@ def test_sort_with_a_two_key_comparator_is_the_stable_sort_by_its_keys(n: int) -
         np.testing.assert_array_equal(sv[row], values[row, order])
 
 
-def test_merge_order_is_stable_and_agrees_with_argsort() -> None:
-    rng = np.random.default_rng(0)
-    keys = rng.integers(-3, 3, (4, 1000))
+@pytest.mark.parametrize("rows,n", [(1, 1), (4, 1000), (2, 1 << 16)])
+def test_partition_order_is_stable_and_agrees_with_argsort(rows: int, n: int) -> None:
+    keys = np.random.default_rng(n).integers(-3, 3, (rows, n)).reshape(-1)  # many ties
 
     def less(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-        return np.take_along_axis(keys, first, axis=1) < np.take_along_axis(keys, second, axis=1)
+        return keys[first] < keys[second]
 
-    np.testing.assert_array_equal(merge_order(4, 1000, less), key_order(keys, False))
-    descending = key_order(keys, True)
-    for row in range(4):
-        assert list(descending[row]) == sorted(range(1000), key=lambda i, row=row: -keys[row, i])
+    def greater(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+        return keys[first] > keys[second]
+
+    grid = keys.reshape(rows, n)
+    np.testing.assert_array_equal(partition_order(rows, n, less), key_order(grid, False))
+    np.testing.assert_array_equal(partition_order(rows, n, greater), key_order(grid, True))
+    for row in range(min(rows, 2)):
+        expected = sorted(range(n), key=lambda i, row=row: -grid[row, i])[:50]
+        assert list(key_order(grid, True)[row][:50]) == expected
 
 
 def test_a_plain_comparator_is_recognised_either_way_round() -> None:

@@ -43,7 +43,7 @@ from ncc.tools.hlo.index_math import (
 )
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo.rng_bits import rng_bit_generator
-from ncc.tools.hlo_opt.golden.sort import key_order, merge_order, simple_key
+from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key
 
 Instr = hlo_pb2.HloInstructionProto
 
@@ -333,11 +333,13 @@ class _Evaluator:
         order = key_order(flat[simple[0]], simple[1]) if simple is not None and n else None
         if order is None:
 
+            linear = [a.reshape(-1) for a in flat]
+
             def before(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-                args = [np.take_along_axis(a, at, axis=1) for a in flat for at in (first, second)]
+                args = [a[at] for a in linear for at in (first, second)]
                 return np.broadcast_to(np.asarray(self.run(comparator, args, True), dtype=bool), first.shape)
 
-            order = merge_order(rows, n, before)
+            order = partition_order(rows, n, before)
         results = [np.moveaxis(np.take_along_axis(a, order, axis=1).reshape(shape), -1, dim) for a in flat]
         return tuple(results) if len(ops) > 1 else results[0]
 

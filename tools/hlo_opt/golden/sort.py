@@ -8,10 +8,9 @@ Two ways, the same result:
 - a comparator that is one `compare` of a key's two parameters (LT or GT, the shape JAX and XLA's
   own tests write) is numpy's stable argsort of that key (GT: of the key's bitwise complement for
   integers, its negation for floats), unless a float key holds a NaN;
-- any other comparator drives a bottom-up merge sort whose every level is vectorised over all
-  rows and runs: an element's place in the merged run is its place in its own run plus how many
-  elements of the other run go before it, found by a binary search (log2 of the run length
-  comparator passes per level, about 200 over a million elements).
+- any other comparator drives a quicksort whose every level partitions all unfinished segments
+  of all rows at once around their middle elements (two comparator passes a level, about 2 log2 n
+  levels: a million elements in a few seconds).
 Both are stable: among elements the comparator calls equal, the earlier stays first.
 """
 
@@ -23,7 +22,8 @@ import numpy as np
 
 from ncc.schemas import hlo_pb2
 
-# before(first, second): comparator results for pairs given as (rows, m) positions into the rows
+# before(first, second): the comparator's verdicts for pairs of elements given by their flat
+# indices (row * n + index) into the (rows, n) operands
 Before = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 
@@ -54,33 +54,41 @@ def key_order(keys: np.ndarray, descending: bool) -> np.ndarray | None:
     return np.argsort(np.invert(keys) if descending else keys, axis=-1, kind="stable")
 
 
-def merge_order(rows: int, n: int, before: Before) -> np.ndarray:
-    """The stable order (rows, n) of a sort whose comparator is `before`, by a vectorised
-    bottom-up merge sort: each level merges runs of `width` pairwise, placing every element at its
-    run start + its index in its run + the elements of the other run that go before it."""
-    order = np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
-    index = np.arange(n, dtype=np.int64)
-    width = 1
-    while width < n:
-        start = index // (2 * width) * (2 * width)
-        in_left = index - start < width
-        own = np.where(in_left, start, start + width)
-        other = np.where(in_left, start + width, start)
-        other_len = np.clip(np.minimum(other + width, n) - other, 0, None)
-        low = np.zeros((rows, n), dtype=np.int64)
-        high = np.broadcast_to(other_len, (rows, n)).copy()
-        while (low < high).any():
-            middle = (low + high) // 2
-            probe = np.minimum(other + middle, n - 1)
-            theirs = np.take_along_axis(order, probe, axis=1)
-            # a left element counts the right ones strictly before it (it stays first among equals);
-            # a right element counts the left ones not after it
-            goes = np.where(in_left, before(theirs, order), ~before(order, theirs))
-            active = low < high
-            low = np.where(active & goes, middle + 1, low)
-            high = np.where(active & ~goes, middle, high)
-        merged = np.empty_like(order)
-        np.put_along_axis(merged, start + (index - own) + low, order, axis=1)
-        order = merged
-        width *= 2
-    return order
+def partition_order(rows: int, n: int, before: Before) -> np.ndarray:
+    """The stable order (rows, n) of a sort whose comparator is `before`, by a quicksort whose
+    every level partitions all unfinished segments of all rows at once: each segment's middle
+    element is its pivot, and its elements go, keeping their order, to the part before the pivot,
+    the part equal to it (finished: stability keeps their order) or the part after it. About two
+    comparator passes over the unfinished elements a level, some 2 log2(n) levels."""
+    size = rows * n
+    perm = np.arange(size, dtype=np.int64)          # position -> element (row * n + index)
+    start = np.repeat(np.arange(rows, dtype=np.int64) * n, n)  # position -> its segment's bounds
+    end = start + n
+    while True:
+        active = np.flatnonzero(end - start > 1)
+        if not len(active):
+            break
+        first, last = start[active], end[active]
+        pivot = perm[first + (last - first) // 2]
+        mine = perm[active]
+        kind = np.where(before(mine, pivot), 0, np.where(before(pivot, mine), 2, 1))
+        # rank of each element among its segment's elements of its kind, and the kinds' counts
+        is_head = np.r_[True, first[1:] != first[:-1]]
+        heads = np.flatnonzero(is_head)
+        seg = np.cumsum(is_head) - 1
+        ranks, counts = [], []
+        for k in range(3):
+            mask = kind == k
+            total = np.cumsum(mask)
+            before_segment = np.where(heads > 0, total[heads - 1], 0)
+            ranks.append(total - 1 - before_segment[seg])
+            counts.append(np.add.reduceat(mask.astype(np.int64), heads))
+        low, equal = counts[0][seg], counts[1][seg]
+        place = first + np.where(kind == 0, ranks[0],
+                                 np.where(kind == 1, low + ranks[1], low + equal + ranks[2]))
+        perm[place] = mine
+        # the part before and the part after are segments again; an equal part is done (each of
+        # its elements a segment of one: stability keeps their order)
+        start[place] = np.where(kind == 0, first, np.where(kind == 1, place, first + low + equal))
+        end[place] = np.where(kind == 0, first + low, np.where(kind == 1, place + 1, last))
+    return (perm % n).reshape(rows, n)
