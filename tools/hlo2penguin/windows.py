@@ -23,7 +23,7 @@ from ncc.tools.hlo2penguin.values import Splat, Value, broadcast_to, product
 from ncc.tools.hlo2penguin.views import View
 
 
-def _scan_identity(opcode: str, dtype: int) -> float | None:
+def _scan_identity(opcode: str, dtype: int) -> float | int | None:
     """The init that makes a scan's padding add nothing: 0 for add, 1 for multiply, the lowest
     value for maximum and the highest for minimum (±inf for floats); None for other reducers."""
     if opcode == "add":
@@ -35,7 +35,7 @@ def _scan_identity(opcode: str, dtype: int) -> float | None:
     if is_float(dtype):
         return float("-inf") if opcode == "maximum" else float("inf")
     info = np.iinfo(storage_dtype(dtype))
-    return float(info.min if opcode == "maximum" else info.max)
+    return int(info.min if opcode == "maximum" else info.max)  # exact, past 2**53 too
 
 
 @dataclass(frozen=True)
@@ -173,12 +173,25 @@ class WindowOps:
         a reducer's region, and a window of more than one element along two dimensions or more. A
         4x4x4x3x3 window then costs 18 folded offsets instead of 576."""
         window = instr.window.dimensions
-        if len(inputs) != 1 or self.region_shape or not isinstance(inits[0], Splat):
+        if len(inputs) != 1 or self.region_shape:
             return False
         if sum(d.size > 1 for d in window) < 2 or any(d.window_reversal for d in window):
             return False
         opcode = self._reducer(instr)
-        return opcode is not None and _scan_identity(opcode, inits[0].dtype) == inits[0].value
+        value = self._constant_scalar(inits[0])
+        return opcode is not None and value is not None and _scan_identity(opcode, inits[0].dtype) == value
+
+    def _constant_scalar(self, value: Value) -> float | int | None:
+        """The number a compile-time scalar holds: a Splat's, or an s64/u64 constant's past 2**53
+        (`_scalar` keeps those in a one-element constant tensor); None for anything else."""
+        if isinstance(value, Splat):
+            return value.value
+        if not isinstance(value, View) or any(value.strides):
+            return None
+        decl = self.builder.decl(value.base)
+        if decl.role != penguin_pb2.CONSTANT or list(decl.shape) or not decl.data:
+            return None
+        return int(np.frombuffer(decl.data, dtype=storage_dtype(decl.dtype))[0])
 
     def _scan_of(self, instr, inputs: list[Value], inits: list[Value],
                  reducer: hlo_pb2.HloComputationProto) -> tuple[int, bool] | None:
