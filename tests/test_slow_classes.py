@@ -1,4 +1,5 @@
-"""The five small modules that took minutes (issue 36), kept in tests/data/slow_classes/: each now
+"""The five small modules that took minutes (issue 36), and a million-element integer module for
+the golden evaluator, kept in tests/data/slow_classes/: each now
 compiles with --verify, is refused at once with a code, or (the million-element sort, whose
 bitonic network is still 150k instructions to compile) evaluates at once. What each was: a u8 3-D
 convolution whose im2col copy was tiled one [18, 14] tile per leading index (104,544 tiles);
@@ -63,3 +64,25 @@ def test_the_million_element_sort_evaluates_to_a_stable_sort() -> None:
     order = np.argsort(keys, kind="stable")
     np.testing.assert_array_equal(sorted_keys, keys[order])
     np.testing.assert_array_equal(sorted_payload, payload[order])
+
+
+def test_a_million_element_integer_module_evaluates_to_numpy_s_answers() -> None:
+    """int_1m.hlo: a plain and a two-key sort, a cumulative sum, an xor reduce, an argmax, a gather
+    and a scatter-add, each over 1,048,576 elements (the golden evaluator's bench: docs/performance.md)."""
+    module = parse_hlo_text((DATA / "int_1m.hlo").read_text())
+    keys, bits, table = make_inputs(module, 0)
+    outputs = evaluate(module, [keys, bits, table])
+    plain_k, plain_b, two_k, two_b, cumsum, folded, best, at, picked, counts = outputs
+    order = np.argsort(keys, kind="stable")
+    np.testing.assert_array_equal(plain_k, keys[order])
+    np.testing.assert_array_equal(plain_b, bits[order])
+    two = np.lexsort((bits, -keys.astype(np.int64)))  # key descending, then bits ascending, stable
+    np.testing.assert_array_equal(two_k, keys[two])
+    np.testing.assert_array_equal(two_b, bits[two])
+    np.testing.assert_array_equal(cumsum, np.cumsum(keys).astype(np.int32))
+    assert int(folded) == int(np.bitwise_xor.reduce(bits))
+    assert (int(best), int(at)) == (int(keys.max()), int(np.argmax(keys)))
+    np.testing.assert_array_equal(picked, table[np.clip(keys, 0, 1023)])
+    inside = keys[(keys >= 0) & (keys < 1024)]
+    expected = table + np.bincount(inside, minlength=1024)[:, None].astype(np.int32)
+    np.testing.assert_array_equal(counts, expected)

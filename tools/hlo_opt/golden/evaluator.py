@@ -279,7 +279,9 @@ class _Evaluator:
         skipped, and the update computation combines the old value with the update's. Vectorised
         by rounds: round r applies every element's r-th update (an element's updates keep their
         order, and different elements never interact), so a scatter costs as many evaluations of
-        the update computation as the most-updated element has updates."""
+        the update computation as the most-updated element has updates; a plain add, multiply,
+        maximum or minimum on f32 or integers is numpy's unbuffered ufunc.at (the same sequence of
+        operations), and a computation that returns the update keeps each element's last one."""
         out = np.array(ops[0], copy=True)
         indices, updates = np.asarray(ops[1]).astype(np.int64), np.asarray(ops[2])
         dn = instr.scatter_dimension_numbers
@@ -305,14 +307,22 @@ class _Evaluator:
                                       out.shape, mode="clip")[fits].reshape(-1)
         values = moved.reshape((*batch, *sizes))[fits].reshape(-1)
         flat = out.reshape(-1)
+        combine = self.comps[instr.called_computation_ids[0]]
+        kind = instr.shape.element_type
+        fast = self._reducer_kind(combine)
+        if fast is not None and (kind == T.F32 or kind in SIGNED_TYPES or kind in UNSIGNED_TYPES):
+            _FAST_REDUCERS[fast].at(flat, target, values)  # in order, unbuffered: sequential exactly
+            return flat.reshape(out.shape)
+        if _returns_parameter(combine, 1):  # the update replaces the value: the last one stays
+            last = len(target) - 1 - np.unique(target[::-1], return_index=True)[1]
+            flat[target[last]] = round_to(values[last], kind)
+            return flat.reshape(out.shape)
         # the rank of each update among the earlier updates of its element: its round
         by_target = np.argsort(target, kind="stable")
         sorted_target = target[by_target]
         first = np.searchsorted(sorted_target, sorted_target, side="left")
         rank = np.empty_like(target)
         rank[by_target] = np.arange(len(target)) - first
-        combine = self.comps[instr.called_computation_ids[0]]
-        kind = instr.shape.element_type
         for r in range(int(rank.max()) + 1 if len(rank) else 0):
             now = rank == r
             at = target[now]
@@ -598,6 +608,12 @@ def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object
 def _batch_pairs(operand_dims, indices_dims, index_vector_dim: int) -> list[tuple[int, int]]:
     """(operand dimension, position among the indices' batch dimensions) for each batching pair."""
     return [(dim, b - (b > index_vector_dim)) for dim, b in zip(operand_dims, indices_dims, strict=True)]
+
+
+def _returns_parameter(comp: hlo_pb2.HloComputationProto, number: int) -> bool:
+    """Whether the computation's root is its parameter `number` (scatter's "replace")."""
+    root = next(i for i in comp.instructions if i.id == comp.root_id)
+    return root.opcode == "parameter" and root.parameter_number == number
 
 
 def _identity(kind: str, dtype: np.dtype) -> object:
