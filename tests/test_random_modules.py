@@ -49,3 +49,36 @@ def test_a_random_module_compiles_and_matches_the_golden_evaluator(tmp_path: Pat
     bucket, code = run_random.judge(result.returncode, result.stderr)
     assert bucket in ("ok", "refused"), result.stderr
     assert bucket == "ok" or code in ("E302", "E305") or code.startswith("E2"), result.stderr
+
+
+@pytest.mark.parametrize("returncode,stderr,bucket", [
+    (0, "ncc: compiled m.hlo -> m.neff", "ok"),
+    (1, "ncc: error: [E207] job HLOToTensorizer: a while loop ...", "refused"),
+    (5, "ncc: error: [E610] job NeffVerifier: out0 differs", "mismatch"),
+    (4, "ncc: error: [F137] job WalrusDriver was forcibly killed (SIGKILL) by ncc", "timeout"),
+    (4, "ncc: error: [F134] job Frontend died", "traceback"),
+    (3, "Traceback (most recent call last):", "traceback"),
+    (1, "something went wrong without a code", "traceback"),
+])
+def test_the_bench_judges_a_compile_by_its_exit_and_code(returncode: int, stderr: str, bucket: str) -> None:
+    assert run_random.judge(returncode, stderr)[0] == bucket
+
+
+def test_the_bench_prints_the_distribution_and_the_slowest_ten() -> None:
+    results = [run_random.Result(seed, "ok", float(seed), jobs={"Frontend": 0.5}) for seed in range(1, 101)]
+    results[3] = run_random.Result(4, "refused", 4.0, "E302", "ncc: error: [E302] ...")
+    text = run_random.render(results)
+    assert "median 50.50 s, p99 99.00 s, max 100.00 s" in text
+    assert "ok 99, refused 1, mismatch 0, traceback 0, timeout 0" in text
+    assert "refusals by code: E302 1" in text
+    slowest = text.split("slowest ten")[1].splitlines()[1:11]
+    assert [int(line.split()[0]) for line in slowest] == list(range(100, 90, -1))
+    assert "Frontend 0.50" in slowest[0]
+
+
+def test_the_evaluator_bench_times_a_module(capsys: pytest.CaptureFixture[str]) -> None:
+    import run_evaluator
+
+    assert run_evaluator.main([str(Path(__file__).parent / "data" / "slow_classes" / "u16_rank5.hlo"),
+                               "--reps", "1"]) == 0
+    assert "u16_rank5.hlo" in capsys.readouterr().out
