@@ -53,7 +53,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
 )
 from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.sorting import SortOps
-from ncc.tools.hlo2penguin.tile_plan import compact_views, plan_tiling
+from ncc.tools.hlo2penguin.tile_plan import compact_write, plan_tiling
 from ncc.tools.hlo2penguin.values import (
     ACT,
     DVE,
@@ -368,7 +368,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         if plan is not None:  # a copy may walk its elements in any order: both sides alike
             value, target = plan.walk(value), plan.apply(target)
         elif (order := _copy_order(target.shape) if isinstance(value, View) else None) is not None \
-                and compact_views([value.transpose(order), target.transpose(order)], FREE_TILE):
+                and compact_write(target.transpose(order), FREE_TILE):
             value, target = value.transpose(order), target.transpose(order)
         tiling = self._tiling(target.shape)
         nest = self.builder.nest(f"{source}.copy", source, tiling.axes())

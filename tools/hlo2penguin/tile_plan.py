@@ -29,7 +29,7 @@ from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
 PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
-MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in any view (_compact)
+MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in the written view (_compact)
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
                    for view in group_strides]
         for order in _orders(len(atoms)):
             tiles = tile_count(tuple(atoms[a] for a in order), free_tile)
-            if (best is None or tiles < best[0]) and _compact(atoms, strides, order, free_tile):
+            if (best is None or tiles < best[0]) and _compact(atoms, strides[:1], order, free_tile):
                 best = (tiles, atoms, order)
     if best is None:
         return None
@@ -115,11 +115,13 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
 def _compact(atoms: tuple[int, ...], strides: list[list[int]], order: tuple[int, ...],
              free_tile: int) -> bool:
     """Whether a tile of the order (its last two atoms) spans at most MAX_SPREAD times its
-    elements in every view where it has no run of consecutive elements. Why: the backend compares
-    HBM accesses by their hulls when they are not boxes of consecutive elements, so a tile made of
-    two far-apart dimensions of a gapped view (an interior-padded copy: every tile's hull was the
-    whole tensor) conflicts with every other access to the tensor, and its dependence analysis
-    grew with the square of the accesses (a 1,768-instruction module ran it for minutes)."""
+    elements in each of the written views `strides` describes, unless it has a run of consecutive
+    elements there. Why: the backend compares HBM accesses by their hulls when they are not boxes
+    of consecutive elements, and a write retires or keeps parts of every access its hull meets, so
+    a copy into an interior-padded tensor tiled across its outer dimensions (every tile's hull the
+    whole tensor) made its dependence analysis grow with the square of the writes (a
+    1,768-instruction module ran it for minutes). Reads of such a tile are only compared with the
+    tensor's few writes, so they may spread (an im2col view does: it repeats the input)."""
     if len(order) < 2:
         rows, cols = _cut(atoms[0]) or (1, atoms[0])
         picked = [[(s * cols, rows), (s, cols)] for s in (view[0] for view in strides)]
@@ -135,12 +137,12 @@ def _compact(atoms: tuple[int, ...], strides: list[list[int]], order: tuple[int,
     return True
 
 
-def compact_views(views: list[View], free_tile: int) -> bool:
-    """Whether a nest tiling `views` (one shape, rank >= 2) as written keeps every tile compact
-    (`_compact`): the test a copy's own reordering (lower.py `_copy_order`) must pass too."""
-    shape = views[0].shape
+def compact_write(target: View, free_tile: int) -> bool:
+    """Whether a nest tiling the written view `target` (rank >= 2) as written keeps every tile
+    compact (`_compact`): the test a copy's own reordering (lower.py `_copy_order`) must pass too."""
+    shape = target.shape
     order = (len(shape) - 2, len(shape) - 1)
-    return _compact(shape, [[abs(s) for s in v.strides] for v in views], order, free_tile)
+    return _compact(shape, [[abs(s) for s in target.strides]], order, free_tile)
 
 
 _MAX_CUT = 6  # merged runs considered for cutting (2**6 cut choices, each with its orders)
