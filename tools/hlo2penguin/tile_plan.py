@@ -13,9 +13,11 @@ dimensions whose tile covers most, putting them last (partitions, then free), th
 loops. The result is the same for any order; only the number of tiles changes (the three above:
 1, 448 and 2,904).
 
-A plan is taken only when it cuts the tile count at least PLAN_GAIN-fold, so modules whose shapes
-already tile well (every bundled model's matrices) keep their nests, and with them which nests
-fuse.
+A plan is taken only for a shape whose tiles as written leave partitions empty (fewer than 128
+rows) and number more than FEW_TILES, and when it cuts the tile count at least PLAN_GAIN-fold,
+so modules whose shapes already fill the partitions or are small (the bundled models: matrices,
+a [2048, 64] chain asking to be pipelined along its row tiles, a CNN's [2, 16, 16, 8]
+activations) keep their nests, and with them which nests fuse and what loops they have.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
 PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
+FEW_TILES = 128  # a shape as written of at most this many tiles is cheap enough to keep as it is
 MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in the written view (_compact)
 
 
@@ -76,6 +79,8 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
     or None when the shape as written is as good (within PLAN_GAIN) or has no elements."""
     if 0 in shape or len(shape) < 2:
         return None
+    if canonical_shape(shape)[-2] >= PARTITIONS or tile_count(shape, free_tile) <= FEW_TILES:
+        return None  # the shape as written fills the partitions, or is cheap: keep its nests
     dims = [d for d in range(len(shape)) if shape[d] != 1]
     if not dims:
         return None

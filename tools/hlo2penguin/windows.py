@@ -47,6 +47,9 @@ class _Along:
     window_dilation: int
 
 
+SEPARABLE_OFFSETS = 16  # windows of more elements than this run one dimension at a time
+
+
 class WindowOps:
     def _pad(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> Value:
         config = instr.padding_config.dimensions
@@ -170,13 +173,14 @@ class WindowOps:
         """Whether the reduce-window may run one dimension at a time: one input, a plain add,
         multiply, maximum or minimum reducer (associative and commutative, so the window's elements
         may combine in any grouping) with its identity as init (each pass starts from it), outside
-        a reducer's region, and a window of more than one element along two dimensions or more. A
-        4x4x4x3x3 window then costs 18 folded offsets instead of 576."""
+        a reducer's region, and a window of more than SEPARABLE_OFFSETS elements. A 4x4x4x3x3
+        window then costs 18 folded offsets instead of 576."""
         window = instr.window.dimensions
         if len(inputs) != 1 or self.region_shape:
             return False
-        if sum(d.size > 1 for d in window) < 2 or any(d.window_reversal for d in window):
-            return False
+        sizes = [d.size for d in window]
+        if product(tuple(sizes)) <= SEPARABLE_OFFSETS or any(d.window_reversal for d in window):
+            return False  # a small window (a 2x2 or 3x3 pool) folds as it is
         opcode = self._reducer(instr)
         value = self._constant_scalar(inits[0])
         return opcode is not None and value is not None and _scan_identity(opcode, inits[0].dtype) == value
