@@ -85,7 +85,7 @@ def test_a_schedule_that_leaves_a_reused_byte_live_twice_is_refused(tmp_path: Pa
     # Since issue 36 the lowering tiles this step's im2col copies in larger tiles (18,421 -> 13,967
     # lowered instructions), and post_sched's schedule over that program no longer needs
     # refusing; birverifier (allocation_overlap) still judges whatever it keeps.
-    assert post["schedules_refused"] + post["kept_input_order"] <= 2
+    assert post["schedules_refused"] + post.get("kept_input_order", 0) <= 2
     report, out = tmp_path / "report.json", tmp_path / "out.npz"
     ran = run_ncc("run", str(neff), "--inputs", str(data / "convnet_train.io.npz"), "--output", str(out),
                   "--report", str(report), timeout=600)
