@@ -31,7 +31,7 @@ from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
 PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
-FEW_TILES = 128  # a shape as written of at most this many tiles is cheap enough to keep as it is
+FEW_TILES = 32  # a shape as written of at most this many tiles is cheap enough to keep as it is
 MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in the written view (_compact)
 
 
