@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-reduce: setup
 # chain): wall, us per instruction, CPU, peak RSS, and how they grow with the executed count.
 bench-sim: setup
 	$(BIN)/python bench/run_sim.py
+
+# Compile 500 random small modules with --verify: compile-time distribution, slowest ten, ok/refused/mismatch/traceback/timeout.
+bench-random: setup
+	$(BIN)/python bench/run_random.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

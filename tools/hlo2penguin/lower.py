@@ -53,6 +53,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
 )
 from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.sorting import SortOps
+from ncc.tools.hlo2penguin.tile_plan import FEW_TILES, compact_write, plan_tiling, tile_count
 from ncc.tools.hlo2penguin.values import (
     ACT,
     DVE,
@@ -64,6 +65,7 @@ from ncc.tools.hlo2penguin.values import (
     Value,
     broadcast_to,
     is_integer,
+    product,
 )
 from ncc.tools.hlo2penguin.views import View
 from ncc.tools.hlo2penguin.windows import WindowOps
@@ -362,8 +364,11 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         return {f"{FRONTEND_PREFIX}{k}": v for k, v in instr.frontend_attributes.map.items()}
 
     def _copy_into(self, value: Value, target: View, source: str) -> None:
-        order = _copy_order(target.shape) if isinstance(value, View) else None
-        if order is not None:  # a copy may walk its elements in any order: both sides alike
+        plan = plan_tiling(target.shape, [target] + ([value] if isinstance(value, View) else []), FREE_TILE)
+        if plan is not None:  # a copy may walk its elements in any order: both sides alike
+            value, target = plan.walk(value), plan.apply(target)
+        elif (order := _copy_order(target.shape) if isinstance(value, View) else None) is not None \
+                and compact_write(target.transpose(order), FREE_TILE):
             value, target = value.transpose(order), target.transpose(order)
         tiling = self._tiling(target.shape)
         nest = self.builder.nest(f"{source}.copy", source, tiling.axes())
@@ -392,6 +397,11 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
             self._copy_into(ops[0], into, instr.name)
             return into
         out = into if into is not None else self._new_output(instr, shape, dtype)
+        result = out
+        plan = plan_tiling(shape, [out] + [op for op in ops if isinstance(op, View)], FREE_TILE)
+        if plan is not None:  # elementwise: any walk of the elements, alike for every operand
+            ops = [plan.walk(op) for op in ops]
+            out, shape = plan.apply(out), plan.shape
         tiling = self._tiling(shape)
         nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
         body = _Body(self, nest, tiling, instr.name)
@@ -436,7 +446,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         else:
             raise CompileError("E201", f"unsupported opcode '{opcode}'", instr.name)
         self._store(nest, tiling, out_box, out, instr.name)
-        return out
+        return result
 
     def _fold(self, instr, ops: list[Splat], shape: tuple[int, ...], dtype: int) -> Value:
         """An elementwise op of constants is a constant: computed with the evaluator's semantics,
@@ -578,6 +588,9 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         kept_shape = tuple(operand.shape[d] for d in kept)
         in_shape = (kept_shape or (1,)) + (width,)
         view = self._reshape(moved, in_shape, instr.name)
+        if len(kept_shape) > 1 and tile_count(in_shape, FREE_TILE) > FEW_TILES \
+                and (rows := view.reshape((product(kept_shape), width))) is not None:
+            view, in_shape = rows, rows.shape  # the kept dimensions as one: row tiles, not one per index
         out = self._new_output(instr, shape, dtype)
         tiling = Tiling(canonical_shape(in_shape) if len(in_shape) >= 2 else in_shape, min(width, FREE_TILE))
         acc_shape = tiling.shape[:-1] + (1,)

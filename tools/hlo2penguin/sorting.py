@@ -11,9 +11,14 @@ import numpy as np
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
-from ncc.tools.hlo2penguin.values import Splat, Value, product
+from ncc.tools.hlo2penguin.bit_layout import Layout
+from ncc.tools.hlo2penguin.bit_layout import views as bit_views
+from ncc.tools.hlo2penguin.tile_plan import plan_tiling, tile_count
+from ncc.tools.hlo2penguin.values import FREE_TILE, Splat, Value, product
 from ncc.tools.hlo2penguin.views import View
 
+RELAYOUT_BITS = 12  # rows of 4096 elements or more may change bit layout (smaller ones tile whole)
+RELAYOUT_GAIN = 4  # ... when the other layout needs this many times fewer tiles for a stage
 TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
 SIGNED_OF_WIDTH = {2: common_pb2.S16, 4: common_pb2.S32}  # the total-order keys of bf16/f16 and f32
 _NUMPY_FLOAT = {common_pb2.F16: np.float16, common_pb2.F32: np.float32}
@@ -140,7 +145,8 @@ class SortOps:
         """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
         compare-exchange stages, each elementwise on strided views of every operand (the pairs i and
         i xor j, ascending or descending by block). A position operand carried along marks padding
-        (it sorts last) and breaks ties, so the sort is stable whatever the network does."""
+        (it sorts last) and breaks ties, so the sort is stable whatever the network does. Rows move
+        between bit layouts (bit_layout.py) when a stage's parts tile far better in the other."""
         shape = ops[0].shape
         count = shape[dim]
         kept = [d for d in range(len(shape)) if d != dim]
@@ -154,36 +160,47 @@ class SortOps:
             counter = hlo_pb2.HloInstructionProto(name=f"{instr.name}.position", opcode="iota",
                                                   dimensions=[1])
             flat.append(self._iota(counter, (rows, size), common_pb2.S32))
-            block = 2
+            bits = size.bit_length() - 1
+            layout, block = Layout(bits), 2
             while block <= size:
                 distance = block // 2
                 while distance >= 1:
-                    flat = self._bitonic_stage(instr, flat, block, distance, count, less)
+                    better = _better_layout(layout, rows, block, distance)
+                    if better != layout:
+                        flat = [self._relayout(instr, view, layout, better) for view in flat]
+                        layout = better
+                    flat = self._bitonic_stage(instr, flat, layout, block, distance, count, less)
                     distance //= 2
                 block *= 2
+            if layout.low:
+                flat = [self._relayout(instr, view, layout, Layout(bits)) for view in flat]
             moved = (*(shape[d] for d in kept), count)
             back = tuple(int(d) for d in np.argsort((*kept, dim)))
             values = [self._reshape(self._cut(v, 0, count), moved, instr.name).transpose(back)
                       for v in flat[:-1]]
         return values
 
-    def _bitonic_stage(self, instr, flat: list[View], block: int, distance: int, count: int,
+    def _relayout(self, instr, view: View, old: Layout, new: Layout) -> View:
+        """The rows of `view` (stored in layout `old`) copied into a new tensor in layout `new`."""
+        name = self.builder.hbm_tensor(f"{instr.name}.layout", view.dtype, view.shape, penguin_pb2.INTERNAL,
+                                       instr.name)
+        target = View.whole(name, view.dtype, view.shape)
+        destination, source = bit_views([(target, new), (view, old)], {}, list(range(old.n)))
+        self._copy_into(source, destination, instr.name)
+        return target
+
+    def _bitonic_stage(self, instr, flat: list[View], layout: Layout, block: int, distance: int, count: int,
                        less) -> list[View]:
         """One compare-exchange stage: element i (bit `distance` clear) pairs with i + distance;
         blocks of `block` elements alternate ascending and descending (all ascending in the last)."""
         rows, size = flat[0].shape
+        pair_bit, direction_bit = distance.bit_length() - 1, block.bit_length() - 1
         directions = 1 if block == size else 2
-        blocks = size // (block * directions) if directions == 2 else 1
-        split = (rows, blocks, directions, block // (2 * distance), 2, distance)
-        parts_shape = (rows, split[1], split[3], distance)
-        order = tuple(int(d) for d in np.argsort(parts_shape, kind="stable"))  # largest axes make the tiles
-        shape = tuple(parts_shape[d] for d in order)
+        free = [b for b in range(layout.n) if b != pair_bit and (directions == 1 or b != direction_bit)]
 
         def part(view: View, direction: int, pair: int) -> View:
-            grouped = view.reshape(split)
-            limits = (split[0], split[1], direction + 1, split[3], pair + 1, split[5])
-            picked = grouped.slice((0, 0, direction, 0, pair, 0), limits, (1,) * 6)
-            return picked.reshape(parts_shape).transpose(order)
+            fixed = {pair_bit: pair, **({direction_bit: direction} if directions == 2 else {})}
+            return bit_views([(view, layout)], fixed, free)[0]
 
         fresh = []
         for view in flat:
@@ -193,6 +210,7 @@ class SortOps:
         for direction in range(directions):
             low = [part(view, direction, 0) for view in flat]
             high = [part(view, direction, 1) for view in flat]
+            shape = low[0].shape
             first, second = (high, low) if direction == 0 else (low, high)
             swap = self._before(instr, first, second, count, shape, less)
             for view, a, b in zip(fresh, low, high, strict=True):
@@ -211,13 +229,38 @@ class SortOps:
         def op(opcode: str, operands: list[Value], **fields) -> Value:
             return self._synthetic(instr, opcode, operands, shape, pred, **fields)
 
-        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
-        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
         ahead = less(first[:-1], second[:-1], shape)
         behind = less(second[:-1], first[:-1], shape)
         earlier = op("compare", [first[-1], second[-1]], comparison_direction="LT")
         tie_break = op("and", [op("not", [behind]), earlier])
-        return op("and", [real_first, op("or", [padding_second, op("or", [ahead, tie_break])])])
+        ordered = op("or", [ahead, tie_break])
+        if count & (count - 1) == 0:  # a power of two: the network holds no padding
+            return ordered
+        real_first = op("compare", [first[-1], limit], comparison_direction="LT")
+        padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
+        return op("and", [real_first, op("or", [padding_second, ordered])])
+
+
+def _stage_tiles(layout: Layout, rows: int, block: int, distance: int) -> int:
+    """Tiles one nest of a stage's parts takes in `layout` (its best tiling plan)."""
+    size = 1 << layout.n
+    pair_bit, direction_bit = distance.bit_length() - 1, block.bit_length() - 1
+    fixed = {pair_bit: 0, **({direction_bit: 0} if block < size else {})}
+    free = [b for b in range(layout.n) if b not in fixed]
+    (part,) = bit_views([(View.whole("x", 0, (rows, size)), layout)], fixed, free)
+    result = View.whole("y", 0, part.shape)
+    plan = plan_tiling(part.shape, [result, part], FREE_TILE)
+    return tile_count(plan.shape if plan is not None else part.shape, FREE_TILE)
+
+
+def _better_layout(layout: Layout, rows: int, block: int, distance: int) -> Layout:
+    """The layout a stage runs in: the current one, unless the other (the row in order, or its
+    low half of bits on top) tiles its parts RELAYOUT_GAIN times better, which pays the copies."""
+    if layout.n < RELAYOUT_BITS:
+        return layout
+    other = Layout(layout.n, 0 if layout.low else layout.n // 2)
+    now = _stage_tiles(layout, rows, block, distance)
+    return other if _stage_tiles(other, rows, block, distance) * RELAYOUT_GAIN <= now else layout
 
 
 def _key_of_constant(value: float, dtype: int) -> int:

@@ -43,6 +43,7 @@ from ncc.tools.hlo.index_math import (
 )
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo.rng_bits import rng_bit_generator
+from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key
 
 Instr = hlo_pb2.HloInstructionProto
 
@@ -52,6 +53,7 @@ _FAST_REDUCERS: dict[str, np.ufunc] = {
     "maximum": np.maximum,
     "minimum": np.minimum,
 }
+SEQUENTIAL_FOLD = 1024  # reduced elements folded in order by any reducer; a tree past that (_fold)
 MAX_WHILE_ITERATIONS = 1_000_000  # a loop that runs longer is refused rather than evaluated forever
 # identities on scalars: in a scalar region they pass their (vectorised) operand through
 _SHAPE_ONLY = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast", "pad",
@@ -250,7 +252,7 @@ class _Evaluator:
         return round_to(np.transpose(out, np.argsort(order)), kind)
 
     def _gather(self, instr: Instr, ops: list) -> np.ndarray:
-        """XLA gather, one batch position at a time: its start indices (clamped so the slice fits)
+        """XLA gather, every batch position at once: its start indices (clamped so the slice fits)
         pick a slice of the operand, and each operand batching dimension starts at the position's
         coordinate in its paired indices dimension; collapsed and batching dimensions go; slices
         land at offset_dims."""
@@ -264,22 +266,22 @@ class _Evaluator:
         dropped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
         kept = [d for d in range(operand.ndim) if d not in dropped]
         paired = _batch_pairs(dn.operand_batching_dims, dn.start_indices_batching_dims, vector)
-        natural = np.empty((*batch, *(sizes[d] for d in kept)), dtype=operand.dtype)
-        for position in np.ndindex(*batch):
-            starts = [0] * operand.ndim
-            for coordinate, dim in zip(indices[position], dn.start_index_map, strict=True):
-                starts[dim] = int(np.clip(coordinate, 0, operand.shape[dim] - sizes[dim]))
-            for dim, batch_dim in paired:
-                starts[dim] = position[batch_dim]
-            piece = operand[tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))]
-            natural[position] = piece.reshape([sizes[d] for d in kept])
+        starts = _window_starts(batch, operand.ndim, indices, dn.start_index_map, paired)
+        for d in range(operand.ndim):
+            starts[d] = np.clip(starts[d], 0, operand.shape[d] - sizes[d])
+        picked = operand[_element_indices(starts, sizes, len(batch))]  # (*batch, *sizes)
+        natural = picked.reshape((*batch, *(sizes[d] for d in kept)))
         order = gather_output_order(dn.offset_dims, len(batch), natural.ndim)
         return np.transpose(natural, order)
 
     def _scatter(self, instr: Instr, ops: list) -> np.ndarray:
-        """XLA scatter, one update window at a time in order: the window's operand start comes from
-        its indices; a window that does not fit in the operand is skipped; the update computation
-        combines the old values with the update's."""
+        """XLA scatter: update windows apply in order, a window that does not fit in the operand is
+        skipped, and the update computation combines the old value with the update's. Vectorised
+        by rounds: round r applies every element's r-th update (an element's updates keep their
+        order, and different elements never interact), so a scatter costs as many evaluations of
+        the update computation as the most-updated element has updates; a plain add, multiply,
+        maximum or minimum on f32 or integers is numpy's unbuffered ufunc.at (the same sequence of
+        operations), and a computation that returns the update keeps each element's last one."""
         out = np.array(ops[0], copy=True)
         indices, updates = np.asarray(ops[1]).astype(np.int64), np.asarray(ops[2])
         dn = instr.scatter_dimension_numbers
@@ -295,38 +297,60 @@ class _Evaluator:
         sizes = [1] * out.ndim
         for d, n in zip(operand_window, moved.shape[len(scatter_dims):], strict=True):
             sizes[d] = n
+        batch = indices.shape[:-1]
+        starts = _window_starts(batch, out.ndim, indices, dn.scatter_dims_to_operand_dims, paired)
+        fits = np.ones(batch, dtype=bool)
+        for d in range(out.ndim):
+            fits &= (starts[d] >= 0) & (starts[d] + sizes[d] <= out.shape[d])
+        where = _element_indices(starts, sizes, len(batch))
+        target = np.ravel_multi_index(tuple(np.broadcast_to(w, (*batch, *sizes)) for w in where),
+                                      out.shape, mode="clip")[fits].reshape(-1)
+        values = moved.reshape((*batch, *sizes))[fits].reshape(-1)
+        flat = out.reshape(-1)
         combine = self.comps[instr.called_computation_ids[0]]
-        for position in np.ndindex(*indices.shape[:-1]):
-            starts = [0] * out.ndim
-            for coordinate, dim in zip(indices[position], dn.scatter_dims_to_operand_dims, strict=True):
-                starts[dim] = int(coordinate)
-            for dim, batch_dim in paired:
-                starts[dim] = position[batch_dim]
-            if any(s < 0 or s + n > extent for s, n, extent in zip(starts, sizes, out.shape, strict=True)):
-                continue
-            where = tuple(slice(s, s + n) for s, n in zip(starts, sizes, strict=True))
-            update = moved[position].reshape(sizes)
-            out[where] = round_to(self.run(combine, [out[where], update], True), instr.shape.element_type)
-        return out
+        kind = instr.shape.element_type
+        fast = self._reducer_kind(combine)
+        if fast is not None and (kind == T.F32 or kind in SIGNED_TYPES or kind in UNSIGNED_TYPES):
+            _FAST_REDUCERS[fast].at(flat, target, values)  # in order, unbuffered: sequential exactly
+            return flat.reshape(out.shape)
+        if _returns_parameter(combine, 1):  # the update replaces the value: the last one stays
+            last = len(target) - 1 - np.unique(target[::-1], return_index=True)[1]
+            flat[target[last]] = round_to(values[last], kind)
+            return flat.reshape(out.shape)
+        # the rank of each update among the earlier updates of its element: its round
+        by_target = np.argsort(target, kind="stable")
+        sorted_target = target[by_target]
+        first = np.searchsorted(sorted_target, sorted_target, side="left")
+        rank = np.empty_like(target)
+        rank[by_target] = np.arange(len(target)) - first
+        for r in range(int(rank.max()) + 1 if len(rank) else 0):
+            now = rank == r
+            at = target[now]
+            flat[at] = round_to(np.asarray(self.run(combine, [flat[at], values[now]], True)), kind)
+        return flat.reshape(out.shape)
 
     def _sort(self, instr: Instr, ops: list) -> object:
-        """A stable sort with the comparator: each row is ordered by a merge sort that asks the
-        comparator (run on scalars) whether one element goes before another."""
+        """A stable sort with the comparator (sort.py): numpy's argsort for a comparator that
+        compares one key, else a merge sort whose levels ask the comparator about whole arrays."""
         dim = instr.dimensions[0]
         arrays = [np.moveaxis(np.asarray(op), dim, -1) for op in ops]
+        shape = arrays[0].shape
+        n = shape[-1] if shape else 1
+        rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+        flat = [a.reshape(rows, n) for a in arrays]
         comparator = self.comps[instr.called_computation_ids[0]]
-        out = [np.empty_like(a) for a in arrays]
-        for row in np.ndindex(*arrays[0].shape[:-1]):
-            columns = [a[row] for a in arrays]
+        simple = simple_key(comparator)
+        order = key_order(flat[simple[0]], simple[1]) if simple is not None and n else None
+        if order is None:
 
-            def before(i: int, j: int, columns=columns) -> bool:
-                args = [value for column in columns for value in (column[i], column[j])]
-                return bool(self.run(comparator, args, True))
+            linear = [a.reshape(-1) for a in flat]
 
-            order = _merge_sort(list(range(columns[0].shape[0])), before)
-            for target, column in zip(out, columns, strict=True):
-                target[row] = column[order]
-        results = [np.moveaxis(o, -1, dim) for o in out]
+            def before(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+                args = [a[at] for a in linear for at in (first, second)]
+                return np.broadcast_to(np.asarray(self.run(comparator, args, True), dtype=bool), first.shape)
+
+            order = partition_order(rows, n, before)
+        results = [np.moveaxis(np.take_along_axis(a, order, axis=1).reshape(shape), -1, dim) for a in flat]
         return tuple(results) if len(ops) > 1 else results[0]
 
     def _topk(self, instr: Instr, ops: list) -> tuple:
@@ -348,6 +372,9 @@ class _Evaluator:
         padded = [pad_array(x, init, edges) for x, init in zip(inputs, inits, strict=True)]
         accs = [np.full(sizes, init, dtype=x.dtype) for x, init in zip(inputs, inits, strict=True)]
         reducer = self.comps[instr.called_computation_ids[0]]
+        scan = self._scan(instr, inputs, inits) if k == 1 else None
+        if scan is not None:
+            return round_to(scan, kinds[0])
         if 0 not in sizes:
             for offset in np.ndindex(*[d.size for d in window]):
                 at = tuple(window_slices(offset, window, sizes))
@@ -355,6 +382,31 @@ class _Evaluator:
                 accs = list(result) if k > 1 else [result]
         results = [round_to(np.broadcast_to(acc, sizes), kind) for acc, kind in zip(accs, kinds, strict=True)]
         return tuple(results) if k > 1 else results[0]
+
+    def _scan(self, instr: Instr, inputs: list[np.ndarray], inits: list) -> np.ndarray | None:
+        """An inclusive scan (JAX's cumsum, cumprod, cummax, cummin: one dimension's window as long
+        as the input and padded n - 1 on one side, the others 1, no stride or dilation, a plain
+        add/multiply/maximum/minimum reducer with its identity as init) as numpy's accumulate,
+        one pass instead of one per window offset; None for any other reduce-window."""
+        window, x = instr.window.dimensions, inputs[0]
+        kind = self._reducer_kind(self.comps[instr.called_computation_ids[0]])
+        plain = all(w.stride == 1 and w.base_dilation <= 1 and w.window_dilation <= 1
+                    and not w.window_reversal
+                    for w in window)
+        if kind is None or x.dtype == bool or not plain:
+            return None
+        long = [d for d, w in enumerate(window) if w.size != 1 or w.padding_low or w.padding_high]
+        if len(long) != 1 or x.shape[long[0]] < 2:
+            return None
+        d, ufunc = long[0], _FAST_REDUCERS[kind]
+        n, w = x.shape[d], window[long[0]]
+        if w.size != n or sorted((w.padding_low, w.padding_high)) != [0, n - 1]:
+            return None
+        if np.asarray(inits[0], dtype=x.dtype) != _identity(kind, x.dtype):  # padding must add nothing
+            return None
+        if w.padding_high:  # a reverse scan: accumulate from the end
+            return np.flip(ufunc.accumulate(np.flip(x, axis=d), axis=d), axis=d)
+        return ufunc.accumulate(x, axis=d)
 
     def _select_and_scatter(self, instr: Instr, ops: list) -> np.ndarray:
         """XLA's select-and-scatter, vectorised over the windows. Each window's element is chosen by
@@ -493,20 +545,44 @@ class _Evaluator:
         axes: tuple[int, ...],
         kinds: list[int],
     ) -> object:
-        """Any reducer: fold it over the reduced elements in order, vectorised over the kept ones."""
+        """Any reducer, vectorised over the kept elements. Up to SEQUENTIAL_FOLD reduced elements
+        it is folded over them in order, from the init (XLA:CPU's order, which decides the result
+        of a reducer that is not associative); past that, as the lowering applies it (hlo2penguin
+        `_reduce_tree`): combined pairwise, halving their count each level (an odd last one folds
+        into the first), then the init with the one left, so a reduce of a million elements costs
+        20 evaluations of the reducer, not a million. XLA leaves the order unspecified."""
         rank = inputs[0].ndim
         kept = [d for d in range(rank) if d not in axes]
         out_shape = [inputs[0].shape[d] for d in kept]
         count = int(np.prod([inputs[0].shape[d] for d in axes], dtype=np.int64))
-        flat = [np.transpose(x, kept + list(axes)).reshape(*out_shape, count) for x in inputs]
+        rows = [np.transpose(x, kept + list(axes)).reshape(*out_shape, count) for x in inputs]
         accs = [np.broadcast_to(init, out_shape) for init in inits]
-        for r in range(count):
-            result = self.run(reducer, accs + [x[..., r] for x in flat], True)
-            accs = list(result) if len(inputs) > 1 else [result]
+        if count <= SEQUENTIAL_FOLD:
+            for r in range(count):
+                accs = self._combine(reducer, accs, [x[..., r] for x in rows])
+        else:
+            while count > 1:
+                half = count // 2
+                merged = self._combine(reducer, [r[..., :half] for r in rows],
+                                       [r[..., half:2 * half] for r in rows])
+                if count % 2:
+                    head = self._combine(reducer, [m[..., :1] for m in merged],
+                                         [r[..., count - 1:] for r in rows])
+                    merged = [np.concatenate([h, m[..., 1:]], axis=-1)
+                              for h, m in zip(head, merged, strict=True)]
+                rows, count = merged, half
+            accs = self._combine(reducer, accs, [r[..., 0] for r in rows])
         results = [
             round_to(np.broadcast_to(acc, out_shape), kind) for acc, kind in zip(accs, kinds, strict=True)
         ]
         return tuple(results) if len(inputs) > 1 else results[0]
+
+    def _combine(self, reducer: hlo_pb2.HloComputationProto, first: list, second: list) -> list[np.ndarray]:
+        """The reducer applied elementwise to (first..., second...), its results as a list."""
+        shape = np.broadcast_shapes(*(np.shape(x) for x in first + second))
+        result = self.run(reducer, first + second, True)
+        results = result if isinstance(result, tuple) else (result,)
+        return [np.broadcast_to(np.asarray(r), shape) for r in results]
 
     def _reducer_kind(self, reducer: hlo_pb2.HloComputationProto) -> str | None:
         """'add'/'multiply'/'maximum'/'minimum' when the reducer is just that op on its two parameters."""
@@ -529,26 +605,51 @@ def _literal(literal: hlo_pb2.LiteralProto, shape: hlo_pb2.ShapeProto) -> object
     return literal_to_numpy(literal, shape, "constant").astype(compute_dtype(shape.element_type))
 
 
-def _merge_sort(items: list[int], before: Callable[[int, int], bool]) -> list[int]:
-    """Stable merge sort of `items` by `before(a, b)` (a strictly precedes b)."""
-    if len(items) <= 1:
-        return items
-    middle = len(items) // 2
-    left, right = _merge_sort(items[:middle], before), _merge_sort(items[middle:], before)
-    merged, i, j = [], 0, 0
-    while i < len(left) and j < len(right):
-        if before(right[j], left[i]):
-            merged.append(right[j])
-            j += 1
-        else:
-            merged.append(left[i])
-            i += 1
-    return merged + left[i:] + right[j:]
-
-
 def _batch_pairs(operand_dims, indices_dims, index_vector_dim: int) -> list[tuple[int, int]]:
     """(operand dimension, position among the indices' batch dimensions) for each batching pair."""
     return [(dim, b - (b > index_vector_dim)) for dim, b in zip(operand_dims, indices_dims, strict=True)]
+
+
+def _returns_parameter(comp: hlo_pb2.HloComputationProto, number: int) -> bool:
+    """Whether the computation's root is its parameter `number` (scatter's "replace")."""
+    root = next(i for i in comp.instructions if i.id == comp.root_id)
+    return root.opcode == "parameter" and root.parameter_number == number
+
+
+def _identity(kind: str, dtype: np.dtype) -> object:
+    """The value a fast reducer leaves every element alone with: 0, 1, the lowest, the highest."""
+    if kind in ("add", "multiply"):
+        return 0 if kind == "add" else 1
+    lowest = kind == "maximum"
+    if np.dtype(dtype).kind == "f":
+        return -np.inf if lowest else np.inf
+    info = np.iinfo(dtype)
+    return info.min if lowest else info.max
+
+
+def _window_starts(batch: tuple[int, ...], rank: int, indices: np.ndarray, index_map, paired) -> list:
+    """Per operand dimension, the start of every batch position's window (arrays of the batch
+    shape): from the position's index vector through `index_map`, or its coordinate along the
+    paired batch dimension, else 0."""
+    starts: list = [np.zeros(batch, dtype=np.int64) for _ in range(rank)]
+    for k, dim in enumerate(index_map):
+        starts[dim] = indices[..., k]
+    for dim, batch_dim in paired:
+        shape = [1] * len(batch)
+        shape[batch_dim] = batch[batch_dim]
+        starts[dim] = np.broadcast_to(np.arange(batch[batch_dim]).reshape(shape), batch)
+    return starts
+
+
+def _element_indices(starts: list, sizes: list[int], batch_rank: int) -> tuple:
+    """Index arrays of shape (*batch, *sizes) for every element of every window: start plus the
+    offset within the window, per operand dimension."""
+    rank = len(sizes)
+    index = []
+    for d, (start, size) in enumerate(zip(starts, sizes, strict=True)):
+        offset = np.arange(size).reshape([1] * batch_rank + [size if e == d else 1 for e in range(rank)])
+        index.append(np.asarray(start).reshape(np.shape(start) + (1,) * rank) + offset)
+    return tuple(index)
 
 
 def pad_array(operand: np.ndarray, value: object, edges: list[tuple[int, int, int]]) -> np.ndarray:

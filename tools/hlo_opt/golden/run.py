@@ -7,6 +7,8 @@ compiled program can later be run on exactly these inputs and compared with exac
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2
@@ -16,6 +18,8 @@ from ncc.tools.common.protoio import read_proto, write_proto
 from ncc.tools.hlo.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
 from ncc.tools.hlo.hlo_verify import verify_module
 from ncc.tools.hlo_opt.golden.evaluator import evaluate, make_inputs
+
+VERIFY_MAX_ELEMENTS = 1 << 25  # elements of any one of the entry's values: --verify's budget (E305)
 
 
 def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str | None) -> None:
@@ -28,6 +32,7 @@ def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str |
         if is_tuple(param.shape):
             raise CompileError("E201", f"entry parameter '{param.name}' has a tuple shape, which ncc does "
                                        "not support", param.name)
+    check_verify_budget(module)
     args = read_inputs(inputs_path, len(params)) if inputs_path else make_inputs(module, seed)
     outputs = evaluate(module, args, verify=False)
     root = next(instr for instr in entry.instructions if instr.id == entry.root_id)
@@ -37,6 +42,22 @@ def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str |
     for index, (value, shape) in enumerate(zip(outputs, leaf_shapes(root.shape), strict=True)):
         tensors.tensors.append(_tensor(f"out{index}", value, shape.element_type))
     write_proto(output_path, tensors)
+
+
+def check_verify_budget(module: hlo_pb2.HloModuleProto) -> None:
+    """E305 when a value of the entry computation holds more than VERIFY_MAX_ELEMENTS elements:
+    the golden evaluator and then the simulator hold and compute such a value on the host, a
+    tile's worth at a time for the simulator (a batch norm over f32[128,64,112,112], 100M
+    elements an array, ran the two for more than two minutes), so past the budget `--verify` is
+    refused at once rather than after minutes; the compile without it is not limited by this."""
+    entry = entry_computation(module)
+    sizes = [(math.prod(leaf.dimensions), instr.name) for instr in entry.instructions
+             for leaf in leaf_shapes(instr.shape)]
+    largest, name = max(sizes, default=(0, entry.name))
+    if largest > VERIFY_MAX_ELEMENTS:
+        raise CompileError("E305", f"too large to verify: '{name}' holds {largest:,} elements; the "
+                                   f"--verify budget is {VERIFY_MAX_ELEMENTS:,} a value (compile without "
+                                   "--verify)", name)
 
 
 def read_inputs(path: str, count: int) -> list[np.ndarray]:
