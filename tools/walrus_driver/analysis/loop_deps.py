@@ -384,13 +384,18 @@ class LoopDeps:
                     if entries is None:
                         continue
                     checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
+                    p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
                     for which, kind in checks:
+                        code = kind + box.memory
                         for other, other_inner, obox in entries[which]:
-                            if not _meet(box, obox):
+                            # _meet, inlined: this is the analysis's inner loop
+                            if not (obox.p0 < p1 and p0 < obox.p1 and obox.c0 < c1 and c0 < obox.c1
+                                    and obox.b0 < b1 and b0 < obox.b1):
+                                continue
+                            if rotor and rotor == obox.rotor and not _meet(box, obox):
                                 continue
                             if other_inner is not None:
                                 other = latest[other]  # other is the (inner loop, thread) group
-                            code = kind + box.memory
                             if incoming.get(other, -1) < code:
                                 incoming[other] = code
             if inner is not None:
