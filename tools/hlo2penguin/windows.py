@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
-from ncc.tools.common.dtypes import is_float, storage_dtype
+from ncc.tools.common.dtypes import is_float, storage_dtype, to_compute
 from ncc.tools.hlo.index_math import (
     pad_placement,
     pad_target,
@@ -186,8 +186,9 @@ class WindowOps:
         return opcode is not None and value is not None and _scan_identity(opcode, inits[0].dtype) == value
 
     def _constant_scalar(self, value: Value) -> float | int | None:
-        """The number a compile-time scalar holds: a Splat's, or an s64/u64 constant's past 2**53
-        (`_scalar` keeps those in a one-element constant tensor); None for anything else."""
+        """The number a compile-time scalar holds: a Splat's, or a one-element constant tensor's
+        (`_scalar` keeps s64/u64 past 2**53 there; a mutated module may hold any dtype, NaN
+        included); None for anything else."""
         if isinstance(value, Splat):
             return value.value
         if not isinstance(value, View) or any(value.strides):
@@ -195,7 +196,8 @@ class WindowOps:
         decl = self.builder.decl(value.base)
         if decl.role != penguin_pb2.CONSTANT or list(decl.shape) or not decl.data:
             return None
-        return int(np.frombuffer(decl.data, dtype=storage_dtype(decl.dtype))[0])
+        storage = np.frombuffer(decl.data, dtype=storage_dtype(decl.dtype))[:1]
+        return to_compute(storage, decl.dtype)[0].item()  # a float stays a float (NaN included)
 
     def _scan_of(self, instr, inputs: list[Value], inits: list[Value],
                  reducer: hlo_pb2.HloComputationProto) -> tuple[int, bool] | None:

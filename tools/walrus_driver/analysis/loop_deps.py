@@ -231,8 +231,9 @@ class LoopDeps:
         that is all they depend on (the module docstring: aligned dependences)."""
         position = {instr.id: index for index, instr in enumerate(self.instructions)}
         candidates: set[tuple[int, int]] = set()
-        for src, dst in graph.edges:
-            pair = self._siblings(src, dst)
+        owners = {(self.nest.owner(src), self.nest.owner(dst)) for src, dst in graph.edges}
+        for owner_src, owner_dst in owners:
+            pair = self._siblings(owner_src, owner_dst)
             if pair is not None:
                 candidates.add(pair)
         for first, second in sorted(candidates, key=lambda pair: position[members[pair[1]][0].id]):
@@ -247,8 +248,8 @@ class LoopDeps:
             self.aligned += 1
 
     def _siblings(self, src: int, dst: int) -> tuple[int, int] | None:
-        """The two sibling loops (children of one block) holding `src` and `dst`."""
-        chain_src, chain_dst = self.nest.chain_of(src), self.nest.chain_of(dst)
+        """The two sibling loops (children of one block) holding loops `src` and `dst`."""
+        chain_src, chain_dst = self.nest.chain(src), self.nest.chain(dst)
         shared = 0
         while shared < min(len(chain_src), len(chain_dst)) and chain_src[shared] == chain_dst[shared]:
             shared += 1
@@ -265,8 +266,17 @@ class LoopDeps:
         (on chip, steps that do not divide) and `second` must wait for the whole of `first`."""
         level = self.nest.loops[first].depth - 1  # boxes over every iteration of both loops
         exact = self.nest.loops[first].depth  # ... and at their iteration 0
-        onchip_first = [box for i in members[first] for _, box in self.boxes(i, level)
-                        if box.memory != birutil.HBM]
+        onchip_first: dict[tuple, list[_Box]] = {}  # page -> the first loop's on-chip boxes there
+        for instr in members[first]:
+            for _, box in self.boxes(instr, level):
+                if box.memory != birutil.HBM:
+                    for key in self._pages(box):
+                        onchip_first.setdefault(key, []).append(box)
+        for instr in members[second]:  # any on-chip conflict: the whole first loop first
+            for _, box in self.boxes(instr, level):
+                if box.memory != birutil.HBM and any(_meet(box, other) for key in self._pages(box)
+                                                      for other in onchip_first.get(key, ())):
+                    return []
         hbm_first: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
         for instr in members[first]:
             at_zero = dict(self.boxes(instr, exact))
@@ -278,9 +288,6 @@ class LoopDeps:
             at_zero = dict(self.boxes(instr, exact))
             for index, box in self.boxes(instr, level):
                 if box.memory != birutil.HBM:
-                    if any(box.memory == other.memory and box.region == other.region and _meet(box, other)
-                           for other in onchip_first):
-                        return []
                     continue
                 for src, src_index, hull, zero in hbm_first.get(box.region, ()):
                     if not (box.write or hull.write) or not _meet(box, hull):
