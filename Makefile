@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random bench-decoder schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench-sim: setup
 # Compile 500 random small modules with --verify: compile-time distribution, slowest ten, ok/refused/mismatch/traceback/timeout.
 bench-random: setup
 	$(BIN)/python bench/run_random.py
+
+# A 7B-shaped decoder (1 and 32 layers) compiled, and one layer simulated against JAX (needs .[jax]).
+bench-decoder: setup
+	$(BIN)/python bench/run_decoder.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup
