@@ -25,7 +25,11 @@ DVE) on f32[2048, 64], 16 tiles; `tile_chain32`, the same function on f32[4096, 
 Pipelining shows at -O0, where each engine runs its instructions in program order: at -O1 and
 above the backend's list scheduler already overlaps the iterations of the unannotated loop.
 
-    python bench/run_fusion.py [--models gelu,mlp] [--widths 1024,2048] [--optlevel 0] [--json FILE]
+    python bench/run_fusion.py [--models gelu,mlp] [--widths 1024,2048] [--optlevel 0] [--loops rolled]
+                               [--json FILE]
+
+--loops (auto, rolled or unrolled; default auto) is passed to every compile: `rolled` measures
+what pipelining adds over loops that stay loops.
 """
 
 from __future__ import annotations
@@ -173,12 +177,14 @@ def main() -> int:
     parser.add_argument("--models", help="comma-separated model names (default: all)")
     parser.add_argument("--widths", default="1024,2048", help="generated MLP widths ('' for none)")
     parser.add_argument("--optlevel", type=int, default=2, choices=range(4), help="the backend's level")
+    parser.add_argument("--loops", default="auto", choices=("auto", "rolled", "unrolled"),
+                        help="ncc compile --loops for every compile")
     parser.add_argument("--json", type=Path, help="also write the measurements as JSON")
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",") if w]
     names = args.models.split(",") if args.models else None
     results: dict[str, dict[str, dict]] = {}
-    print(f"-O{args.optlevel}\n"
+    print(f"-O{args.optlevel} --loops {args.loops}\n"
           f"{'model':<14} {'bytes/min':>15} {'sim/bound':>15}  {'simulated us':<38} {'loops':>5} "
           f"{'speedup':>15}\n"
           f"{'':<14} {'unfused  fused':>15} {'unfused  fused':>15}  "
@@ -190,7 +196,7 @@ def main() -> int:
             for variant, flags in VARIANTS.items():
                 folder = scratch / f"{name}.{variant}"
                 folder.mkdir()
-                row[variant] = measure(model, inputs, flags, folder, args.optlevel)
+                row[variant] = measure(model, inputs, [*flags, "--loops", args.loops], folder, args.optlevel)
             results[name] = {k: asdict(v) for k, v in row.items()}
             u, f, s2, s3 = row["unfused"], row["fused"], row["stages2"], row["stages3"]
             times = "".join(f"{m.simulated_ns / 1e3:>9.1f}" for m in (u, f, s2, s3))

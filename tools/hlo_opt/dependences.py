@@ -22,6 +22,8 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.errors import CompileError
 
+_KEEPS_ALL: set[tuple] = set()  # questions first_reversed_dependence answered None (one process)
+
 
 @dataclass
 class Violation:
@@ -54,18 +56,29 @@ def first_reversed_dependence(nest: penguin_pb2.LoopNest, tensors: dict[str, pen
     var = {axis.name: name for axis, name in zip(nest.axes, names, strict=True)}
     point = ", ".join(names)
     bounds = [f"0 <= {name} < {axis.extent}" for axis, name in zip(nest.axes, names, strict=True)]
-    original, changed = {}, {}
+    domains: list[str] = []
     memories: dict[tuple, str] = {}
-    accesses: dict[str, list[tuple[int, bool, object, str]]] = {}
+    texts: list[tuple[int, bool, str, str, str]] = []  # (statement, write, memory, relation, tensor)
     for k, st in enumerate(nest.statements):
-        domain = " and ".join(bounds + [predicate_text(p, var) for p in st.predicates])
-        original[k] = isl.Map(f"{{ S{k}[{point}] -> [{point}, {k}] : {domain} }}")
-        changed[k] = isl.Map(f"{{ S{k}[{point}] -> [{schedule[k]}] : {domain} }}")
+        domains.append(" and ".join(bounds + [predicate_text(p, var) for p in st.predicates]))
         for write, access in [*((True, a) for a in st.outputs), *((False, a) for a in st.inputs)]:
             key, text = access_text(access, tensors, var)
             memory = memories.setdefault(key, f"M{len(memories)}")
-            relation = isl.Map(f"{{ S{k}[{point}] -> {memory}{text} and {domain} }}")
-            accesses.setdefault(memory, []).append((k, write, relation, access.tensor))
+            texts.append((k, write, memory, text, access.tensor))
+    # The question in ISL's terms names no tensor (memories are M0, M1, ... in order of first use),
+    # so nests of one shape (a model's layers) ask it once: a schedule found to keep every
+    # dependence is remembered by that text.
+    question = (tuple(schedule), tuple(domains), tuple(t[:4] for t in texts))
+    if keeps_order is None and question in _KEEPS_ALL:
+        return None
+    original, changed = {}, {}
+    for k, domain in enumerate(domains):
+        original[k] = isl.Map(f"{{ S{k}[{point}] -> [{point}, {k}] : {domain} }}")
+        changed[k] = isl.Map(f"{{ S{k}[{point}] -> [{schedule[k]}] : {domain} }}")
+    accesses: dict[str, list[tuple[int, bool, object, str]]] = {}
+    for k, write, memory, text, tensor in texts:
+        relation = isl.Map(f"{{ S{k}[{point}] -> {memory}{text} and {domains[k]} }}")
+        accesses.setdefault(memory, []).append((k, write, relation, tensor))
     found: list[tuple[tuple, Violation]] = []
     for group in accesses.values():
         for k1, write1, map1, tensor in group:
@@ -86,6 +99,8 @@ def first_reversed_dependence(nest: penguin_pb2.LoopNest, tensors: dict[str, pen
                 text = readable(str(reversed_.coalesce()), nest)
                 found.append(((*first[0], k1, *first[1], k2),
                               Violation(kind, k1, k2, tensor, text, first)))
+    if not found and keeps_order is None:
+        _KEEPS_ALL.add(question)
     return min(found, key=lambda item: item[0])[1] if found else None
 
 
