@@ -251,3 +251,39 @@ ENTRY main {
     results = {mode: simulate_neff(neff, {"arg0": x}) for mode, neff in neffs.items()}
     assert not results["rolled"].races and results["rolled"].deadlock is None
     np.testing.assert_array_equal(results["rolled"].outputs["out0"], results["unrolled"].outputs["out0"])
+
+
+DOT = """HloModule dot
+ENTRY main {
+  x = f32[512,1024] parameter(0)
+  w = f32[1024,1536] parameter(1)
+  ROOT d = f32[512,1536] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_a_dots_lhsT_tiles_are_an_indexed_array_and_its_reduction_axis_rolls():
+    """The lhsT tiles a dot loads at its first column tile and reads at every later one are an
+    indexed array (one buffer, a block per reduction step, addressed by the iteration), so the
+    reduction axis stays a loop in every column tile, in less than half the instructions; the
+    rolled NEFF computes what the unrolled one does, race-free."""
+    program = _bir(DOT)
+    arrays = [b for b in program.buffers if "lhsT" in b.name and "*" in b.name]
+    assert arrays and not any(b.HasField("private_to") and b.slots for b in arrays)
+    k_loops = [i for i in _entries(program) if i.name.endswith("loop.k")]
+    assert len(k_loops) >= 2  # the first column tile's, and the column loop's
+    moving = [ap for i in program.instructions for ap in i.inputs
+              if ap.tensor in {b.name for b in arrays} and ap.loop and ap.loop[-1].step]
+    assert moving  # the matmul's lhsT moves by a block per reduction step
+    neffs = {}
+    for mode in ("rolled", "unrolled"):
+        bir = _bir(DOT, mode)
+        compile_program(bir, default_pipeline(2))
+        neffs[mode] = build_neff(bir)
+    rng = np.random.default_rng(2)
+    inputs = {"arg0": rng.standard_normal((512, 1024)).astype(np.float32),
+              "arg1": rng.standard_normal((1024, 1536)).astype(np.float32)}
+    results = {mode: simulate_neff(neff, inputs) for mode, neff in neffs.items()}
+    assert not results["rolled"].races and results["rolled"].deadlock is None
+    np.testing.assert_array_equal(results["rolled"].outputs["out0"], results["unrolled"].outputs["out0"])
+    assert 2 * len(program.instructions) < len(_bir(DOT, "unrolled").instructions)

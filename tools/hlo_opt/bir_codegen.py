@@ -86,6 +86,7 @@ class BirCodeGenLoop:
         self.roll: rolling.RollPlan | None = None  # of the nest being emitted
         self.plans: dict[int, rolling.RollPlan | None] = {}  # nest index -> its loops (rolled modes)
         self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it is private to
+        self.indexed_dims: dict[str, set[int]] = {}  # indexed array -> the dimensions its blocks merge
         self.onchip_users: dict[str, set[str]] = {}
         self.penguin = program
         self.tensors = {t.name: t for t in program.tensors}
@@ -145,6 +146,7 @@ class BirCodeGenLoop:
         plans: dict[int, _StatementPlan] = {}
         self.roll = plan
         self.private_axes = dict(plan.private) if plan is not None else {}
+        self.indexed_dims.update(plan.indexed if plan is not None else {})
         if self.roll is None:
             for point in itertools.product(*(range(axis.extent) for axis in nest.axes)):
                 self._point(nest, names, predicates, plans, point, {})
@@ -280,12 +282,13 @@ class BirCodeGenLoop:
             self._broadcast_on_chip(instr)
 
     def _loop_steps(self, operands, plans: list[_AccessPlan]) -> None:
-        """An HBM operand inside loops moves by its step per iteration of each (on-chip ones do
-        not: a private buffer's copies rotate, which allocation decides; a shared one stays)."""
+        """An HBM operand inside loops moves by its step per iteration of each, and so does an
+        indexed array's (a block per iteration); other on-chip ones do not: a private buffer's
+        copies rotate, which allocation decides, and a shared one stays."""
         for ap, plan in zip(operands, plans, strict=True):
-            if ap.memory != common_pb2.HBM:
+            if not plan.steps:
                 continue
-            steps = [plan.hbm_step(loop.axis) * loop.copies for loop in self.open_loops]
+            steps = [plan.step(loop.axis) * loop.copies for loop in self.open_loops]
             if any(steps):
                 ap.loop.extend(bir_pb2.LoopVariation(step=step) for step in steps)
 
@@ -310,6 +313,18 @@ class BirCodeGenLoop:
         del src.dims[0]
         del load.outputs[:]
         load.outputs.add(memory=out.memory, tensor=row, dtype=out.dtype, partition_count=1, dims=out.dims)
+
+    def _merged_strides(self, tensor: penguin_pb2.TensorDecl) -> dict[int, int]:
+        """An indexed array's merged dimensions -> the bytes per partition between consecutive
+        blocks along each: a block's row (its free extent, the tensor's when narrower) for the
+        innermost, times the blocks of the ones inside it for the others."""
+        block = tensor.block_shape
+        stride = min(block[-1], tensor.shape[-1]) * itemsize(tensor.dtype)
+        strides = {}
+        for dim in sorted(self.indexed_dims[tensor.name], reverse=True):
+            strides[dim] = stride
+            stride *= -(-tensor.shape[dim] // block[dim])
+        return strides
 
     def _private_loop(self, tensor: str) -> int | None:
         """The innermost open loop each of whose iterations has its own blocks of `tensor`."""
@@ -391,6 +406,12 @@ class BirCodeGenLoop:
             for start, stride in zip(access.starts, strides, strict=True):
                 for term in start.terms:
                     steps[term.var] = steps.get(term.var, 0) + term.coeff * stride
+        elif tensor.name in self.indexed_dims and self.roll is not None:  # bytes per iteration
+            block = tensor.block_shape
+            for dim, stride in self._merged_strides(tensor).items():
+                for term in access.starts[dim].terms:
+                    if term.coeff % block[dim] == 0:
+                        steps[term.var] = steps.get(term.var, 0) + term.coeff // block[dim] * stride
         return _AccessPlan(tensor, shape, starts, tuple(access.extents), steps)
 
     @staticmethod
@@ -448,7 +469,13 @@ class BirCodeGenLoop:
         if inner[-2] % rows + extents[-2] > rows and block[-2] > rows:
             raise CompileError("E301", f"access straddles two slabs of on-chip tensor '{tensor.name}'",
                                tensor.name)
-        name = f"{tensor.name}[{','.join([str(s // b) for s, b in zip(starts, block, strict=True)])}]"
+        index = [str(s // b) for s, b in zip(starts, block, strict=True)]
+        merged = self._merged_strides(tensor) if tensor.name in self.indexed_dims else {}
+        base = 0  # an indexed array's block: its place in the buffer of the blocks merged
+        for dim, stride in merged.items():
+            base += starts[dim] // block[dim] * stride
+            index[dim] = "*"
+        name = f"{tensor.name}[{','.join(index)}]"
         if layout.slabbed:
             name += "/" + ".".join([str(at) for at in [*inner[:-2], inner[-2] // rows]])
         size = layout.itemsize
@@ -456,10 +483,12 @@ class BirCodeGenLoop:
             # Sized to what the block can hold of the tensor: a block at the tensor's edge (or of a
             # tensor narrower than a block) holds only the elements that exist, not a full block.
             first = starts[-1] - inner[-1]
-            held = min(block[-1], layout.last_extent - first)
+            held = min(block[-1], layout.last_extent - first) * size
+            if merged:  # every block along the merged dimensions, side by side
+                outer = min(merged)  # the outermost has the largest stride
+                held = merged[outer] * -(-tensor.shape[outer] // block[outer])
             buffer = self.buffers[name] = self.bir.buffers.add(
-                name=name, memory=tensor.memory, partitions=rows, bytes_per_partition=held * size,
-                address=-1,
+                name=name, memory=tensor.memory, partitions=rows, bytes_per_partition=held, address=-1,
             )
             loop = self._private_loop(tensor.name)
             if loop is not None:
@@ -468,7 +497,7 @@ class BirCodeGenLoop:
             memory=tensor.memory,
             tensor=name,
             dtype=tensor.dtype,
-            offset=inner[-1] * size,
+            offset=base + inner[-1] * size,
             partition_start=inner[-2] % rows,
             partition_count=extents[-2],
             dims=[bir_pb2.Dim(stride=1, count=extents[-1])],
@@ -551,9 +580,10 @@ class _AccessPlan:
     shape: tuple[int, ...]
     starts: Callable[[tuple], list[int]]
     extents: tuple[int, ...]
-    steps: dict[str, int]  # HBM: the element offset's step per iteration of each axis it moves with
+    steps: dict[str, int]  # the offset's step per iteration of each axis it moves with: HBM
+    # elements, or an indexed array's bytes
 
-    def hbm_step(self, axis: str) -> int:
+    def step(self, axis: str) -> int:
         return self.steps.get(axis, 0)
 
 

@@ -21,6 +21,13 @@ the range lowers to the same instructions but for offsets that move by a fixed s
     different iterations are disjoint. A private tensor's blocks become one buffer per block of
     the body, which allocation may give several rotating copies (address rotation); a shared
     one keeps its blocks' buffers for the whole loop.
+A tensor whose accesses move with the axis but that an iteration may read before writing (the
+lhsT tiles of a dot, loaded at its first column tile and read again at every later one: the
+reduction axis's loop of a later column tile reads what the first one's wrote) is an *indexed*
+array instead, when no other nest touches it: its blocks along the dimension the axis moves
+become one buffer, side by side in the free bytes, which every instance of the loop addresses
+by the iteration (the operand's offset moves by a block per iteration, as an HBM offset does),
+so that what one instance of the loop wrote stays where a later one reads it.
 HBM offsets are always affine in the axis (a view's strides times the access's coefficients), so
 they need nothing: the body instruction's offset moves by that step per iteration.
 
@@ -67,6 +74,8 @@ class RolledAxis:
 
 
 MAX_COPIES = 8  # iterations one body may hold (unroll and jam)
+PARTITIONS = 128
+INDEXED_MAX_BYTES = 32 * 1024  # per partition: an indexed array's blocks side by side, at most
 
 
 @dataclass
@@ -77,6 +86,7 @@ class RollPlan:
 
     axes: list[RolledAxis]
     private: dict[str, set[str]] = field(default_factory=dict)
+    indexed: dict[str, set[int]] = field(default_factory=dict)  # tensor -> dimensions it is an array along
     copies: int = 1
 
     def rolled(self, axis: str) -> RolledAxis | None:
@@ -110,6 +120,8 @@ def plan_rolling(
         plan.axes.append(RolledAxis(index, axis.name, *steady))
         for tensor in analysis.private:
             plan.private.setdefault(tensor, set()).add(axis.name)
+        for tensor, dim in analysis.indexed.items():
+            plan.indexed.setdefault(tensor, set()).add(dim)
     if not plan.axes:
         return None
     plan.copies = body_copies(nest, tensors, plan.axes[-1])
@@ -120,18 +132,28 @@ def body_copies(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Tenso
                 innermost: RolledAxis) -> int:
     """How many consecutive iterations the innermost rolled loop's body holds (module docstring:
     unroll and jam): the smallest U at which U copies' work covers the body's critical path and
-    its dmas keep the DMA queues busy."""
+    its dmas keep the DMA queues busy. A statement that runs at one value of the loop's axis or
+    of an axis outside it (a dot's evacuation at its last reduction step, the lhsT loads of its
+    first column tile) is not in the body most instances of the loop run, and does not count;
+    one that runs at one value of an axis inside counts once, not once per value."""
     target = load_target()
     points = math.prod(int(axis.extent) for axis in nest.axes[innermost.index + 1:])
-    statements = list(nest.statements)
+    outer = {axis.name for axis in nest.axes[:innermost.index + 1]}
+    statements = [st for st in nest.statements
+                  if not any(_at_one_value(p, outer) for p in st.predicates)] or list(nest.statements)
     durations = [statement_ns(st, tensors) for st in statements]
     work: dict[object, float] = {}
     finish: list[float] = []
     written: dict[str, float] = {}  # tensor -> when the latest statement writing it finishes
     transfers = queue_ns = 0.0  # one iteration's dmas (split as split_dma cuts them) and their queue time
+    inner = {axis.name: int(axis.extent) for axis in nest.axes[innermost.index + 1:]}
     for st, duration in zip(statements, durations, strict=True):
         engine = "dma" if is_dma(st.op) else st.engine
-        work[engine] = work.get(engine, 0.0) + duration * points
+        # its points per iteration: an inner axis an equality pins contributes one value of its extent
+        pinned = {t.var for p in st.predicates if _at_one_value(p, set(inner))
+                  for t in p.expr.terms if t.coeff}
+        runs = points // math.prod(inner[axis] for axis in pinned & inner.keys())
+        work[engine] = work.get(engine, 0.0) + duration * runs
         start = max((written.get(a.tensor, 0.0) for a in st.inputs), default=0.0)
         finish.append(start + duration)
         for access in st.outputs:
@@ -141,20 +163,29 @@ def body_copies(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Tenso
                         for a in (*st.inputs, *st.outputs))
             extents = st.outputs[0].extents
             pieces = dma_pieces(int(extents[-2]) if len(extents) > 1 else 1, moved)
-            transfers += pieces * points
+            transfers += pieces * runs
             queue_ns += (pieces * target.dma_fixed_latency_ns
-                         + moved / target.dma_queue_bandwidth_gbps) * points
+                         + moved / target.dma_queue_bandwidth_gbps) * runs
     path, busiest = max(finish, default=0.0), max(work.values(), default=0.0)
+    computing = max((ns for engine, ns in work.items() if engine != "dma"), default=0.0)
     for copies in range(1, MAX_COPIES + 1):
         # each dma of the body keeps its queue at every iteration: U copies spread one
         # iteration's transfers over U times as many queues
         queues = min(target.dma_queues, transfers * copies) or 1
         bound = max(busiest, queue_ns / queues)
         chained = path <= 1.1 * copies * bound
-        fed = queue_ns / queues <= 1.1 * max(busiest, queue_ns / target.dma_queues)
+        # the queues keep up when each is at most half as busy as the busiest engine, or all are
+        # in use: the estimate leaves out what the queues share (HBM's bandwidth, descriptors)
+        fed = queue_ns / queues <= max(0.5 * computing, queue_ns / target.dma_queues)
         if (chained and fed) or copies >= innermost.trip:
             return copies
     return MAX_COPIES
+
+
+def _at_one_value(predicate: penguin_pb2.Predicate, axes: set[str]) -> bool:
+    """Whether the predicate holds at one value of one of `axes` only (an equality naming it)."""
+    return predicate.relation == penguin_pb2.EQ and any(t.coeff and t.var in axes
+                                                        for t in predicate.expr.terms)
 
 
 class _NotRollable(Exception):
@@ -171,6 +202,7 @@ class _AxisAnalysis:
         self.cuts: set[int] = set()  # iterations where some outcome may change (a range may start there)
         self.lo, self.hi = 0, extents[name]  # the iterations every access stays unclipped in
         self.private: set[str] = set()
+        self.indexed: dict[str, int] = {}  # tensor -> the dimension it is an indexed array along
         # each tensor's accesses in statement order, outputs before inputs (read once per axis:
         # a fused 12,500-op chain has as many tensors as statements)
         self.accesses: dict[str, list[tuple[penguin_pb2.Statement, penguin_pb2.Access]]] = {}
@@ -305,8 +337,11 @@ class _AxisAnalysis:
                 continue
             if name in elsewhere:
                 raise _NotRollable  # another nest reads or writes its blocks of every iteration
-            if not self._fresh(name):
-                raise _NotRollable  # an iteration may read what another point of the nest wrote
+            if not self._fresh(name):  # an iteration may read what another point of the nest wrote
+                dim = self._indexed_dim(name, steps)
+                if dim is None:
+                    raise _NotRollable
+                self.indexed[name] = dim
             for dim, step in enumerate(steps):
                 if not step:
                     continue
@@ -314,7 +349,27 @@ class _AxisAnalysis:
                 greatest = max(r[dim][1] for r in spans[name])
                 if greatest - least >= abs(step):
                     raise _NotRollable  # one iteration's blocks reach into the next one's
-            self.private.add(name)
+            if name not in self.indexed:
+                self.private.add(name)
+
+    def _indexed_dim(self, name: str, steps: tuple[int, ...]) -> int | None:
+        """The dimension along which tensor `name` may be an indexed array for this axis (module
+        docstring), or None: its accesses move along one dimension other than the last, the
+        tensor is not replicated there nor cut into slabs, and its blocks along that dimension,
+        side by side, stay within INDEXED_MAX_BYTES per partition."""
+        moving = [dim for dim, step in enumerate(steps) if step]
+        tensor = self.tensors[name]
+        block = list(tensor.block_shape)
+        if len(moving) != 1 or len(block) != len(tensor.shape) or len(block) < 2:
+            return None
+        dim = moving[0]
+        if dim == len(block) - 1 or dim in tensor.replicated_dims:
+            return None
+        if math.prod(block[:-2]) > 1 or block[-2] > PARTITIONS:
+            return None  # slabbed blocks (software pipelining's widened tiles) keep their names
+        blocks = -(-int(tensor.shape[dim]) // int(block[dim]))
+        row = min(int(block[-1]), int(tensor.shape[-1])) * itemsize(tensor.dtype)
+        return dim if blocks * row <= INDEXED_MAX_BYTES else None
 
     def _fresh(self, name: str) -> bool:
         """Whether every iteration writes its blocks of tensor `name` before it reads them, so

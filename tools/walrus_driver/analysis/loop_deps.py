@@ -94,7 +94,8 @@ class _Operand(NamedTuple):
 
     ap: bir_pb2.AccessPattern
     write: bool
-    steps: tuple[int, ...]  # HBM: element step per enclosing loop (outermost first); () on chip
+    steps: tuple[int, ...]  # per enclosing loop (outermost first): HBM elements, on chip bytes (an
+    # indexed array's); () when it does not move
 
 
 class LoopDeps:
@@ -108,6 +109,7 @@ class LoopDeps:
         self.nest = nest
         self.buffers = birutil.buffer_map(program)
         self.instructions = list(program.instructions)
+        self._position = {instr.id: index for index, instr in enumerate(self.instructions)}
         self.operands = {i.id: list(self._operands(i)) for i in self.instructions}
         self.carried: list[Carried] = []
         self.aligned = 0  # pairs of loops whose dependence runs iteration by iteration
@@ -121,10 +123,9 @@ class LoopDeps:
         accumulating = instr.accumulate and instr.op == "matmul"
         for write, operands in ((False, instr.inputs), (True, instr.outputs)):
             for ap in operands:
-                steps = tuple(v.step for v in ap.loop) if ap.memory == birutil.HBM else ()
-                yield _Operand(ap, write, steps)
+                yield _Operand(ap, write, tuple(v.step for v in ap.loop))
                 if write and accumulating:
-                    yield _Operand(ap, False, steps)
+                    yield _Operand(ap, False, tuple(v.step for v in ap.loop))
 
     def boxes(self, instr: bir_pb2.Instruction, level: int) -> list[tuple[int, _Box]]:
         """(operand index, box) of each operand that touches something: its box at iteration 0
@@ -154,6 +155,9 @@ class LoopDeps:
         if span is None:
             return None
         _, p0, p1, b0, b1 = span
+        if operand.steps:  # an indexed array's block moves over the loops inside
+            low, high = _reach(operand.steps[level:], swept)
+            b0, b1 = b0 + low, b1 + high
         if not self.use_addresses:
             return _Box(ap.memory, ap.tensor, p0, p1, 0, 1, b0, b1, write, "", 0, 0, ap.tensor)
         buffer = self.buffers[ap.tensor]
@@ -172,13 +176,7 @@ class LoopDeps:
         if box is None:
             return None
         c0, c1, r0, r1 = box
-        low = high = 0
-        for step, trip in zip(steps, swept, strict=False):
-            reach = step * (trip - 1)
-            if reach < 0:
-                low += reach
-            else:
-                high += reach
+        low, high = _reach(steps, swept)
         if low or high:
             if all(step % width == 0 for step in steps):
                 r0, r1 = r0 + low // width, r1 + high // width
@@ -429,8 +427,9 @@ class LoopDeps:
             chain = self.nest.chain_of(instr.id)
             if len(chain) <= level:
                 continue
-            for _, box in self.boxes(instr, level):
-                if box.write and box.memory != birutil.HBM:
+            for index, box in self.boxes(instr, level):
+                moves = any(self.operands[instr.id][index].steps[level:])  # its box: a hull, not a write
+                if box.write and box.memory != birutil.HBM and not moves:
                     writes.setdefault((chain[level], box.buffer), []).append(box)
         found: dict[tuple, _Box] = {}
         for (inner, name), boxes in writes.items():
@@ -512,9 +511,10 @@ class LoopDeps:
                                     pair = (other.node, entry.node)
                                     if found.get(pair, -1) < kind + box.memory:
                                         found[pair] = kind + box.memory
+                moves = _step(self.operands[entry.node][entry.operand], loop.depth) != 0
                 for key in keys:
                     lists = pages.setdefault(key, [[], []])
-                    if box.write and entry.child is None:  # a write of the body retires what it covers
+                    if box.write and entry.child is None and not moves:  # a body write retires what it covers
                         for which in (0, 1):
                             lists[which][:] = [e for e in lists[which] if not _covers(box, e[1].box)]
                     lists[1 if box.write else 0].append((later, entry))
@@ -532,6 +532,10 @@ class LoopDeps:
         a, b = earlier.box, later.box
         if earlier.child is not None and earlier.child == later.child:
             return False
+        step_a = _step(self.operands[earlier.node][earlier.operand], loop.depth)
+        step_b = _step(self.operands[later.node][later.operand], loop.depth)
+        if step_a or step_b:  # an indexed array's operand moves with this loop
+            return distance == 1 and self._moving_meet(loop, earlier, later, step_a, step_b)
         if not self.use_addresses:  # virtual buffers: only one that every iteration shares carries
             if distance != 1 or a.region != b.region or not _meet(a, b):
                 return False
@@ -542,6 +546,25 @@ class LoopDeps:
         if rotating_here:  # copy r mod N: the same copy again N iterations later, and only then
             return distance == self._rotor_slots(a.rotor) and _meet(a, b)
         return distance == 1 and _meet(a, b)
+
+    def _moving_meet(self, loop: Loop, earlier: _Entry, later: _Entry, step_a: int, step_b: int) -> bool:
+        """Whether on-chip operands of which one moves with `loop` meet at any distance (reported
+        at distance 1, which is safe): with one step, where the earlier's box moved by the step
+        d >= 1 times meets the later's; else where their boxes over all the loop's iterations do."""
+        a, b = earlier.box, later.box
+        if not self.use_addresses and a.region != b.region:
+            return False
+        if step_a == step_b:
+            if not (a.p0 < b.p1 and b.p0 < a.p1):
+                return False
+            # b at iteration r, a at r - d: b moved back by d steps meets a
+            return _least_shift(b.b0, b.b1, a.b0, a.b1, step_a, loop.trip) is not None
+        hulls = [dict(self.boxes(self._instruction(entry.node), loop.depth - 1))[entry.operand]
+                 for entry in (earlier, later)]
+        return _meet(hulls[0]._replace(rotor=""), hulls[1]._replace(rotor=""))
+
+    def _instruction(self, node: int) -> bir_pb2.Instruction:
+        return self.instructions[self._position[node]]
 
     def _rotor_loop(self, rotor: str) -> int:
         return self.rotors[rotor][0]
@@ -608,8 +631,21 @@ class _Entry(NamedTuple):
 
 
 def _step(operand: _Operand, depth: int) -> int:
-    """An HBM operand's element step per iteration of its enclosing loop at `depth` (1-based)."""
+    """An operand's step per iteration of its enclosing loop at `depth` (1-based)."""
     return operand.steps[depth - 1] if len(operand.steps) >= depth else 0
+
+
+def _reach(steps: tuple[int, ...], trips: list[int]) -> tuple[int, int]:
+    """How far below and above its first position an offset moving by `steps` reaches over
+    loops of `trips` iterations."""
+    low = high = 0
+    for step, trip in zip(steps, trips, strict=False):
+        reach = step * (trip - 1)
+        if reach < 0:
+            low += reach
+        else:
+            high += reach
+    return low, high
 
 
 def _elements(ap: bir_pb2.AccessPattern) -> tuple[int, int]:

@@ -279,13 +279,15 @@ def _check_instructions(ctx: PassContext, report: _Report) -> dict[str, tuple[in
 
 
 def _check_loop_bounds(ctx: PassContext, nest: loopnest.LoopNest, report: _Report) -> None:
-    """Rule loop_bounds: an HBM operand that moves with its loops stays inside its tensor at the
-    iterations where it reaches furthest (each loop's first or last, by the sign of its step)."""
+    """Rule loop_bounds: an operand that moves with its loops (an HBM one, or an indexed array's
+    on chip) stays inside its tensor or buffer at the iterations where it reaches furthest (each
+    loop's first or last, by the sign of its step)."""
     tensors = {t.name: t for t in ctx.program.hbm}
+    buffers = birutil.buffer_map(ctx.program)
     for instr in ctx.program.instructions:
         chain = nest.chain_of(instr.id)
         for ap in (*instr.inputs, *instr.outputs):
-            if ap.memory != birutil.HBM or not ap.loop:
+            if not ap.loop:
                 continue
             report.checks += 1
             if len(ap.loop) != len(chain):
@@ -294,13 +296,24 @@ def _check_loop_bounds(ctx: PassContext, nest: loopnest.LoopNest, report: _Repor
                             f"inside {len(chain)} loops")
                 continue
             span = birutil.element_span(ap)
-            tensor = tensors.get(ap.tensor)
-            if span is None or tensor is None:
-                continue
             low = high = ap.offset
             for variation, loop_id in zip(ap.loop, chain, strict=True):
                 reach = variation.step * (nest.loops[loop_id].trip - 1)
                 low, high = low + min(0, reach), high + max(0, reach)
+            if ap.memory in birutil.ONCHIP:
+                buffer = buffers.get(ap.tensor)
+                if span is None or buffer is None:
+                    continue
+                item = dtypes.itemsize(ap.dtype)
+                first, last = low + span[0] * item, high + (span[1] + 1) * item
+                if first < 0 or last > buffer.bytes_per_partition:
+                    report.fail("loop_bounds", instr.name, f"operand {ap.tensor!r} reaches bytes [{first}, "
+                                f"{last}) over its loops' iterations, outside its "
+                                f"{buffer.bytes_per_partition} bytes per partition")
+                continue
+            tensor = tensors.get(ap.tensor)
+            if span is None or tensor is None:
+                continue
             size = 1
             for dim in tensor.shape:
                 size *= dim
