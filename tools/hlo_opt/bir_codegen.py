@@ -156,7 +156,7 @@ class BirCodeGenLoop:
         """The axes of `nest` that stay loops (rolling.plan_rolling), or None to unroll it."""
         if any(axis.extent == 0 for axis in nest.axes):
             return None
-        elsewhere = {t for t, users in self.onchip_users.items() if users != {nest.name}}
+        elsewhere = rolling.TouchedElsewhere(self.onchip_users, nest.name)
         return rolling.plan_rolling(nest, self.tensors, elsewhere, min_trip=2)
 
     def _axes(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
