@@ -13,7 +13,7 @@ from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.hlo2penguin.bit_layout import Layout
 from ncc.tools.hlo2penguin.bit_layout import views as bit_views
-from ncc.tools.hlo2penguin.tile_plan import plan_tiling, tile_count
+from ncc.tools.hlo2penguin.tile_plan import best_plan, tile_count
 from ncc.tools.hlo2penguin.values import FREE_TILE, Splat, Value, product
 from ncc.tools.hlo2penguin.views import View
 
@@ -210,13 +210,20 @@ class SortOps:
         for direction in range(directions):
             low = [part(view, direction, 0) for view in flat]
             high = [part(view, direction, 1) for view in flat]
+            targets = [[part(view, direction, pair) for view in fresh] for pair in (0, 1)]
+            # every nest of the stage walks its parts in one order, the one of fewest tiles (the
+            # network owns these nests: no other nest's fusion or loops depend on their shape)
+            best = best_plan(low[0].shape, [*targets[0], *targets[1], *low, *high], FREE_TILE)
+            if best is not None:
+                plan = best[1]
+                low, high = [plan.apply(v) for v in low], [plan.apply(v) for v in high]
+                targets = [[plan.apply(v) for v in written] for written in targets]
             shape = low[0].shape
             first, second = (high, low) if direction == 0 else (low, high)
             swap = self._before(instr, first, second, count, shape, less)
-            for view, a, b in zip(fresh, low, high, strict=True):
+            for k, (view, a, b) in enumerate(zip(fresh, low, high, strict=True)):
                 for pair, operands in ((0, [swap, b, a]), (1, [swap, a, b])):
-                    target = part(view, direction, pair)
-                    self._synthetic(instr, "select", operands, shape, view.dtype, into=target)
+                    self._synthetic(instr, "select", operands, shape, view.dtype, into=targets[pair][k])
         return fresh
 
     def _before(self, instr, first: list[View], second: list[View], count: int, shape: tuple[int, ...],
@@ -248,9 +255,8 @@ def _stage_tiles(layout: Layout, rows: int, block: int, distance: int) -> int:
     fixed = {pair_bit: 0, **({direction_bit: 0} if block < size else {})}
     free = [b for b in range(layout.n) if b not in fixed]
     (part,) = bit_views([(View.whole("x", 0, (rows, size)), layout)], fixed, free)
-    result = View.whole("y", 0, part.shape)
-    plan = plan_tiling(part.shape, [result, part], FREE_TILE)
-    return tile_count(plan.shape if plan is not None else part.shape, FREE_TILE)
+    best = best_plan(part.shape, [part], FREE_TILE)  # the stage writes parts strided alike
+    return best[0] if best is not None else tile_count(part.shape, FREE_TILE)
 
 
 def _better_layout(layout: Layout, rows: int, block: int, distance: int) -> Layout:
