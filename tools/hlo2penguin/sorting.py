@@ -11,6 +11,7 @@ import numpy as np
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
+from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo2penguin.bit_layout import Layout
 from ncc.tools.hlo2penguin.bit_layout import views as bit_views
 from ncc.tools.hlo2penguin.tile_plan import best_plan, tile_count
@@ -20,6 +21,11 @@ from ncc.tools.hlo2penguin.views import View
 RELAYOUT_BITS = 12  # rows of 4096 elements or more may change bit layout (smaller ones tile whole)
 RELAYOUT_GAIN = 4  # ... when the other layout needs this many times fewer tiles for a stage
 TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
+# A sorting network's elementwise tile operations (network_cost); E306 beyond. Measured with
+# --verify at load 4 on 2 cores, about 4.5 ms each: one row of 8,192 (3,396) 15 s, of 16,384
+# (4,224) 20 s, of 1M (32,544) 217 s; issue 36 asks a small module for at most 20 s.
+SORT_MAX_TILE_OPS = 3_500
+_NOT_COMPUTED = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})  # a comparator's free ops
 SIGNED_OF_WIDTH = {2: common_pb2.S16, 4: common_pb2.S32}  # the total-order keys of bf16/f16 and f32
 _NUMPY_FLOAT = {common_pb2.F16: np.float16, common_pb2.F32: np.float32}
 
@@ -70,7 +76,8 @@ class SortOps:
             (verdict,) = self._apply_reducer(comparator, args, shape)
             return verdict
 
-        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less)
+        comparisons = sum(1 for op in comparator.instructions if op.opcode not in _NOT_COMPUTED)
+        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less, max(1, comparisons))
         return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
 
     def _topk(self, instr, ops: list[Value]) -> Value:
@@ -92,7 +99,7 @@ class SortOps:
                 return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
                                        comparison_direction=direction)
 
-            values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
+            values, indices = self._sort_network(instr, [operand, index], rank - 1, less, 1)
             values, indices = self._cut(values, 0, k), self._cut(indices, 0, k)
         return self._from_total_order_key(instr, values, dtype), indices
 
@@ -141,12 +148,13 @@ class SortOps:
         """A (kept..., 1) column repeated along the last dimension to `shape`."""
         return View(column.base, column.dtype, shape, (*column.strides[:-1], 0), column.offset)
 
-    def _sort_network(self, instr, ops: list[Value], dim: int, less) -> list[Value]:
+    def _sort_network(self, instr, ops: list[Value], dim: int, less, comparisons: int) -> list[Value]:
         """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
         compare-exchange stages, each elementwise on strided views of every operand (the pairs i and
         i xor j, ascending or descending by block). A position operand carried along marks padding
         (it sorts last) and breaks ties, so the sort is stable whatever the network does. Rows move
-        between bit layouts (bit_layout.py) when a stage's parts tile far better in the other."""
+        between bit layouts (bit_layout.py) when a stage's parts tile far better in the other.
+        `comparisons`: the elementwise ops one call of `less` emits (for the budget, E306)."""
         shape = ops[0].shape
         count = shape[dim]
         kept = [d for d in range(len(shape)) if d != dim]
@@ -154,6 +162,7 @@ class SortOps:
         values = [self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops]
         if count > 1:
             size = 1 << (count - 1).bit_length()
+            _check_network_budget(instr.name, rows, count, len(ops), comparisons)
             flat = [self._as_rows(v, kept, [dim], (rows, count), instr.name) for v in values]
             flat = [self._padded(v, Splat(0.0, v.dtype, ()), [(0, 0, 0), (0, size - count, 0)], instr.name)
                     for v in flat]
@@ -161,17 +170,12 @@ class SortOps:
                                                   dimensions=[1])
             flat.append(self._iota(counter, (rows, size), common_pb2.S32))
             bits = size.bit_length() - 1
-            layout, block = Layout(bits), 2
-            while block <= size:
-                distance = block // 2
-                while distance >= 1:
-                    better = _better_layout(layout, rows, block, distance)
-                    if better != layout:
-                        flat = [self._relayout(instr, view, layout, better) for view in flat]
-                        layout = better
-                    flat = self._bitonic_stage(instr, flat, layout, block, distance, count, less)
-                    distance //= 2
-                block *= 2
+            layout = Layout(bits)
+            for block, distance, better in _schedule(rows, bits):
+                if better != layout:
+                    flat = [self._relayout(instr, view, layout, better) for view in flat]
+                    layout = better
+                flat = self._bitonic_stage(instr, flat, layout, block, distance, count, less)
             if layout.low:
                 flat = [self._relayout(instr, view, layout, Layout(bits)) for view in flat]
             moved = (*(shape[d] for d in kept), count)
@@ -246,6 +250,47 @@ class SortOps:
         real_first = op("compare", [first[-1], limit], comparison_direction="LT")
         padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
         return op("and", [real_first, op("or", [padding_second, ordered])])
+
+
+def _schedule(rows: int, bits: int) -> list[tuple[int, int, Layout]]:
+    """The stages of the network over rows of 2^bits elements, in order: (block, distance, the
+    layout the stage runs in), the layout switching where _better_layout says so."""
+    stages, layout, size, block = [], Layout(bits), 1 << bits, 2
+    while block <= size:
+        distance = block // 2
+        while distance >= 1:
+            layout = _better_layout(layout, rows, block, distance)
+            stages.append((block, distance, layout))
+            distance //= 2
+        block *= 2
+    return stages
+
+
+def network_cost(rows: int, count: int, operands: int, comparisons: int) -> tuple[int, int]:
+    """(stages, tile operations) of the network sorting `rows` rows of `count` elements with
+    `operands` operands and a comparator of `comparisons` elementwise ops: every elementwise op of
+    every stage counted once per tile it steps through (what the lowering's instruction count, and
+    each later job's time, follow). A stage runs one part per direction, each part
+    2 x comparisons + 4 ops deciding the swap (3 more with padding), then a select into each half
+    of each operand and of the carried position."""
+    size = 1 << (count - 1).bit_length()
+    per_part = 2 * comparisons + 4 + (3 if count != size else 0) + 2 * (operands + 1)
+    stages = _schedule(rows, size.bit_length() - 1)
+    steps = sum(_stage_tiles(layout, rows, block, distance) * (1 if block == size else 2)
+                for block, distance, layout in stages)
+    return len(stages), steps * per_part
+
+
+def _check_network_budget(name: str, rows: int, count: int, operands: int, comparisons: int) -> None:
+    """E306 when the network would take more than SORT_MAX_TILE_OPS tile operations, decided from
+    the shapes before any of it is built."""
+    stages, tile_ops = network_cost(rows, count, operands, comparisons)
+    if tile_ops > SORT_MAX_TILE_OPS:
+        row_word = "row" if rows == 1 else "rows"
+        raise CompileError("E306", f"sort too large: '{name}' sorts {rows:,} {row_word} of {count:,} "
+                                   f"elements as a bitonic network of {stages} stages, {tile_ops:,} "
+                                   f"elementwise tile operations (limit {SORT_MAX_TILE_OPS:,}); it would "
+                                   f"compile for minutes", name)
 
 
 def _stage_tiles(layout: Layout, rows: int, block: int, distance: int) -> int:
