@@ -11,15 +11,22 @@ import numpy as np
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
+from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo2penguin.bit_layout import Layout
 from ncc.tools.hlo2penguin.bit_layout import views as bit_views
-from ncc.tools.hlo2penguin.tile_plan import plan_tiling, tile_count
+from ncc.tools.hlo2penguin.tile_plan import best_plan, tile_count
 from ncc.tools.hlo2penguin.values import FREE_TILE, Splat, Value, product
 from ncc.tools.hlo2penguin.views import View
 
 RELAYOUT_BITS = 12  # rows of 4096 elements or more may change bit layout (smaller ones tile whole)
 RELAYOUT_GAIN = 4  # ... when the other layout needs this many times fewer tiles for a stage
 TOPK_BY_SELECTION = 16  # up to this k, topk selects the best k times; beyond it, it sorts
+# A sorting network's elementwise tile operations (network_cost); E306 beyond. Measured with
+# --verify at load 4 on 2 cores, about 4.5 ms each: one row of 8,192 (3,396) 15 s, of 16,384
+# (4,224) 20 s, of 65,536 (7,188) 38 s, of 1M (32,544) 217 s. The limit refuses what would take
+# more than about 40 s there, and passes every sort of the random bench (at most 1,599).
+SORT_MAX_TILE_OPS = 8_000
+_NOT_COMPUTED = frozenset({"parameter", "constant", "tuple", "get-tuple-element"})  # a comparator's free ops
 SIGNED_OF_WIDTH = {2: common_pb2.S16, 4: common_pb2.S32}  # the total-order keys of bf16/f16 and f32
 _NUMPY_FLOAT = {common_pb2.F16: np.float16, common_pb2.F32: np.float32}
 
@@ -70,7 +77,8 @@ class SortOps:
             (verdict,) = self._apply_reducer(comparator, args, shape)
             return verdict
 
-        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less)
+        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less,
+                                           _comparator_ops(comparator))
         return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
 
     def _topk(self, instr, ops: list[Value]) -> Value:
@@ -92,7 +100,7 @@ class SortOps:
                 return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
                                        comparison_direction=direction)
 
-            values, indices = self._sort_network(instr, [operand, index], rank - 1, less)
+            values, indices = self._sort_network(instr, [operand, index], rank - 1, less, 1)
             values, indices = self._cut(values, 0, k), self._cut(indices, 0, k)
         return self._from_total_order_key(instr, values, dtype), indices
 
@@ -141,12 +149,13 @@ class SortOps:
         """A (kept..., 1) column repeated along the last dimension to `shape`."""
         return View(column.base, column.dtype, shape, (*column.strides[:-1], 0), column.offset)
 
-    def _sort_network(self, instr, ops: list[Value], dim: int, less) -> list[Value]:
+    def _sort_network(self, instr, ops: list[Value], dim: int, less, comparisons: int) -> list[Value]:
         """A bitonic sorting network over `dim`, padded to a power of two N: log2(N) (log2(N) + 1) / 2
         compare-exchange stages, each elementwise on strided views of every operand (the pairs i and
         i xor j, ascending or descending by block). A position operand carried along marks padding
         (it sorts last) and breaks ties, so the sort is stable whatever the network does. Rows move
-        between bit layouts (bit_layout.py) when a stage's parts tile far better in the other."""
+        between bit layouts (bit_layout.py) when a stage's parts tile far better in the other.
+        `comparisons`: the elementwise ops one call of `less` emits (for the budget, E306)."""
         shape = ops[0].shape
         count = shape[dim]
         kept = [d for d in range(len(shape)) if d != dim]
@@ -154,6 +163,7 @@ class SortOps:
         values = [self._materialize(op, instr.name) if isinstance(op, Splat) else op for op in ops]
         if count > 1:
             size = 1 << (count - 1).bit_length()
+            _check_network_budget(instr.name, rows, count, len(ops), comparisons)
             flat = [self._as_rows(v, kept, [dim], (rows, count), instr.name) for v in values]
             flat = [self._padded(v, Splat(0.0, v.dtype, ()), [(0, 0, 0), (0, size - count, 0)], instr.name)
                     for v in flat]
@@ -161,17 +171,12 @@ class SortOps:
                                                   dimensions=[1])
             flat.append(self._iota(counter, (rows, size), common_pb2.S32))
             bits = size.bit_length() - 1
-            layout, block = Layout(bits), 2
-            while block <= size:
-                distance = block // 2
-                while distance >= 1:
-                    better = _better_layout(layout, rows, block, distance)
-                    if better != layout:
-                        flat = [self._relayout(instr, view, layout, better) for view in flat]
-                        layout = better
-                    flat = self._bitonic_stage(instr, flat, layout, block, distance, count, less)
-                    distance //= 2
-                block *= 2
+            layout = Layout(bits)
+            for block, distance, better in _schedule(rows, bits):
+                if better != layout:
+                    flat = [self._relayout(instr, view, layout, better) for view in flat]
+                    layout = better
+                flat = self._bitonic_stage(instr, flat, layout, block, distance, count, less)
             if layout.low:
                 flat = [self._relayout(instr, view, layout, Layout(bits)) for view in flat]
             moved = (*(shape[d] for d in kept), count)
@@ -210,13 +215,20 @@ class SortOps:
         for direction in range(directions):
             low = [part(view, direction, 0) for view in flat]
             high = [part(view, direction, 1) for view in flat]
+            targets = [[part(view, direction, pair) for view in fresh] for pair in (0, 1)]
+            # every nest of the stage walks its parts in one order, the one of fewest tiles (the
+            # network owns these nests: no other nest's fusion or loops depend on their shape)
+            best = best_plan(low[0].shape, [*targets[0], *targets[1], *low, *high], FREE_TILE)
+            if best is not None:
+                plan = best[1]
+                low, high = [plan.apply(v) for v in low], [plan.apply(v) for v in high]
+                targets = [[plan.apply(v) for v in written] for written in targets]
             shape = low[0].shape
             first, second = (high, low) if direction == 0 else (low, high)
             swap = self._before(instr, first, second, count, shape, less)
-            for view, a, b in zip(fresh, low, high, strict=True):
+            for k, (view, a, b) in enumerate(zip(fresh, low, high, strict=True)):
                 for pair, operands in ((0, [swap, b, a]), (1, [swap, a, b])):
-                    target = part(view, direction, pair)
-                    self._synthetic(instr, "select", operands, shape, view.dtype, into=target)
+                    self._synthetic(instr, "select", operands, shape, view.dtype, into=targets[pair][k])
         return fresh
 
     def _before(self, instr, first: list[View], second: list[View], count: int, shape: tuple[int, ...],
@@ -241,6 +253,62 @@ class SortOps:
         return op("and", [real_first, op("or", [padding_second, ordered])])
 
 
+def _comparator_ops(comparator: hlo_pb2.HloComputationProto) -> int:
+    """The elementwise ops one application of `comparator` lowers to: one per computed instruction,
+    seven for a TOTALORDER compare of floats (each side's total-order key: a compare, an xor and a
+    select, what JAX's comparators all are)."""
+    types = {op.id: op.shape.element_type for op in comparator.instructions}
+    count = 0
+    for op in comparator.instructions:
+        if op.opcode in _NOT_COMPUTED:
+            continue
+        total_order = op.opcode == "compare" and op.comparison_type == "TOTALORDER" and \
+            is_float(types.get(op.operand_ids[0], common_pb2.PRED))
+        count += 7 if total_order else 1
+    return max(1, count)
+
+
+def _schedule(rows: int, bits: int) -> list[tuple[int, int, Layout]]:
+    """The stages of the network over rows of 2^bits elements, in order: (block, distance, the
+    layout the stage runs in), the layout switching where _better_layout says so."""
+    stages, layout, size, block = [], Layout(bits), 1 << bits, 2
+    while block <= size:
+        distance = block // 2
+        while distance >= 1:
+            layout = _better_layout(layout, rows, block, distance)
+            stages.append((block, distance, layout))
+            distance //= 2
+        block *= 2
+    return stages
+
+
+def network_cost(rows: int, count: int, operands: int, comparisons: int) -> tuple[int, int]:
+    """(stages, tile operations) of the network sorting `rows` rows of `count` elements with
+    `operands` operands and a comparator of `comparisons` elementwise ops: every elementwise op of
+    every stage counted once per tile it steps through (what the lowering's instruction count, and
+    each later job's time, follow). A stage runs one part per direction, each part
+    2 x comparisons + 4 ops deciding the swap (3 more with padding), then a select into each half
+    of each operand and of the carried position."""
+    size = 1 << (count - 1).bit_length()
+    per_part = 2 * comparisons + 4 + (3 if count != size else 0) + 2 * (operands + 1)
+    stages = _schedule(rows, size.bit_length() - 1)
+    steps = sum(_stage_tiles(layout, rows, block, distance) * (1 if block == size else 2)
+                for block, distance, layout in stages)
+    return len(stages), steps * per_part
+
+
+def _check_network_budget(name: str, rows: int, count: int, operands: int, comparisons: int) -> None:
+    """E306 when the network would take more than SORT_MAX_TILE_OPS tile operations, decided from
+    the shapes before any of it is built."""
+    stages, tile_ops = network_cost(rows, count, operands, comparisons)
+    if tile_ops > SORT_MAX_TILE_OPS:
+        row_word = "row" if rows == 1 else "rows"
+        raise CompileError("E306", f"sort too large: '{name}' sorts {rows:,} {row_word} of {count:,} "
+                                   f"elements as a bitonic network of {stages} stages, {tile_ops:,} "
+                                   f"elementwise tile operations (limit {SORT_MAX_TILE_OPS:,}), which "
+                                   f"would compile for minutes", name)
+
+
 def _stage_tiles(layout: Layout, rows: int, block: int, distance: int) -> int:
     """Tiles one nest of a stage's parts takes in `layout` (its best tiling plan)."""
     size = 1 << layout.n
@@ -248,9 +316,8 @@ def _stage_tiles(layout: Layout, rows: int, block: int, distance: int) -> int:
     fixed = {pair_bit: 0, **({direction_bit: 0} if block < size else {})}
     free = [b for b in range(layout.n) if b not in fixed]
     (part,) = bit_views([(View.whole("x", 0, (rows, size)), layout)], fixed, free)
-    result = View.whole("y", 0, part.shape)
-    plan = plan_tiling(part.shape, [result, part], FREE_TILE)
-    return tile_count(plan.shape if plan is not None else part.shape, FREE_TILE)
+    best = best_plan(part.shape, [part], FREE_TILE)  # the stage writes parts strided alike
+    return best[0] if best is not None else tile_count(part.shape, FREE_TILE)
 
 
 def _better_layout(layout: Layout, rows: int, block: int, distance: int) -> Layout:

@@ -81,6 +81,20 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
         return None
     if canonical_shape(shape)[-2] >= PARTITIONS or tile_count(shape, free_tile) <= FEW_TILES:
         return None  # the shape as written fills the partitions, or is cheap: keep its nests
+    best = best_plan(shape, views, free_tile)
+    if best is None or best[0] * PLAN_GAIN > tile_count(shape, free_tile):
+        return None
+    return best[1]
+
+
+def best_plan(shape: tuple[int, ...], views: list[View], free_tile: int) -> tuple[int, TilePlan] | None:
+    """(tiles, plan): the plan of fewest tiles for a nest over `shape` whose result is `views[0]`
+    and whose operands are the other views, whatever the shape as written takes (plan_tiling
+    decides whether a plan is worth changing a nest for; a lowering that owns all its nests, such
+    as a sorting network, takes the best one always). None for a shape of no elements, of rank
+    below 2 or of a single element, or when no order keeps the written tiles compact."""
+    if 0 in shape or len(shape) < 2:
+        return None
     dims = [d for d in range(len(shape)) if shape[d] != 1]
     if not dims:
         return None
@@ -112,9 +126,7 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
     if best is None:
         return None
     tiles, atoms, order = best
-    if tiles * PLAN_GAIN > tile_count(shape, free_tile):
-        return None
-    return TilePlan(tuple(shape[d] for d in dims), tuple(memory), atoms, order)
+    return tiles, TilePlan(tuple(shape[d] for d in dims), tuple(memory), atoms, order)
 
 
 def _compact(atoms: tuple[int, ...], strides: list[list[int]], order: tuple[int, ...],

@@ -158,8 +158,7 @@ class BirCodeGenLoop:
         """The axes of `nest` that stay loops (rolling.plan_rolling), or None to unroll it."""
         if any(axis.extent == 0 for axis in nest.axes):
             return None
-        own = {a.tensor for st in nest.statements for a in (*st.inputs, *st.outputs)}
-        elsewhere = {t for t in own if self.onchip_users.get(t, {nest.name}) != {nest.name}}
+        elsewhere = rolling.TouchedElsewhere(self.onchip_users, nest.name)
         return rolling.plan_rolling(nest, self.tensors, elsewhere, min_trip=2)
 
     def _axes(self, nest: penguin_pb2.LoopNest, names: list[str], predicates: list, plans: dict,
