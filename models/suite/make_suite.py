@@ -526,8 +526,10 @@ def moe_ffn(size: Size) -> tuple[Callable, list[Input]]:
     """A top-2 mixture-of-experts FFN over 8 experts with a capacity (1.25x the even share): a
     softmax router, top-k, each (token, choice) given a slot in its expert by a cumulative count,
     tokens scattered into per-expert buffers [E, C, d] (over-capacity ones dropped), the experts'
-    GELU MLPs as batched matmuls, results gathered back and scatter-added per token, weighted by
-    the renormalised gates."""
+    GELU MLPs as batched matmuls, results gathered back by (expert, slot) and summed over each
+    token's choices, weighted by the renormalised gates. The (expert, slot) pairs are distinct by
+    construction, which the scatter says (`unique_indices`); the choices are laid out
+    choice-major, so a token's rows are summed by a reshape, not scatter-added by token."""
     jax, jnp, lax = _jax()
     tokens, d, ffn, experts, top = (size[k] for k in ("tokens", "d", "ffn", "experts", "top_k"))
     capacity = math.ceil(1.25 * tokens * top / experts)
@@ -551,14 +553,16 @@ def moe_ffn(size: Size) -> tuple[Callable, list[Input]]:
         slot = jnp.take_along_axis(jnp.cumsum(one_hot, axis=0), flat_expert[:, None], axis=1)[:, 0] - 1
         kept = slot < capacity
         buffers = (
-            jnp.zeros((experts, capacity, d), x.dtype).at[flat_expert, slot].set(x[flat_token], mode="drop")
+            jnp.zeros((experts, capacity, d), x.dtype)
+            .at[flat_expert, slot]
+            .set(x[flat_token], mode="drop", unique_indices=True)
         )
         hidden = jax.nn.gelu(jnp.einsum("ecd,edf->ecf", buffers, p["w_in"]), approximate=False)
         results = jnp.einsum("ecf,efd->ecd", hidden, p["w_out"])
         rows = (
             results[flat_expert, jnp.minimum(slot, capacity - 1)] * jnp.where(kept, flat_gate, 0.0)[:, None]
         )
-        return jnp.zeros_like(x).at[flat_token].add(rows)
+        return rows.reshape(top, tokens, d).sum(axis=0)
 
     return layer, inputs
 
