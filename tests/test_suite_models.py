@@ -83,3 +83,17 @@ def test_suite_cut_verifies_and_matches_jax(tmp_path: Path, name: str) -> None:
             assert got.shape == expected.shape, output
             error = float(np.max(np.abs(got.astype(np.float64) - expected))) if got.size else 0.0
             assert error <= _tolerance(expected, name), f"{name} {output}: max error {error:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="rolled loops at -O1 and above miscompile the full MoE "
+                                       "FFN's reduction (issue 33's rolled loops)")
+def test_rolled_moe_reduction_verifies(tmp_path: Path) -> None:
+    """`ncc reduce` of the full-size MoE FFN's --verify mismatch: 14 instructions (a select over an
+    add-multiply-add chain on f32[4,1,2048] beside an s32[256] min(x - x)) that match unrolled and
+    not rolled. When this passes, drop the xfail: the full MoE may then verify."""
+    model = ROOT / "tests" / "data" / "suite" / "moe_rolled_mismatch.hlo"
+    for loops in ("unrolled", "rolled"):
+        compiled = run_ncc("compile", str(model), "--output", str(tmp_path / f"{loops}.neff"), "--verify",
+                           "--loops", loops, timeout=300)
+        assert compiled.returncode == 0, f"--loops {loops}: {compiled.stderr}"
