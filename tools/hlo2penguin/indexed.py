@@ -9,6 +9,8 @@ A mixin of Lowering (lower.py): its methods call the rest of the lowering throug
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
@@ -120,8 +122,8 @@ class IndexedOps:
         others = [k for k in range(rank) if k not in keyed]
         table = self._keyed_table(instr, operand.transpose((*keyed, *others)), len(keyed))
         batch = gather_batch_shape(indices.shape, dn.index_vector_dim)
-        rows, _ = self._keyed_row_numbers(instr, tuple(operand.shape[k] for k in keyed), indices,
-                                          dn.index_vector_dim, clamp=True)
+        rows = self._keyed_row_numbers(instr, tuple(operand.shape[k] for k in keyed), indices,
+                                       dn.index_vector_dim, clamp=True)
         gathered = self._gather_rows(instr, table, rows)  # (count, others...)
         natural = self._reshape_value(gathered, (*batch, *(operand.shape[k] for k in others)), instr.name)
         return natural.transpose(tuple(gather_output_order(dn.offset_dims, len(batch), len(shape))))
@@ -132,11 +134,11 @@ class IndexedOps:
         return self._reshape(ordered, shape, instr.name)
 
     def _keyed_row_numbers(self, instr, extents: tuple[int, ...], indices: Value, vector: int,
-                           clamp: bool) -> tuple[View, Value | None]:
+                           clamp: bool) -> View:
         """The s32 row number Σ index[k]·stride[k] of every index vector, over the row-major
         `extents` of the keyed dimensions (index component k keys dimension k), flattened to
-        (count,); with `clamp` each coordinate is clamped into its extent, else also whether every
-        coordinate is inside it (a scatter skips the rows that are not)."""
+        (count,): with `clamp` each coordinate clamped into its extent (a gather), else -1 where
+        any coordinate is outside it (a scatter skips such rows)."""
         batch = tuple(gather_batch_shape(indices.shape, vector))
         positions, fits = self._element_positions(
             instr, extents, indices, vector, list(range(len(extents))), [1] * len(extents), batch,
@@ -148,7 +150,7 @@ class IndexedOps:
         rows = self._reshape_value(positions, (count,), instr.name)
         if isinstance(rows, Splat):
             rows = self._materialize(rows, instr.name)
-        return rows, fits
+        return rows
 
     def _gather_rows(self, instr, table: View, rows: View) -> View:
         """(count, others...) = table[rows[i], ...] for a table whose first dimension is indexed."""
@@ -268,8 +270,8 @@ class IndexedOps:
         keyed = list(dn.scatter_dims_to_operand_dims)
         others = [k for k in range(len(shape)) if k not in keyed]
         order = (*keyed, *others)
-        rows, _ = self._keyed_row_numbers(instr, tuple(shape[k] for k in keyed), indices, dn.index_vector_dim,
-                                          clamp=False)
+        rows = self._keyed_row_numbers(instr, tuple(shape[k] for k in keyed), indices, dn.index_vector_dim,
+                                       clamp=False)
         window_dims = list(dn.update_window_dims)
         scatter_dims = [k for k in range(len(updates.shape)) if k not in window_dims]
         ordered = updates.transpose((*scatter_dims, *window_dims)) if isinstance(updates, View) else updates
@@ -428,7 +430,8 @@ class IndexedOps:
         self.produced.add(table.base)
 
 
-def _whole_rows(shape, sizes, keyed, dropped) -> bool:
+def _whole_rows(shape: tuple[int, ...], sizes: Sequence[int], keyed: Sequence[int],
+                dropped: Sequence[int]) -> bool:
     """A gather's slice or a scatter's window is one whole row keyed by the `keyed` dimensions:
     size 1 in each of them (all dropped from the slice) and the full extent in every other."""
     return all(k in dropped and sizes[k] == 1 for k in keyed) and len(set(keyed)) == len(keyed) \
