@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random bench-decoder schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random bench-decoder bench-suite schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ bench-random: setup
 # A 7B-shaped decoder (1 and 32 layers) compiled, and one layer simulated against JAX (needs .[jax]).
 bench-decoder: setup
 	$(BIN)/python bench/run_decoder.py
+
+# The real architectures of models/suite/ at full size, one compile at a time: compile with --verify (again
+# without it past --verify's budget, E305), per-job wall, peak RSS, instruction counts, simulated time.
+# `--jax` (needs JAX) also runs each NEFF on seeded inputs against JAX's outputs.
+bench-suite: setup
+	$(BIN)/python bench/run_suite.py
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

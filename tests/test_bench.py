@@ -18,6 +18,7 @@ import hlo_gen  # noqa: E402
 import run_bench  # noqa: E402
 import run_scale  # noqa: E402
 import run_sim  # noqa: E402
+import run_suite  # noqa: E402
 
 TINY = {
     "chain": {"n": 3, "rows": 128, "cols": 128},
@@ -172,3 +173,23 @@ def test_run_sim_reports_every_size_the_growth_and_checks_the_outputs(
     assert small["executed"] < larger["executed"]
     assert isinstance(data["growth"]["wall_s"], float)
     assert "growth of wall with executed instructions" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_run_suite_compiles_verifies_and_compares_a_cut(tmp_path: Path) -> None:
+    """bench/run_suite.py on the ViT cut: compiled with --verify, run on its committed inputs, the
+    error against JAX's outputs measured and within tolerance, every job's wall recorded."""
+    out = tmp_path / "suite.json"
+    assert run_suite.main(["--cuts", "--models", "vit_block", "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())
+    assert result["model"] == "vit_block_cut" and result["outcome"] == "ok" and result["verified"] == "yes"
+    assert set(result["jobs"]) == {"HLOToTensorizer", "GoldenEvaluator", "Frontend", "WalrusDriver",
+                                   "Packager", "NeffVerifier"}
+    assert result["races"] == 0 and result["static_instructions"] <= result["executed_instructions"]
+    assert 0 <= result["max_error"] <= result["tolerance"] and result["tolerance"] > 0  # a float output
+
+
+def test_run_suite_names_the_diagnostic_that_stopped_a_compile() -> None:
+    refused = "ncc: warning: x\nncc: error: [E305] job GoldenEvaluator: too large to verify"
+    assert run_suite.diagnostic_code(refused) == "E305"
+    assert run_suite.diagnostic_code("Traceback (most recent call last):") == "error"

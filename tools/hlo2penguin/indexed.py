@@ -1,12 +1,15 @@
 """Gather, scatter and dynamic slices: rows of a table moved by POOL's indirect dmas (dma_gather,
-dma_scatter) with s32 row numbers in SBUF, and windows at constant starts as views. Gathers and
-scatters that do not move whole rows along one dimension use a table of single elements, with
-each element's operand position computed on the device.
+dma_scatter) with s32 row numbers in SBUF, and windows at constant starts as views. Rows may be
+keyed by one dimension or by several (flattened into one row number: MoE's [expert, slot]).
+Gathers and scatters that do not move whole rows use a table of single elements, with each
+element's operand position computed on the device.
 
 A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -83,6 +86,9 @@ class IndexedOps:
         rank = len(operand.shape)
         if isinstance(operand, Splat):
             return Splat(operand.value, operand.dtype, shape)
+        if len(dn.start_index_map) > 1 and not dn.operand_batching_dims \
+                and _whole_rows(operand.shape, sizes, dn.start_index_map, dn.collapsed_slice_dims):
+            return self._gather_keyed_rows(instr, operand, indices, shape)
         d = dn.start_index_map[0] if len(dn.start_index_map) == 1 else -1
         if d < 0 or any(sizes[k] != operand.shape[k] for k in range(rank) if k != d) or sizes[d] != 1 \
                 or dn.operand_batching_dims:
@@ -104,6 +110,47 @@ class IndexedOps:
             natural = moved.transpose(slice_order)
         out_order = gather_output_order(dn.offset_dims, len(batch), len(shape))
         return natural.transpose(tuple(out_order))
+
+    def _gather_keyed_rows(self, instr, operand: View, indices: Value, shape: tuple[int, ...]) -> Value:
+        """Whole rows keyed by several dimensions (`buffers[expert, slot]` of [E, C, d]): the keyed
+        dimensions, in start_index_map's order, go outermost and flatten into one row dimension,
+        each index vector becomes that row's number (every coordinate clamped as XLA does), and one
+        row gather moves them, instead of one indirect-dma row per element."""
+        dn = instr.gather_dimension_numbers
+        keyed = list(dn.start_index_map)
+        rank = len(operand.shape)
+        others = [k for k in range(rank) if k not in keyed]
+        table = self._keyed_table(instr, operand.transpose((*keyed, *others)), len(keyed))
+        batch = gather_batch_shape(indices.shape, dn.index_vector_dim)
+        rows = self._keyed_row_numbers(instr, tuple(operand.shape[k] for k in keyed), indices,
+                                       dn.index_vector_dim, clamp=True)
+        gathered = self._gather_rows(instr, table, rows)  # (count, others...)
+        natural = self._reshape_value(gathered, (*batch, *(operand.shape[k] for k in others)), instr.name)
+        return natural.transpose(tuple(gather_output_order(dn.offset_dims, len(batch), len(shape))))
+
+    def _keyed_table(self, instr, ordered: View, keys: int) -> View:
+        """`ordered` (keyed dimensions first) as a table whose first dimension is their row number."""
+        shape = (product(ordered.shape[:keys]), *ordered.shape[keys:])
+        return self._reshape(ordered, shape, instr.name)
+
+    def _keyed_row_numbers(self, instr, extents: tuple[int, ...], indices: Value, vector: int,
+                           clamp: bool) -> View:
+        """The s32 row number Σ index[k]·stride[k] of every index vector, over the row-major
+        `extents` of the keyed dimensions (index component k keys dimension k), flattened to
+        (count,): with `clamp` each coordinate clamped into its extent (a gather), else -1 where
+        any coordinate is outside it (a scatter skips such rows)."""
+        batch = tuple(gather_batch_shape(indices.shape, vector))
+        positions, fits = self._element_positions(
+            instr, extents, indices, vector, list(range(len(extents))), [1] * len(extents), batch,
+            list(range(len(batch))), {}, {}, clamp=clamp)
+        if fits is not None:
+            positions = self._synthetic(instr, "select", [fits, positions, Splat(-1.0, common_pb2.S32, ())],
+                                        batch, common_pb2.S32)
+        count = product(batch)
+        rows = self._reshape_value(positions, (count,), instr.name)
+        if isinstance(rows, Splat):
+            rows = self._materialize(rows, instr.name)
+        return rows
 
     def _gather_rows(self, instr, table: View, rows: View) -> View:
         """(count, others...) = table[rows[i], ...] for a table whose first dimension is indexed."""
@@ -192,6 +239,9 @@ class IndexedOps:
         window = [1] * rank
         for operand_dim, update_dim in zip(operand_window, window_dims, strict=True):
             window[operand_dim] = updates.shape[update_dim]
+        if len(dn.scatter_dims_to_operand_dims) > 1 \
+                and _whole_rows(shape, window, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims):
+            return self._scatter_keyed_rows(instr, ops, shape, dtype)
         d = dn.scatter_dims_to_operand_dims[0] if len(dn.scatter_dims_to_operand_dims) == 1 else -1
         if d < 0 or window[d] != 1 or any(window[k] != shape[k] for k in range(rank) if k != d):
             return self._scatter_elements(instr, ops, shape, dtype)
@@ -208,6 +258,28 @@ class IndexedOps:
         back = tuple(int(k) for k in np.argsort(order))
         self._copy_into(operand, laid_out.transpose(back), instr.name)
         self._combine_rows(instr, laid_out, rows, values)
+        return laid_out.transpose(back)
+
+    def _scatter_keyed_rows(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        """Whole rows keyed by several dimensions (`buffers.at[expert, slot].set(x)`): laid out with
+        the keyed dimensions outermost, each update row's number computed as in
+        `_gather_keyed_rows` (-1, which the dma skips, when a coordinate is out of range: one out
+        of range must not land in a neighbouring row), combined row by row in order."""
+        operand, indices, updates = ops
+        dn = instr.scatter_dimension_numbers
+        keyed = list(dn.scatter_dims_to_operand_dims)
+        others = [k for k in range(len(shape)) if k not in keyed]
+        order = (*keyed, *others)
+        rows = self._keyed_row_numbers(instr, tuple(shape[k] for k in keyed), indices, dn.index_vector_dim,
+                                       clamp=False)
+        window_dims = list(dn.update_window_dims)
+        scatter_dims = [k for k in range(len(updates.shape)) if k not in window_dims]
+        ordered = updates.transpose((*scatter_dims, *window_dims)) if isinstance(updates, View) else updates
+        values = self._reshape_value(ordered, (rows.shape[0], *(shape[k] for k in others)), instr.name)
+        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
+        back = tuple(int(k) for k in np.argsort(order))
+        self._copy_into(operand, laid_out.transpose(back), instr.name)
+        self._combine_rows(instr, self._keyed_table(instr, laid_out, len(keyed)), rows, values)
         return laid_out.transpose(back)
 
     def _combine_rows(self, instr, table: View, rows: View, values: Value) -> None:
@@ -356,6 +428,14 @@ class IndexedOps:
         add_statement(nest, "scatter", "dma_scatter", POOL, [self._every_row(flat, tiling)],
                       [tile_box, index_box])
         self.produced.add(table.base)
+
+
+def _whole_rows(shape: tuple[int, ...], sizes: Sequence[int], keyed: Sequence[int],
+                dropped: Sequence[int]) -> bool:
+    """A gather's slice or a scatter's window is one whole row keyed by the `keyed` dimensions:
+    size 1 in each of them (all dropped from the slice) and the full extent in every other."""
+    return all(k in dropped and sizes[k] == 1 for k in keyed) and len(set(keyed)) == len(keyed) \
+        and all(sizes[k] == shape[k] for k in range(len(shape)) if k not in keyed)
 
 
 def _ends(starts: list[int], sizes) -> tuple[int, ...]:
