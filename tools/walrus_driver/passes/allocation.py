@@ -187,7 +187,12 @@ def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest)
     and if neither fits (a buffer used in a loop is never spilled), the same again in the order
     pre_sched received, whose live buffers the frontend's order bounds."""
     attempts = [(options.rotation, False), (1, False), (options.rotation, True), (1, True)]
+    before = bir_pb2.Program()
+    before.CopyFrom(ctx.program)  # what an attempt that fails leaves behind is undone from this
     for number, (copies, restore) in enumerate(attempts):
+        if number:  # a failed attempt's spills renamed operands and added buffers and instructions
+            ctx.program.CopyFrom(before)
+            ctx.order_changed()
         if restore and not _restore_order_before_schedule(ctx):
             break
         _set_slots(ctx, copies)
