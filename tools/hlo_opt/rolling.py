@@ -76,6 +76,7 @@ class RolledAxis:
 MAX_COPIES = 8  # iterations one body may hold (unroll and jam)
 PARTITIONS = 128
 INDEXED_MAX_BYTES = 32 * 1024  # per partition: an indexed array's blocks side by side, at most
+INDEXED_NEST_BYTES = 64 * 1024  # per partition: a nest's indexed arrays at once, at most (a third of SBUF)
 
 
 @dataclass
@@ -103,7 +104,41 @@ def plan_rolling(
     """The axes of `nest` to keep rolled: from the outermost, each axis of at least `min_trip`
     steady iterations that passes the tests of the module docstring, at most `max_depth` of them.
     `elsewhere`: the on-chip tensors some other nest touches (they cannot be private here).
-    None when no axis qualifies."""
+    None when no axis qualifies. When the nest's indexed arrays would hold more than
+    INDEXED_NEST_BYTES per partition at once (`_indexed_bytes`), it is planned again without
+    them (their axes then unroll, as before indexed arrays)."""
+    plan = _plan(nest, tensors, elsewhere, min_trip, max_depth, frozenset())
+    if plan is not None and plan.indexed and _indexed_bytes(nest, tensors, plan) > INDEXED_NEST_BYTES:
+        plan = _plan(nest, tensors, elsewhere, min_trip, max_depth, frozenset(plan.indexed))
+    return plan
+
+
+def _indexed_bytes(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
+                   plan: RollPlan) -> int:
+    """Bytes per partition the plan's indexed arrays hold at once: per tensor, an array's bytes
+    times the arrays that exist beside each other, one per block index an unrolled axis gives
+    each other dimension (a rolled one rotates through them)."""
+    rolled = {axis.name for axis in plan.axes}
+    extents = {axis.name: int(axis.extent) for axis in nest.axes}
+    total = 0
+    for name, dims in plan.indexed.items():
+        tensor = tensors[name]
+        access = next(a for st in nest.statements for a in (*st.outputs, *st.inputs) if a.tensor == name)
+        block = tensor.block_shape
+        size = min(block[-1], tensor.shape[-1]) * itemsize(tensor.dtype)
+        for dim, start in enumerate(access.starts):
+            blocks = -(-tensor.shape[dim] // block[dim])
+            if dim in dims:
+                size *= blocks
+            elif dim != len(block) - 2:  # partitions: one buffer holds them
+                unrolled = math.prod(extents[t.var] for t in start.terms if t.coeff and t.var not in rolled)
+                size *= min(blocks, unrolled)
+        total += size
+    return total
+
+
+def _plan(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl], elsewhere: Container[str],
+          min_trip: int, max_depth: int, unindexed: frozenset[str]) -> RollPlan | None:
     extents = {axis.name: int(axis.extent) for axis in nest.axes}
     if any(e <= 0 for e in extents.values()):
         return None
@@ -113,7 +148,7 @@ def plan_rolling(
             break
         if extents[axis.name] < min_trip:
             continue
-        analysis = _AxisAnalysis(nest, tensors, extents, axis.name)
+        analysis = _AxisAnalysis(nest, tensors, extents, axis.name, unindexed)
         steady = analysis.steady_range(elsewhere)
         if steady is None or steady[1] - steady[0] < min_trip:
             continue
@@ -196,8 +231,9 @@ class _AxisAnalysis:
     """The tests of the module docstring for one axis `name` of the nest."""
 
     def __init__(self, nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
-                 extents: dict[str, int], name: str) -> None:
+                 extents: dict[str, int], name: str, unindexed: frozenset[str] = frozenset()) -> None:
         self.nest, self.tensors, self.extents, self.name = nest, tensors, extents, name
+        self.unindexed = unindexed  # tensors that may not be indexed arrays
         self._index = next(k for k, axis in enumerate(nest.axes) if axis.name == name)
         self.cuts: set[int] = set()  # iterations where some outcome may change (a range may start there)
         self.lo, self.hi = 0, extents[name]  # the iterations every access stays unclipped in
@@ -354,12 +390,14 @@ class _AxisAnalysis:
 
     def _indexed_dim(self, name: str, steps: tuple[int, ...]) -> int | None:
         """The dimension along which tensor `name` may be an indexed array for this axis (module
-        docstring), or None: its accesses move along one dimension other than the last, the
-        tensor is not replicated there nor cut into slabs, and its blocks along that dimension,
+        docstring), or None: an SBUF tensor whose accesses move along one dimension other than
+        the last, not replicated there nor cut into slabs, whose blocks along that dimension,
         side by side, stay within INDEXED_MAX_BYTES per partition."""
         moving = [dim for dim, step in enumerate(steps) if step]
         tensor = self.tensors[name]
         block = list(tensor.block_shape)
+        if tensor.memory != common_pb2.SBUF or name in self.unindexed:
+            return None  # PSUM's 16 KiB per partition, in banks, holds no arrays
         if len(moving) != 1 or len(block) != len(tensor.shape) or len(block) < 2:
             return None
         dim = moving[0]
