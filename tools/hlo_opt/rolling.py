@@ -74,7 +74,6 @@ class RolledAxis:
 
 
 MAX_COPIES = 8  # iterations one body may hold (unroll and jam)
-PARTITIONS = 128
 INDEXED_MAX_BYTES = 32 * 1024  # per partition: an indexed array's blocks side by side, at most
 INDEXED_NEST_BYTES = 64 * 1024  # per partition: a nest's indexed arrays at once, at most (a third of SBUF)
 
@@ -403,7 +402,7 @@ class _AxisAnalysis:
         dim = moving[0]
         if dim == len(block) - 1 or dim in tensor.replicated_dims:
             return None
-        if math.prod(block[:-2]) > 1 or block[-2] > PARTITIONS:
+        if math.prod(block[:-2]) > 1 or block[-2] > load_target().partitions:
             return None  # slabbed blocks (software pipelining's widened tiles) keep their names
         blocks = -(-int(tensor.shape[dim]) // int(block[dim]))
         row = min(int(block[-1]), int(tensor.shape[-1])) * itemsize(tensor.dtype)

@@ -227,14 +227,13 @@ class LoopDeps:
     def _align(self, graph: DepGraph, members: dict[int, list[bir_pb2.Instruction]]) -> None:
         """Let a loop's iterations follow an earlier sibling loop's iteration by iteration where
         that is all they depend on (the module docstring: aligned dependences)."""
-        position = {instr.id: index for index, instr in enumerate(self.instructions)}
         candidates: set[tuple[int, int]] = set()
         owners = {(self.nest.owner(src), self.nest.owner(dst)) for src, dst in graph.edges}
         for owner_src, owner_dst in owners:
             pair = self._siblings(owner_src, owner_dst)
             if pair is not None:
                 candidates.add(pair)
-        for first, second in sorted(candidates, key=lambda pair: position[members[pair[1]][0].id]):
+        for first, second in sorted(candidates, key=lambda pair: self._position[members[pair[1]][0].id]):
             pairs = self._aligned_pairs(first, second, members)
             if not pairs:
                 continue
