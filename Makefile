@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random bench-decoder bench-suite schemas clean
+.PHONY: setup demo test test-sweeps lint bench bench-scale bench-fusion bench-reduce bench-sim bench-random bench-decoder bench-suite bench-models schemas clean
 
 $(BIN)/ncc: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,14 @@ bench-decoder: setup
 # `--jax` (needs JAX) also runs each NEFF on seeded inputs against JAX's outputs.
 bench-suite: setup
 	$(BIN)/python bench/run_suite.py
+
+# The table of issue 35: the suite at full size against JAX, each module's compile (per job) beside
+# XLA:CPU's of the same function in the same run, instruction counts, peak RSS, simulated time, the
+# schedule's lower bound, the first-principles bound (PE FLOPs at the dtype's peak, HBM bytes) and
+# HBM bytes over the minimum. Installs the optional JAX extra.
+bench-models: setup
+	$(BIN)/pip install --quiet -e '.[jax]'
+	$(BIN)/python bench/run_suite.py --jax
 
 # Regenerate the committed protobuf modules after editing schemas/*.proto.
 schemas: setup

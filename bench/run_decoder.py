@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run_scale  # noqa: E402  (bench/ is not a package)
+import xla_cpu  # noqa: E402
 
 TOLERANCE = 3.0  # ncc's error against f32 over bf16 JAX's, at most
 JOBS = ("HLOToTensorizer", "Frontend", "WalrusDriver", "Packager")
@@ -102,21 +102,6 @@ def seeded_inputs(specs, seq: int, d: int, ffn: int, heads: int) -> tuple:
     mask = np.where(np.tril(np.ones((seq, seq))) > 0, 0.0, -1e9).astype(np.float32)
     return (normal((seq, d), 1.0, jnp.bfloat16), params, jnp.asarray(np.cos(angle)).astype(jnp.bfloat16),
             jnp.asarray(np.sin(angle)).astype(jnp.bfloat16), jnp.asarray(mask))
-
-
-def xla_compile_s(model, specs, reps: int = 3) -> float:
-    """Median wall of XLA:CPU's compile() of the model, caches cleared before each."""
-    import jax
-
-    jax.config.update("jax_enable_compilation_cache", False)
-    times = []
-    for _ in range(reps):
-        jax.clear_caches()
-        lowered = jax.jit(lambda *args: model(*args)).lower(*specs)
-        started = time.perf_counter()
-        lowered.compile()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def job_records(workdir: Path) -> dict[str, dict]:
@@ -192,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs = ", ".join(f"{job} {r.get('wall_s', 0):.1f}" for job, r in records.items())
             print(f"{layers} layers: compile {wall:.1f} s ({jobs}); peak RSS {peak / 2**30:.2f} GiB; "
                   f"NEFF {static:,} / executed {executed:,} instructions; "
-                  f"XLA:CPU compile {xla_compile_s(model, specs):.2f} s")
+                  f"XLA:CPU compile {xla_cpu.compile_seconds(model, specs):.2f} s")
             if layers == 1 and not args.no_run:
                 check = check_layer(neff, model, seeded_inputs(specs, args.seq, args.d, args.ffn, args.heads),
                                     scratch)

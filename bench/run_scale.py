@@ -48,7 +48,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import hlo_gen  # noqa: E402  (bench/ is not a package)
 import run_bench  # noqa: E402
+import xla_cpu  # noqa: E402
 
 # The default run: about 8 minutes on 2 cores (chain n=12500, 100k BIR, and XLA compiling it are most of it).
 DEFAULT_FAMILIES = ("chain", "mlp", "attention")
@@ -263,41 +263,17 @@ def read_walrus_job(workdir: Path, result: ScaleResult) -> None:
         }
 
 
-_xla_started: list[bool] = []  # non-empty once this process has compiled with XLA
-
-
 def xla_cpu_compile_time(family: str, size: dict[str, int], reps: int) -> float | None:
-    """Median wall of `jax.jit(f).lower(*ShapeDtypeStructs).compile()` for the family's JAX twin.
-
-    Only compile() is timed. Each rep wraps the function in a new function object and clears
-    JAX's in-memory caches first (the persistent cache is off), so each rep is a full XLA compile;
-    the process's first call compiles once untimed, which keeps XLA's one-time start-up out.
-    None without JAX.
-    """
+    """XLA:CPU's compile time of the family's JAX twin (xla_cpu.compile_seconds); None without JAX."""
     made = hlo_gen.jax_function(family, **size)
     if made is None:
         return None
     import jax
     import jax.numpy as jnp
 
-    jax.config.update("jax_enable_compilation_cache", False)
     function, shapes = made
     specs = [jax.ShapeDtypeStruct(shape, jnp.float32) for shape in shapes]
-
-    def lowered() -> jax.stages.Lowered:
-        jax.clear_caches()
-        return jax.jit(lambda *args: function(*args)).lower(*specs)
-
-    if not _xla_started:
-        lowered().compile()
-        _xla_started.append(True)
-    times = []
-    for _ in range(reps):
-        lowering = lowered()
-        started = time.perf_counter()
-        lowering.compile()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return xla_cpu.compile_seconds(function, specs, reps)
 
 
 def bench_size(

@@ -28,6 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import xla_cpu  # noqa: E402  (bench/ is not a package)
+from first_principles import first_principles  # noqa: E402
+
+from ncc.tools.hlo.hlo_reader import load_module  # noqa: E402
+from ncc.tools.target import load_target  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "models" / "suite"
 
@@ -49,6 +56,12 @@ class SuiteResult:
     races: int | None = None
     max_error: float | None = None
     tolerance: float | None = None
+    xla_cpu_s: float | None = None  # XLA:CPU's compile of the same function, this run (needs JAX)
+    lower_bound_us: float | None = None  # the schedule's lower bound (walrus pre_sched, `ncc run`'s report)
+    bound_us: float | None = None  # the first-principles bound (first_principles.py)
+    bound_by: str = ""  # "PE" or "HBM": which floor it is
+    hbm_bytes: int | None = None  # bytes the simulated run moved to and from HBM
+    min_hbm_bytes: int | None = None  # every parameter read once, every output written once
 
 
 def ncc(*args: str | Path, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
@@ -79,15 +92,27 @@ def tolerance(expected: np.ndarray, bf16: bool) -> float:
     return (2e-2 if bf16 else 1e-4) * max(1.0, float(np.max(np.abs(expected))))
 
 
+def suite_module():
+    """models/suite/make_suite.py, imported (it needs JAX for what it builds)."""
+    sys.path.insert(0, str(SUITE))
+    import make_suite
+
+    return make_suite
+
+
+def built(module: str) -> tuple[object, list]:
+    """The JAX function of `module` (NAME or NAME_cut) and its make_suite inputs."""
+    make_suite = suite_module()
+    arch = make_suite.SUITE[module.removesuffix("_cut")]
+    return arch.build(arch.cut if module.endswith("_cut") else arch.full)
+
+
 def jax_io(name: str, path: Path) -> None:
     """Seeded inputs of the full-size `name` (make_suite.py's) and JAX's outputs, as an .io.npz."""
     import jax
 
-    sys.path.insert(0, str(SUITE))
-    import make_suite
-
-    arch = make_suite.SUITE[name]
-    function, inputs = arch.build(arch.full)
+    make_suite = suite_module()
+    function, inputs = built(name)
     args = make_suite.seeded(inputs, sum(map(ord, name)))
     outputs = jax.tree_util.tree_leaves(jax.jit(function, keep_unused=True)(*args))
     arrays = {f"arg{k}": make_suite.widened(a) for k, a in enumerate(args)}
@@ -95,9 +120,25 @@ def jax_io(name: str, path: Path) -> None:
     np.savez(path, **arrays)
 
 
+def xla_cpu_seconds(module: str) -> float:
+    """XLA:CPU's compile time of the module's JAX function, on abstract inputs of its shapes."""
+    import jax
+
+    make_suite = suite_module()
+    function, inputs = built(module)
+    specs = [jax.ShapeDtypeStruct(i.shape, make_suite.jax_dtype(i.dtype)) for i in inputs]
+    return xla_cpu.compile_seconds(function, specs)
+
+
 def bench(name: str, scratch: Path, use_jax: bool, timeout: float) -> SuiteResult:
     result = SuiteResult(name)
     index = json.loads((SUITE / "index.json").read_text())
+    floors = first_principles(load_module(str(SUITE / f"{name}.hlo.pb")), load_target("trn1"))
+    if floors is not None:
+        result.bound_us, result.bound_by = round(floors.ns / 1e3, 1), floors.bound_by
+        result.min_hbm_bytes = floors.min_hbm_bytes
+    if use_jax:
+        result.xla_cpu_s = round(xla_cpu_seconds(name), 3)
     neff, workdir = scratch / f"{name}.neff", scratch / f"{name}.ncc-work"
     flags = ["--optlevel", "2", "--timeout", str(timeout), "--workdir", workdir]
     start = time.perf_counter()
@@ -130,6 +171,9 @@ def bench(name: str, scratch: Path, use_jax: bool, timeout: float) -> SuiteResul
     run_facts = json.loads(report.read_text())
     result.simulated_us = round(float(run_facts["simulated_ns"]) / 1e3, 1)
     result.races = len(run_facts["races"])
+    result.hbm_bytes = run_facts.get("hbm_bytes")
+    if "lower_bound_ns" in run_facts:
+        result.lower_bound_us = round(float(run_facts["lower_bound_ns"]) / 1e3, 1)
     bf16 = any(dtype == "bfloat16" for dtype, _ in index[name]["args"])
     checks = []  # (error, tolerance) of every output
     with np.load(io) as expected_all, np.load(out) as got_all:
@@ -142,6 +186,41 @@ def bench(name: str, scratch: Path, use_jax: bool, timeout: float) -> SuiteResul
     if any(error > bound for error, bound in checks):
         result.outcome = "mismatch"
     return result
+
+
+def _figure(value: float | None, form: str = "{:,.1f}") -> str:
+    return "n/a" if value is None else form.format(value)
+
+
+def _ratio(numerator: float | None, denominator: float | None) -> str:
+    return "n/a" if numerator is None or not denominator else f"{numerator / denominator:.2f}x"
+
+
+def render(results: list[SuiteResult]) -> str:
+    """The table of every module, then each one's jobs."""
+    header = ["model", "outcome", "verified", "compile s", "XLA:CPU s", "ours/XLA", "static", "executed",
+              "peak MB", "simulated us", "sched bound us", "ratio", "first-principles us", "ratio",
+              "HBM MB", "/ min", "max error (tol)"]
+    rows = []
+    for r in results:
+        error = "n/a" if r.max_error is None else f"{r.max_error:.3g} ({r.tolerance:.3g})"
+        bound = "n/a" if r.bound_us is None else f"{r.bound_us:,.1f} {r.bound_by}"
+        rows.append([
+            r.model, r.outcome, r.verified, f"{r.compile_s:.1f}", _figure(r.xla_cpu_s, "{:.2f}"),
+            _ratio(r.compile_s, r.xla_cpu_s), _figure(r.static_instructions, "{:,}"),
+            _figure(r.executed_instructions, "{:,}"), f"{r.peak_rss_mb:,}", _figure(r.simulated_us),
+            _figure(r.lower_bound_us), _ratio(r.simulated_us, r.lower_bound_us), bound,
+            _ratio(r.simulated_us, r.bound_us), _figure(None if r.hbm_bytes is None else r.hbm_bytes / 1e6),
+            _ratio(r.hbm_bytes, r.min_hbm_bytes), error,
+        ])
+    widths = [max(len(str(row[k])) for row in [header, *rows]) for k in range(len(header))]
+    lines = ["  ".join(str(cell).rjust(width) for cell, width in zip(row, widths, strict=True))
+             for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    lines.append("")
+    lines.append("jobs (wall s): " + "; ".join(
+        f"{r.model}: " + " ".join(f"{job}={wall:g}" for job, wall in r.jobs.items()) for r in results))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,14 +240,10 @@ def main(argv: list[str] | None = None) -> int:
             module = f"{name}_cut" if args.cuts else name
             result = bench(module, Path(scratch), args.jax, args.timeout)
             results.append(result)
-            jobs = " ".join(f"{job}={wall:g}" for job, wall in result.jobs.items())
-            error = ("n/a" if result.max_error is None
-                     else f"{result.max_error:.3g} (tol {result.tolerance:.3g})")
-            print(f"{module}: {result.outcome}, verified {result.verified}, compile {result.compile_s} s "
-                  f"[{jobs}], peak {result.peak_rss_mb} MB, instructions {result.static_instructions} "
-                  f"static / {result.executed_instructions} executed, simulated {result.simulated_us} us, "
-                  f"races {result.races}, max error {error}" + (f"; {result.message}" * bool(result.message)),
-                  flush=True)
+            why = f"; {result.message}" if result.message else ""
+            print(f"{module}: {result.outcome} in {result.compile_s} s{why}", flush=True)
+    print()
+    print(render(results))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=1) + "\n")
     return 0 if all(r.outcome == "ok" for r in results) else 1

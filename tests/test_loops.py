@@ -4,6 +4,7 @@ dropped rotation wait that the simulator reports and `ncc bisect` pins on roll_l
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
@@ -190,16 +191,23 @@ def test_rolled_and_unrolled_neffs_run_alike_from_the_cli(chain_model, tmp_path)
     for label, flags in (("rolled", []), ("unrolled", ["--walrus-passes", UNROLLED])):
         neff = tmp_path / f"{label}.neff"
         assert ncc("compile", chain_model, "-o", neff, "--verify", *flags).returncode == 0
+        report = tmp_path / f"{label}.json"
         result = ncc(
-            "run", neff, "--inputs", inputs, "--output", tmp_path / f"{label}.npz", "--inferences", "2"
+            "run", neff, "--inputs", inputs, "--output", tmp_path / f"{label}.npz", "--inferences", "2",
+            "--report", report,
         )
         assert result.returncode == 0, result.stderr
         runs[label] = (
             re.search(r"simulated time (\d+) ns", result.stdout).group(1),
             np.load(tmp_path / f"{label}.npz"),
+            json.loads(report.read_text())["hbm_bytes"],
         )
         runs[label + " inspect"] = ncc("inspect", neff, "--json").stdout
     assert runs["rolled"][0] == runs["unrolled"][0]
+    # every iteration's transfers are counted: the bytes moved are the unrolled program's
+    with np.load(inputs) as io:
+        least = sum(io[name].nbytes for name in io.files)  # each input read once, the output written once
+    assert runs["rolled"][2] == runs["unrolled"][2] >= least
     np.testing.assert_array_equal(runs["rolled"][1]["out0"], runs["unrolled"][1]["out0"])
     rolled = decode_neff((tmp_path / "rolled.neff").read_bytes())
     unrolled = decode_neff((tmp_path / "unrolled.neff").read_bytes())

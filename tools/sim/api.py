@@ -63,6 +63,7 @@ class SimResult:
     unreset_semaphores: dict[int, int] | None = None  # semaphore -> count the first inference left (not 0)
     inferences: int = 1
     inference_ns: list[float] | None = None  # each inference's simulated time (simulated_ns: the first)
+    hbm_bytes: int = 0  # bytes the first inference's transfers moved to or from HBM
 
     def report(self) -> dict:
         """A JSON-able summary."""
@@ -80,6 +81,7 @@ class SimResult:
             "instruction_count": self.instruction_count,
             "inferences": self.inferences,
             "inference_ns": list(self.inference_ns or [self.simulated_ns]),
+            "hbm_bytes": self.hbm_bytes,
             "unreset_semaphores": {str(s): c for s, c in (self.unreset_semaphores or {}).items()},
         }
 
@@ -214,6 +216,7 @@ def _run(
         unreset_semaphores={s: c for s, c in enumerate(outcome.final_counts) if c},
         inferences=inferences,
         inference_ns=[outcome.simulated_ns],
+        hbm_bytes=outcome.hbm_bytes,
     )
     for _ in range(1, inferences):
         if result.deadlock:

@@ -103,6 +103,7 @@ class Outcome:
     engine_busy_ns: dict[str, float]
     instruction_count: int
     final_counts: list[int]  # each semaphore's count when the run ended
+    hbm_bytes: int  # bytes the transfers that touch HBM moved
 
 
 class Simulator:
@@ -131,6 +132,7 @@ class Simulator:
         self.transfer_thread = {pair: len(engine_ids) + number for number, pair in enumerate(pairs)}
         self.queue_free_ns = [0.0] * target.dma_queues
         self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
+        self.hbm_bytes = 0  # moved by the transfers that touch HBM so far
         self.queue_busy_ns = [0.0] * target.dma_queues
         self.queue_used = [False] * target.dma_queues
         self.counts = list(initial_counts) if initial_counts is not None else [0] * num_semaphores
@@ -167,6 +169,7 @@ class Simulator:
             engine_busy_ns=busy,
             instruction_count=self.started,
             final_counts=list(self.counts),
+            hbm_bytes=self.hbm_bytes,
         )
 
     def _loop(self) -> None:
@@ -262,6 +265,7 @@ class Simulator:
             if op.hbm_ns:
                 data_start = max(start + self.target.dma_fixed_latency_ns, self.hbm_free_ns)
                 self.hbm_free_ns = data_start + op.hbm_ns
+                self.hbm_bytes += op.moved_bytes
                 end = max(end, self.hbm_free_ns)
             self.queue_free_ns[op.queue] = end
             self.queue_busy_ns[op.queue] += end - start
