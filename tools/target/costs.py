@@ -57,8 +57,10 @@ def engine_cycles(
     free elements per partition; `moving_free` (a matmul's moving free size; a transpose's
     partitions) and `fp32` matter for PE_OPS only."""
     costs = target.costs
-    if op in INDIRECT_DMA_OPS:  # POOL reads the index tile and writes one descriptor per partition
-        return float(target.dma_issue_cycles) + float(costs.get("pool_start_cycles", 150)) + free
+    if op in INDIRECT_DMA_OPS:
+        # POOL reads the index tile (one s32 per partition) and writes one descriptor per partition,
+        # the partitions side by side: its work does not grow with the table the rows come from
+        return float(target.dma_issue_cycles) + float(costs.get("pool_start_cycles", 150)) + 1.0
     if is_dma(op):
         return float(target.dma_issue_cycles)
     if op in ("nop", "sem_reset", "drain"):
