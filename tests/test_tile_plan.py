@@ -52,7 +52,25 @@ def test_a_plan_walks_every_view_alike_with_fewer_tiles(shape, make_views, most_
     assert sorted(map(tuple, planned.tolist())) == sorted(map(tuple, original.tolist()))
 
 
-@pytest.mark.parametrize("shape", [(256, 1024), (2, 128, 512), (1024,), (3, 5), (2, 16, 16, 8), (2048, 64)])
+@pytest.mark.parametrize("shape,columns", [
+    # a decode step's attention scores, 32 tiles of [1, 2048] as written: one [128, 512]
+    ((1, 8, 4, 1, 2048), 512),
+    # its activations, a row of 4096 on one partition: [128, 32]
+    ((1, 4096), 32),
+])
+def test_few_tiles_that_leave_the_partitions_empty_are_planned(shape, columns: int) -> None:
+    """Few tiles are not cheap when each is an engine pass over a handful of partitions."""
+    from ncc.tools.hlo2penguin.tile_plan import FEW_TILES, column_count
+
+    views = [View.whole("out", 0, shape), View.whole("x", 0, shape)]
+    assert tile_count(shape, FREE_TILE) <= FEW_TILES
+    plan = plan_tiling(shape, views, FREE_TILE)
+    assert plan is not None and canonical_shape(plan.shape)[-2:] == (128, columns)
+    assert column_count(plan.shape) == columns
+
+
+@pytest.mark.parametrize("shape", [(256, 1024), (2, 128, 512), (1024,), (3, 5), (2, 16, 16, 8), (2048, 64),
+                                   (4, 128), (8, 2048)])
 def test_shapes_that_tile_well_keep_their_nests(shape: tuple[int, ...]) -> None:
     views = [View.whole("out", 0, shape), View.whole("x", 0, shape)]
     assert plan_tiling(shape, views, FREE_TILE) is None

@@ -53,7 +53,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
 )
 from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.sorting import SortOps
-from ncc.tools.hlo2penguin.tile_plan import FEW_TILES, compact_write, plan_tiling, tile_count
+from ncc.tools.hlo2penguin.tile_plan import FEW_TILES, compact_write, kept_as_written, plan_tiling, tile_count
 from ncc.tools.hlo2penguin.values import (
     ACT,
     DVE,
@@ -588,8 +588,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         kept_shape = tuple(operand.shape[d] for d in kept)
         in_shape = (kept_shape or (1,)) + (width,)
         view = self._reshape(moved, in_shape, instr.name)
-        if len(kept_shape) > 1 and tile_count(in_shape, FREE_TILE) > FEW_TILES \
-                and (rows := view.reshape((product(kept_shape), width))) is not None:
+        many = tile_count(in_shape, FREE_TILE) > FEW_TILES or not kept_as_written(in_shape, FREE_TILE)
+        if len(kept_shape) > 1 and many and (rows := view.reshape((product(kept_shape), width))) is not None:
             view, in_shape = rows, rows.shape  # the kept dimensions as one: row tiles, not one per index
         out = self._new_output(instr, shape, dtype)
         tiling = Tiling(canonical_shape(in_shape) if len(in_shape) >= 2 else in_shape, min(width, FREE_TILE))

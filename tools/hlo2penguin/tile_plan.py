@@ -14,10 +14,13 @@ loops. The result is the same for any order; only the number of tiles changes (t
 1, 448 and 2,904).
 
 A plan is taken only for a shape whose tiles as written leave partitions empty (fewer than 128
-rows) and number more than FEW_TILES, and when it cuts the tile count at least PLAN_GAIN-fold,
-so modules whose shapes already fill the partitions or are small (the bundled models: matrices,
-a [2048, 64] chain asking to be pipelined along its row tiles, a CNN's [2, 16, 16, 8]
-activations) keep their nests, and with them which nests fuse and what loops they have.
+rows) and that is not cheap (at most FEW_TILES tiles of at most FEW_COLUMNS columns and
+FEW_ELEMENTS elements in all: a decode step's attention scores [1, 8, 4, 1, 2048], 8 tiles of 4
+partitions, or its [1, 4096] activations, are not), and when it cuts the tile count or the
+columns at least PLAN_GAIN-fold, so modules whose shapes already fill the partitions or are
+small (the bundled models: matrices, a [2048, 64] chain asking to be pipelined along its row
+tiles, a CNN's [2, 16, 16, 8] activations) keep their nests, and with them which nests fuse and
+what loops they have.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
 PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
-FEW_TILES = 32  # a shape as written of at most this many tiles is cheap enough to keep as it is
+FEW_TILES = 32  # a shape as written of at most this many tiles is cheap enough to keep as it is...
+FEW_COLUMNS = 2_048  # ...when its tiles' columns (the engines' passes) add up to at most this many...
+FEW_ELEMENTS = 16_384  # ...and it has at most this many elements
 MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in the written view (_compact)
 
 
@@ -74,17 +79,37 @@ def tile_count(shape: tuple[int, ...], free_tile: int) -> int:
     return math.prod(canon[:-2]) * ceil_div(canon[-2], PARTITIONS) * cols
 
 
+def column_count(shape: tuple[int, ...]) -> int:
+    """The free elements of all the tiles a nest over `shape` steps through: what an engine's
+    time grows with when the tiles leave partitions empty."""
+    canon = canonical_shape(shape)
+    return math.prod(canon[:-2]) * ceil_div(canon[-2], PARTITIONS) * canon[-1]
+
+
+def kept_as_written(shape: tuple[int, ...], free_tile: int) -> bool:
+    """Whether a nest over `shape` keeps the shape as written: its tiles fill the partitions, or
+    it is cheap (few tiles of few columns) whatever its partitions."""
+    if canonical_shape(shape)[-2] >= PARTITIONS:
+        return True
+    return (tile_count(shape, free_tile) <= FEW_TILES and column_count(shape) <= FEW_COLUMNS
+            and math.prod(shape) <= FEW_ELEMENTS)
+
+
 def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> TilePlan | None:
     """The plan for a nest over `shape` whose operands and result are `views` (each of `shape`),
     or None when the shape as written is as good (within PLAN_GAIN) or has no elements."""
     if 0 in shape or len(shape) < 2:
         return None
-    if canonical_shape(shape)[-2] >= PARTITIONS or tile_count(shape, free_tile) <= FEW_TILES:
-        return None  # the shape as written fills the partitions, or is cheap: keep its nests
-    best = best_plan(shape, views, free_tile)
-    if best is None or best[0] * PLAN_GAIN > tile_count(shape, free_tile):
+    if kept_as_written(shape, free_tile):
         return None
-    return best[1]
+    best = best_plan(shape, views, free_tile)
+    if best is None:
+        return None
+    tiles, plan = best
+    if tiles * PLAN_GAIN > tile_count(shape, free_tile) and \
+            column_count(plan.shape) * PLAN_GAIN > column_count(shape):
+        return None  # it gains neither tiles nor engine time enough to change the nests
+    return plan
 
 
 def best_plan(shape: tuple[int, ...], views: list[View], free_tile: int) -> tuple[int, TilePlan] | None:
