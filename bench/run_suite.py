@@ -13,6 +13,7 @@ with E610 counts as failed unless that comparison passes). The table, per module
   static, executed  the NEFF's instructions, and those its loops execute
   peak MB           the largest peak RSS of the compile's jobs
   simulated us      `ncc run`'s simulated time on the inputs
+  busiest us        the engine (not a DMA queue) busy longest in that run, and how long
   sched bound us    the schedule's lower bound (walrus pre_sched: busiest engine, critical path, DMA)
   first-principles  the module's PE FLOPs at the dtype's peak or its minimum HBM bytes at 410 GB/s,
                     whichever is larger (first_principles.py, docs/target.md)
@@ -74,6 +75,7 @@ class SuiteResult:
     bound_us: float | None = None  # the first-principles bound (first_principles.py)
     bound_by: str = ""  # "PE" or "HBM": which floor it is
     hbm_bytes: int | None = None  # bytes the simulated run moved to and from HBM
+    busiest: str = ""  # the engine busy longest in the simulated run, and for how long (us)
     min_hbm_bytes: int | None = None  # every parameter read once, every output written once
 
 
@@ -187,6 +189,10 @@ def bench(name: str, scratch: Path, use_jax: bool, timeout: float) -> SuiteResul
     result.simulated_us = round(float(run_facts["simulated_ns"]) / 1e3, 1)
     result.races = len(run_facts["races"])
     result.hbm_bytes = run_facts.get("hbm_bytes")
+    engines = {name: ns for name, ns in run_facts["engine_busy_ns"].items() if not name.startswith("q")}
+    if engines:
+        engine = max(engines, key=engines.__getitem__)
+        result.busiest = f"{engine} {engines[engine] / 1e3:,.0f}"
     if "lower_bound_ns" in run_facts:
         result.lower_bound_us = round(float(run_facts["lower_bound_ns"]) / 1e3, 1)
     bf16 = any(dtype == "bfloat16" for dtype, _ in index[name]["args"])
@@ -214,8 +220,8 @@ def _ratio(numerator: float | None, denominator: float | None) -> str:
 def render(results: list[SuiteResult]) -> str:
     """The table of every module, then each one's jobs."""
     header = ["model", "outcome", "verified", "compile s", "XLA:CPU s", "ours/XLA", "static", "executed",
-              "peak MB", "simulated us", "sched bound us", "ratio", "first-principles us", "ratio",
-              "HBM MB", "/ min", "max error (tol)"]
+              "peak MB", "simulated us", "busiest us", "sched bound us", "ratio", "first-principles us",
+              "ratio", "HBM MB", "/ min", "max error (tol)"]
     rows = []
     for r in results:
         error = "n/a" if r.max_error is None else f"{r.max_error:.3g} ({r.tolerance:.3g})"
@@ -224,7 +230,7 @@ def render(results: list[SuiteResult]) -> str:
             r.model, r.outcome, r.verified, f"{r.compile_s:.1f}", _figure(r.xla_cpu_s, "{:.2f}"),
             _ratio(r.compile_s, r.xla_cpu_s), _figure(r.static_instructions, "{:,}"),
             _figure(r.executed_instructions, "{:,}"), f"{r.peak_rss_mb:,}", _figure(r.simulated_us),
-            _figure(r.lower_bound_us), _ratio(r.simulated_us, r.lower_bound_us), bound,
+            r.busiest or "n/a", _figure(r.lower_bound_us), _ratio(r.simulated_us, r.lower_bound_us), bound,
             _ratio(r.simulated_us, r.bound_us), _figure(None if r.hbm_bytes is None else r.hbm_bytes / 1e6),
             _ratio(r.hbm_bytes, r.min_hbm_bytes), error,
         ])
