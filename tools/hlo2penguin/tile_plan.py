@@ -15,8 +15,8 @@ loops. The result is the same for any order; only the number of tiles changes (t
 
 A plan is taken only for a shape whose tiles as written leave partitions empty (fewer than 128
 rows) and that is not cheap (at most FEW_TILES tiles of at most FEW_COLUMNS columns and
-FEW_ELEMENTS elements in all: a decode step's attention scores [1, 8, 4, 1, 2048], 8 tiles of 4
-partitions, or its [1, 4096] activations, are not), and when it cuts the tile count or the
+FEW_ELEMENTS elements in all: a decode step's attention scores [1, 8, 4, 1, 2048], 32 tiles of
+one partition, or its [1, 4096] activations, are not), and when it cuts the tile count or the
 columns at least PLAN_GAIN-fold, so modules whose shapes already fill the partitions or are
 small (the bundled models: matrices, a [2048, 64] chain asking to be pipelined along its row
 tiles, a CNN's [2, 16, 16, 8] activations) keep their nests, and with them which nests fuse and
