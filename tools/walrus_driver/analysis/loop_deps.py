@@ -115,6 +115,9 @@ class LoopDeps:
         self.aligned = 0  # pairs of loops whose dependence runs iteration by iteration
         self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
+        self._page_memo: dict[tuple[int, str, int, int], list[tuple[int, str, int]]] = {}
+        # loop -> its operands indexed for _aligned_pairs (a loop is the first of several pairs)
+        self._first_index: dict[int, tuple[dict[tuple, list[_Box]], dict[str, list[tuple]]]] = {}
         self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
                                                            // _MAX_PAGES)) for t in program.hbm}
 
@@ -190,12 +193,19 @@ class LoopDeps:
     def _pages(self, box: _Box) -> list[tuple[int, str, int]]:
         """The lookup pages a box falls in: (memory, region, page) keys; an HBM tensor's pages
         are 16 rows or a 64th of its rows, whichever is more (a box over every iteration of a
-        loop can span a whole tensor)."""
-        if box.memory == birutil.HBM:
-            size = self.page_rows.get(box.region, _PAGE[birutil.HBM])
-        else:
-            size = _PAGE.get(box.memory, 4096)
-        return [(box.memory, box.region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+        loop can span a whole tensor). Memoized by the box's rows: the walks ask again for every
+        box at every level and in every loop that holds it (half a million times at 12k
+        instructions); callers only read the list."""
+        key = (box.memory, box.region, box.b0, box.b1)
+        found = self._page_memo.get(key)
+        if found is None:
+            if box.memory == birutil.HBM:
+                size = self.page_rows.get(box.region, _PAGE[birutil.HBM])
+            else:
+                size = _PAGE.get(box.memory, 4096)
+            found = self._page_memo[key] = [(box.memory, box.region, page)
+                                            for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+        return found
 
     def _rotor(self, buffer: bir_pb2.Buffer) -> str:
         """The rotation group of a rotating buffer: the buffers at one address with one copy size,
@@ -228,7 +238,8 @@ class LoopDeps:
         """Let a loop's iterations follow an earlier sibling loop's iteration by iteration where
         that is all they depend on (the module docstring: aligned dependences)."""
         candidates: set[tuple[int, int]] = set()
-        owners = {(self.nest.owner(src), self.nest.owner(dst)) for src, dst in graph.edges}
+        owner = self.nest.owner_map().get
+        owners = {(owner(src, ROOT), owner(dst, ROOT)) for src, dst in graph.edges}
         for owner_src, owner_dst in owners:
             pair = self._siblings(owner_src, owner_dst)
             if pair is not None:
@@ -263,23 +274,12 @@ class LoopDeps:
         (on chip, steps that do not divide) and `second` must wait for the whole of `first`."""
         level = self.nest.loops[first].depth - 1  # boxes over every iteration of both loops
         exact = self.nest.loops[first].depth  # ... and at their iteration 0
-        onchip_first: dict[tuple, list[_Box]] = {}  # page -> the first loop's on-chip boxes there
-        for instr in members[first]:
-            for _, box in self.boxes(instr, level):
-                if box.memory != birutil.HBM:
-                    for key in self._pages(box):
-                        onchip_first.setdefault(key, []).append(box)
+        onchip_first, hbm_first = self._indexed_first(first, members)
         for instr in members[second]:  # any on-chip conflict: the whole first loop first
             for _, box in self.boxes(instr, level):
                 if box.memory != birutil.HBM and any(_meet(box, other) for key in self._pages(box)
                                                       for other in onchip_first.get(key, ())):
                     return []
-        hbm_first: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
-        for instr in members[first]:
-            at_zero = dict(self.boxes(instr, exact))
-            for index, box in self.boxes(instr, level):
-                if box.memory == birutil.HBM:
-                    hbm_first.setdefault(box.region, []).append((instr.id, index, box, at_zero[index]))
         pairs = []
         for instr in members[second]:
             at_zero = dict(self.boxes(instr, exact))
@@ -295,6 +295,32 @@ class LoopDeps:
                     kind = _OUTPUT if box.write and hull.write else (_FLOW if hull.write else _ANTI)
                     pairs.append((src, instr.id, *found, kind + birutil.HBM))
         return pairs
+
+    def _indexed_first(self, first: int, members: dict[int, list[bir_pb2.Instruction]]
+                       ) -> tuple[dict[tuple, list[_Box]], dict[str, list[tuple[int, int, _Box, _Box]]]]:
+        """Loop `first`'s operands as _aligned_pairs looks them up: its on-chip boxes over every
+        iteration by page, and its HBM ones by tensor with each one's box at iteration 0 (source,
+        operand index, hull, box). Built once per loop: a loop that many later siblings follow
+        (a layer's input, read by every nest of the layer) was indexed once per pair (0.5 s of
+        the 9-layer attention's second analysis)."""
+        found = self._first_index.get(first)
+        if found is not None:
+            return found
+        level = self.nest.loops[first].depth - 1
+        exact = self.nest.loops[first].depth
+        onchip: dict[tuple, list[_Box]] = {}  # page -> the loop's on-chip boxes there
+        hbm: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
+        for instr in members[first]:
+            at_zero = None
+            for index, box in self.boxes(instr, level):
+                if box.memory != birutil.HBM:
+                    for key in self._pages(box):
+                        onchip.setdefault(key, []).append(box)
+                else:
+                    at_zero = at_zero if at_zero is not None else dict(self.boxes(instr, exact))
+                    hbm.setdefault(box.region, []).append((instr.id, index, box, at_zero[index]))
+        found = self._first_index[first] = (onchip, hbm)
+        return found
 
     def _delta(self, src: int, src_index: int, src_box: _Box, dst: int, dst_index: int, dst_box: _Box,
                first: int, second: int) -> tuple[int, int] | None:
@@ -340,7 +366,7 @@ class LoopDeps:
         pages: dict[tuple, list[list[tuple]]] = {}
         latest: dict[tuple, int] = {}  # (inner loop, thread) -> its latest instruction
         whole = self._whole_buffers(members, level)  # (inner loop, buffer) -> the box it writes whole
-        seen: dict[tuple, set[tuple]] = {}  # page -> the (group, box) of inner loops it holds
+        seen: set[tuple] = set()  # the (group, box) of inner loops in the pages (in all of the box's)
         # An inner loop's boxes join the pages when the walk leaves the loop, so that its own
         # instructions look only at what came before it (and each sees all of that).
         pending: list[tuple[tuple, _Box]] = []  # (group, box) of the inner loop being walked
@@ -366,11 +392,14 @@ class LoopDeps:
                     exact.append((group, box))
             exact += [(key[0], box) for key, box in hulls.items()]
             for group, box in exact:
+                if (group, box) in seen:
+                    continue
+                seen.add((group, box))
+                # the group's latest instruction is final once the walk leaves its loop (a body
+                # is one run of the order), so the entry names it rather than the group
+                entry = (latest[group], current, box)
                 for key in self._pages(box):
-                    kept = seen.setdefault(key, set())
-                    if (group, box) not in kept:
-                        kept.add((group, box))
-                        pages.setdefault(key, [[], []])[1 if box.write else 0].append((group, current, box))
+                    pages.setdefault(key, [[], []])[1 if box.write else 0].append(entry)
             pending.clear()
 
         for instr in members:
@@ -381,6 +410,7 @@ class LoopDeps:
                     leave_loop()
                 current = inner
             incoming: dict[int, int] = {}
+            incoming_get = incoming.get
             boxes = [box for _, box in self.boxes(instr, level)]
             for box in boxes:
                 for key in self._pages(box):
@@ -391,29 +421,31 @@ class LoopDeps:
                     p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
                     for which, kind in checks:
                         code = kind + box.memory
-                        for other, other_inner, obox in entries[which]:
-                            # _meet, inlined: this is the analysis's inner loop
+                        for other, _, obox in entries[which]:
+                            # this is the analysis's inner loop: most entries name a node already
+                            # found at this code (an inner loop's thread has many boxes), so
+                            # that is asked first; then _meet, inlined
+                            if incoming_get(other, -1) >= code:
+                                continue
                             if not (obox.p0 < p1 and p0 < obox.p1 and obox.c0 < c1 and c0 < obox.c1
                                     and obox.b0 < b1 and b0 < obox.b1):
                                 continue
                             if rotor and rotor == obox.rotor and not _meet(box, obox):
                                 continue
-                            if other_inner is not None:
-                                other = latest[other]  # other is the (inner loop, thread) group
-                            if incoming.get(other, -1) < code:
-                                incoming[other] = code
+                            incoming[other] = code
             if inner is not None:
                 group = (inner, syncmodel.access_thread(instr))
                 latest[group] = instr.id
                 pending.extend((group, box) for box in boxes)
             else:
                 for box in boxes:
+                    entry = (instr.id, None, box)
                     for key in self._pages(box):
                         entries = pages.setdefault(key, [[], []])
                         if box.write:  # a write of this block retires what it covers
                             for kind in (0, 1):
                                 entries[kind][:] = _retire(entries[kind], box)
-                        entries[1 if box.write else 0].append((instr.id, None, box))
+                        entries[1 if box.write else 0].append(entry)
             if incoming:
                 graph.merge_strongest(instr.id, incoming)
 
@@ -573,24 +605,41 @@ class LoopDeps:
 
     def _carry_hbm(self, loop: Loop, entries: list[_Entry]) -> None:
         """HBM dependences the loop carries: per tensor that the body writes, every pair with a
-        write at its least distance (_hbm_distance)."""
+        write at its least distance: 1 when the two move by different steps, 1 when neither moves
+        and they meet, else the least d >= 1 at which one moved d steps meets the other (in rows
+        when the step is whole rows, else in elements). Each operand's motion is worked out once
+        (`_hbm_motion`), not once per pair: the pairs are quadratic in a tensor's operands."""
         by_tensor: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_tensor.setdefault(entry.box.region, []).append(entry)
         best: dict[tuple[int, int], tuple[int, int]] = {}  # (src, dst) -> (distance, code)
-        for group in by_tensor.values():
+        trip = loop.trip
+        for tensor, group in by_tensor.items():
             writes = [e for e in group if e.box.write]
             if not writes:
                 continue
+            width = self.widths.get(tensor, 0) or _WIDE
+            motion = {id(e): self._hbm_motion(e, loop.depth, width) for e in group}
             for a in group:
-                for b in writes if not a.box.write else group:
+                step_a, rows_a, a0, a1 = motion[id(a)]
+                box_a = a.box
+                for b in writes if not box_a.write else group:
                     # b at iteration r - d, a at r: src b, dst a (one instruction is one thread, in order)
-                    if a.node == b.node or not (a.box.write or b.box.write):
+                    box_b = b.box
+                    if a.node == b.node or not (box_a.write or box_b.write):
                         continue
-                    distance = self._hbm_distance(loop, a, b)
+                    step_b, _, b0, b1 = motion[id(b)]
+                    if step_a != step_b:
+                        distance: int | None = 1
+                    elif step_a == 0:
+                        distance = 1 if _meet(box_a, box_b) else None
+                    elif rows_a and (box_a.c0 >= box_b.c1 or box_b.c0 >= box_a.c1):
+                        distance = None
+                    else:
+                        distance = _least_shift(a0, a1, b0, b1, rows_a or step_a, trip)
                     if distance is None:
                         continue
-                    kind = _OUTPUT if a.box.write and b.box.write else (_FLOW if b.box.write else _ANTI)
+                    kind = _OUTPUT if box_a.write and box_b.write else (_FLOW if box_b.write else _ANTI)
                     key = (b.node, a.node)
                     old = best.get(key)
                     if old is None or distance < old[0] or (distance == old[0] and kind > old[1]):
@@ -598,21 +647,17 @@ class LoopDeps:
         for (src, dst), (distance, code) in best.items():
             self.carried.append(Carried(src, dst, loop.id, distance, code))
 
-    def _hbm_distance(self, loop: Loop, a: _Entry, b: _Entry) -> int | None:
-        operand_a, operand_b = self.operands[a.node][a.operand], self.operands[b.node][b.operand]
-        step_a, step_b = _step(operand_a, loop.depth), _step(operand_b, loop.depth)
-        box_a, box_b = a.box, b.box
-        if step_a != step_b:
-            return 1
-        if step_a == 0:
-            return 1 if _meet(box_a, box_b) else None
-        width = self.widths.get(box_a.region, 0) or _WIDE
-        if step_a % width == 0:  # rows move by step / width per iteration
-            if box_a.c0 >= box_b.c1 or box_b.c0 >= box_a.c1:
-                return None
-            return _least_shift(box_a.b0, box_a.b1, box_b.b0, box_b.b1, step_a // width, loop.trip)
-        span_a, span_b = _elements(operand_a.ap), _elements(operand_b.ap)
-        return _least_shift(span_a[0], span_a[1], span_b[0], span_b[1], step_a, loop.trip)
+    def _hbm_motion(self, entry: _Entry, depth: int, width: int) -> tuple[int, int, int, int]:
+        """(step, rows, lo, hi) of an HBM operand at the loop of `depth`: its step in elements per
+        iteration; when that is whole rows of `width`, the rows it moves (else 0) and the rows
+        [lo, hi) of its box, else the elements [lo, hi) it reaches at iteration 0."""
+        operand = self.operands[entry.node][entry.operand]
+        step = _step(operand, depth)
+        if step == 0:
+            return 0, 0, 0, 0
+        if step % width == 0:
+            return step, step // width, entry.box.b0, entry.box.b1
+        return (step, 0, *_elements(operand.ap))
 
     def _chain_to(self, loop_id: int) -> tuple[int, ...]:
         return self.nest.chain(loop_id) if loop_id in self.nest.loops else ()

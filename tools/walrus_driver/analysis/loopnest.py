@@ -21,7 +21,7 @@ that (E405) and says, per instruction, its chain of enclosing loops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
@@ -103,6 +103,11 @@ class LoopNest:
     def owner(self, instruction_id: int) -> int:
         """The innermost loop holding the instruction (ROOT at the top level)."""
         return self._owner.get(instruction_id, ROOT)
+
+    def owner_map(self) -> Mapping[int, int]:
+        """Instruction id -> its innermost loop (ROOT at the top level; read-only): `owner` without
+        a call per lookup, for walks over every edge."""
+        return self._owner
 
     def chain(self, loop_id: int) -> tuple[int, ...]:
         """The loops from the outermost down to `loop_id` (empty for ROOT)."""
