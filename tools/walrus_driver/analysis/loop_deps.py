@@ -115,6 +115,7 @@ class LoopDeps:
         self.aligned = 0  # pairs of loops whose dependence runs iteration by iteration
         self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
+        self._rotor_names: dict[tuple[int, int, int, int, int], str] = {}
         self._page_memo: dict[tuple[int, str, int, int], list[tuple[int, str, int]]] = {}
         # loop -> its operands indexed for _aligned_pairs (a loop is the first of several pairs)
         self._first_index: dict[int, tuple[dict[tuple, list[_Box]], dict[str, list[tuple]]]] = {}
@@ -212,8 +213,10 @@ class LoopDeps:
         as many copies and one loop rotating them take the same copy at every iteration, so
         their operands compare within one copy (`s0`, `s1`)."""
         key = (buffer.memory, buffer.address, buffer.bytes_per_partition, buffer.slots, buffer.private_to)
-        name = "@".join(str(k) for k in key)
-        self.rotors.setdefault(name, (buffer.private_to, buffer.slots, buffer.bytes_per_partition))
+        name = self._rotor_names.get(key)
+        if name is None:  # named once per group, not once per operand
+            name = self._rotor_names[key] = "@".join(str(k) for k in key)
+            self.rotors.setdefault(name, (buffer.private_to, buffer.slots, buffer.bytes_per_partition))
         return name
 
     # ---- the DAG ----------------------------------------------------------------------------
@@ -397,7 +400,7 @@ class LoopDeps:
                 seen.add((group, box))
                 # the group's latest instruction is final once the walk leaves its loop (a body
                 # is one run of the order), so the entry names it rather than the group
-                entry = (latest[group], current, box)
+                entry = _walk_entry(latest[group], box)
                 for key in self._pages(box):
                     pages.setdefault(key, [[], []])[1 if box.write else 0].append(entry)
             pending.clear()
@@ -421,16 +424,15 @@ class LoopDeps:
                     p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
                     for which, kind in checks:
                         code = kind + box.memory
-                        for other, _, obox in entries[which]:
+                        for other, q0, q1, d0, d1, e0, e1, orotor, obox in entries[which]:
                             # this is the analysis's inner loop: most entries name a node already
                             # found at this code (an inner loop's thread has many boxes), so
-                            # that is asked first; then _meet, inlined
+                            # that is asked first; then _meet, inlined on the entry's fields
                             if incoming_get(other, -1) >= code:
                                 continue
-                            if not (obox.p0 < p1 and p0 < obox.p1 and obox.c0 < c1 and c0 < obox.c1
-                                    and obox.b0 < b1 and b0 < obox.b1):
+                            if not (q0 < p1 and p0 < q1 and d0 < c1 and c0 < d1 and e0 < b1 and b0 < e1):
                                 continue
-                            if rotor and rotor == obox.rotor and not _meet(box, obox):
+                            if rotor and rotor == orotor and not _meet(box, obox):
                                 continue
                             incoming[other] = code
             if inner is not None:
@@ -439,7 +441,7 @@ class LoopDeps:
                 pending.extend((group, box) for box in boxes)
             else:
                 for box in boxes:
-                    entry = (instr.id, None, box)
+                    entry = _walk_entry(instr.id, box)
                     for key in self._pages(box):
                         entries = pages.setdefault(key, [[], []])
                         if box.write:  # a write of this block retires what it covers
@@ -499,7 +501,7 @@ class LoopDeps:
             chain = self.nest.chain_of(instr.id)
             child = chain[level] if len(chain) > level else None  # the loop inside this one holding it
             for index, box in self.boxes(instr, level):
-                entry = _Entry(instr.id, index, box, box, child)
+                entry = _Entry(instr.id, index, _step(self.operands[instr.id][index], level), box, child)
                 (hbm if box.memory == birutil.HBM else onchip).append(entry)
         for distance in sorted(self._onchip_distances(loop, onchip)):
             self._carry_onchip(loop, onchip, distance)
@@ -542,7 +544,7 @@ class LoopDeps:
                                     pair = (other.node, entry.node)
                                     if found.get(pair, -1) < kind + box.memory:
                                         found[pair] = kind + box.memory
-                moves = _step(self.operands[entry.node][entry.operand], loop.depth) != 0
+                moves = entry.step != 0
                 for key in keys:
                     lists = pages.setdefault(key, [[], []])
                     if box.write and entry.child is None and not moves:  # a body write retires what it covers
@@ -563,8 +565,7 @@ class LoopDeps:
         a, b = earlier.box, later.box
         if earlier.child is not None and earlier.child == later.child:
             return False
-        step_a = _step(self.operands[earlier.node][earlier.operand], loop.depth)
-        step_b = _step(self.operands[later.node][later.operand], loop.depth)
+        step_a, step_b = earlier.step, later.step
         if step_a or step_b:  # an indexed array's operand moves with this loop
             return distance == 1 and self._moving_meet(loop, earlier, later, step_a, step_b)
         if not self.use_addresses:  # virtual buffers: only one that every iteration shares carries
@@ -619,7 +620,7 @@ class LoopDeps:
             if not writes:
                 continue
             width = self.widths.get(tensor, 0) or _WIDE
-            motion = {id(e): self._hbm_motion(e, loop.depth, width) for e in group}
+            motion = {id(e): self._hbm_motion(e, width) for e in group}
             for a in group:
                 step_a, rows_a, a0, a1 = motion[id(a)]
                 box_a = a.box
@@ -647,29 +648,29 @@ class LoopDeps:
         for (src, dst), (distance, code) in best.items():
             self.carried.append(Carried(src, dst, loop.id, distance, code))
 
-    def _hbm_motion(self, entry: _Entry, depth: int, width: int) -> tuple[int, int, int, int]:
-        """(step, rows, lo, hi) of an HBM operand at the loop of `depth`: its step in elements per
+    def _hbm_motion(self, entry: _Entry, width: int) -> tuple[int, int, int, int]:
+        """(step, rows, lo, hi) of an HBM operand in the searched loop: its step in elements per
         iteration; when that is whole rows of `width`, the rows it moves (else 0) and the rows
         [lo, hi) of its box, else the elements [lo, hi) it reaches at iteration 0."""
-        operand = self.operands[entry.node][entry.operand]
-        step = _step(operand, depth)
+        step = entry.step
         if step == 0:
             return 0, 0, 0, 0
         if step % width == 0:
             return step, step // width, entry.box.b0, entry.box.b1
-        return (step, 0, *_elements(operand.ap))
+        return (step, 0, *_elements(self.operands[entry.node][entry.operand].ap))
 
     def _chain_to(self, loop_id: int) -> tuple[int, ...]:
         return self.nest.chain(loop_id) if loop_id in self.nest.loops else ()
 
 
 class _Entry(NamedTuple):
-    """An operand of a loop's member in the carried search: its box over every iteration of the
-    loop (`hull`) and at the loop's iteration 0 (`box`)."""
+    """An operand of a loop's member in the carried search: its step per iteration of the loop
+    (_step, worked out once: the searches ask for it per pair) and its box at the loop's
+    iteration 0."""
 
     node: int
     operand: int
-    hull: _Box
+    step: int
     box: _Box
     child: int | None  # the loop inside the searched one that holds the instruction (None: none)
 
@@ -734,21 +735,30 @@ def _hull(a: _Box, b: _Box) -> _Box:
                       b0=min(a.b0, b.b0), b1=max(a.b1, b.b1))
 
 
+def _walk_entry(node: int, box: _Box) -> tuple:
+    """What a walk's page lists hold of an access: (node, p0, p1, c0, c1, b0, b1, rotor, box),
+    the fields its inner loop compares unpacked in one step rather than read one by one."""
+    return (node, box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor, box)
+
+
 def _retire(entries: list[tuple], write: _Box) -> list[tuple]:
-    """A walk's entries (node, inner loop, box) less what `write` covers: an entry it covers goes,
+    """A walk's entries (_walk_entry) less what `write` covers: an entry it covers goes,
     one it overlaps keeps the parts outside it (as the analyzer's _uncovered does), so that stale
     accesses do not pile up where buffers of other sizes came and went; later conflicts with a
     removed part are ordered through the write."""
     kept = []
+    w0, w1, v0, v1, u0, u1 = write.p0, write.p1, write.c0, write.c1, write.b0, write.b1
     for entry in entries:
-        box = entry[2]
-        if not _meet(write, box) or (write.rotor and write.rotor != box.rotor):
+        _, q0, q1, d0, d1, e0, e1, rotor, box = entry
+        if not (q0 < w1 and w0 < q1 and d0 < v1 and v0 < d1 and e0 < u1 and u0 < e1):  # _meet's boxes
+            kept.append(entry)
+        elif not _meet(write, box) or (write.rotor and write.rotor != rotor):
             kept.append(entry)
         elif not _covers(write, box):
             if write.rotor or box.rotor:
                 kept.append(entry)  # copies of a rotating buffer: no parts to keep apart
             else:
-                kept.extend((entry[0], entry[1], part) for part in _outside(box, write))
+                kept.extend(_walk_entry(entry[0], part) for part in _outside(box, write))
     return kept
 
 
