@@ -416,12 +416,12 @@ class LoopDeps:
             incoming_get = incoming.get
             boxes = [box for _, box in self.boxes(instr, level)]
             for box in boxes:
-                for key in self._pages(box):
+                checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
+                p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
+                for key in self._pages(box):  # a loop's HBM hull spans up to 65 pages
                     entries = pages.get(key)
                     if entries is None:
                         continue
-                    checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
-                    p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
                     for which, kind in checks:
                         code = kind + box.memory
                         for other, q0, q1, d0, d1, e0, e1, orotor, obox in entries[which]:
