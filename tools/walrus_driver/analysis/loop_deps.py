@@ -117,7 +117,6 @@ class LoopDeps:
         self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
         self._rotor_names: dict[tuple[int, int, int, int, int], str] = {}
-        self._page_memo: dict[tuple[int, str, int, int], list[tuple[int, str, int]]] = {}
         # loop -> its operands indexed for _aligned_pairs (a loop is the first of several pairs)
         self._first_index: dict[int, tuple[dict[tuple, list[_Box]], dict[str, list[tuple]]]] = {}
         self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
@@ -192,22 +191,18 @@ class LoopDeps:
                 r1 = (ap.offset + span[1] + high) // width + 1
         return _Box(birutil.HBM, ap.tensor, 0, 1, c0, c1, r0, r1, write, "", 0, 0)
 
-    def _pages(self, box: _Box) -> list[tuple[int, str, int]]:
-        """The lookup pages a box falls in: (memory, region, page) keys; an HBM tensor's pages
-        are 16 rows or a 64th of its rows, whichever is more (a box over every iteration of a
-        loop can span a whole tensor). Memoized by the box's rows: the walks ask again for every
-        box at every level and in every loop that holds it (half a million times at 12k
-        instructions); callers only read the list."""
-        key = (box.memory, box.region, box.b0, box.b1)
-        found = self._page_memo.get(key)
-        if found is None:
-            if box.memory == birutil.HBM:
-                size = self.page_rows.get(box.region, _PAGE[birutil.HBM])
-            else:
-                size = _PAGE.get(box.memory, 4096)
-            found = self._page_memo[key] = [(box.memory, box.region, page)
-                                            for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
-        return found
+    def _pages(self, box: _Box) -> tuple[tuple[int, str], range]:
+        """The lookup pages a box falls in: its region's key (memory, region) and the range of
+        its pages there, which the walks' tables (region key -> page -> entries) are indexed by;
+        an HBM tensor's pages are 16 rows or a 64th of its rows, whichever is more (a box over
+        every iteration of a loop can span a whole tensor). A range, not a list of keys: the
+        walks ask again for every box at every level and in every loop that holds it (half a
+        million times at 12k instructions), and a loop's hull spans up to 65 pages."""
+        if box.memory == birutil.HBM:
+            size = self.page_rows.get(box.region, _PAGE[birutil.HBM])
+        else:
+            size = _PAGE.get(box.memory, 4096)
+        return (box.memory, box.region), range(box.b0 // size, (box.b1 - 1) // size + 1)
 
     def _rotor(self, buffer: bir_pb2.Buffer) -> str:
         """The rotation group of a rotating buffer: the buffers at one address with one copy size,
@@ -285,8 +280,11 @@ class LoopDeps:
         onchip_first, hbm_first = self._indexed_first(first, members)
         for instr in members[second]:  # any on-chip conflict: the whole first loop first
             for _, box in self.boxes(instr, level):
-                if box.memory != birutil.HBM and any(_meet(box, other) for key in self._pages(box)
-                                                      for other in onchip_first.get(key, ())):
+                if box.memory == birutil.HBM:
+                    continue
+                region, span = self._pages(box)
+                there = onchip_first.get(region, {})
+                if any(_meet(box, other) for page in span for other in there.get(page, ())):
                     return []
         pairs = []
         for instr in members[second]:
@@ -305,7 +303,7 @@ class LoopDeps:
         return pairs
 
     def _indexed_first(self, first: int, members: dict[int, list[bir_pb2.Instruction]]
-                       ) -> tuple[dict[tuple, list[_Box]], dict[str, list[tuple[int, int, _Box, _Box]]]]:
+                       ) -> tuple[dict[tuple, dict[int, list[_Box]]], dict[str, list[tuple]]]:
         """Loop `first`'s operands as _aligned_pairs looks them up: its on-chip boxes over every
         iteration by page, and its HBM ones by tensor with each one's box at iteration 0 (source,
         operand index, hull, box). Built once per loop: a loop that many later siblings follow
@@ -316,14 +314,16 @@ class LoopDeps:
             return found
         level = self.nest.loops[first].depth - 1
         exact = self.nest.loops[first].depth
-        onchip: dict[tuple, list[_Box]] = {}  # page -> the loop's on-chip boxes there
+        onchip: dict[tuple, dict[int, list[_Box]]] = {}  # region -> page -> the loop's on-chip boxes there
         hbm: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
         for instr in members[first]:
             at_zero = None
             for index, box in self.boxes(instr, level):
                 if box.memory != birutil.HBM:
-                    for key in self._pages(box):
-                        onchip.setdefault(key, []).append(box)
+                    region, span = self._pages(box)
+                    there = onchip.setdefault(region, {})
+                    for page in span:
+                        there.setdefault(page, []).append(box)
                 else:
                     at_zero = at_zero if at_zero is not None else dict(self.boxes(instr, exact))
                     hbm.setdefault(box.region, []).append((instr.id, index, box, at_zero[index]))
@@ -371,7 +371,7 @@ class LoopDeps:
         box is kept once per thread). Its on-chip writes retire what came before the loop where
         the loop writes a whole buffer (every copy of a rotating one, in turn) over its
         iterations; never the loop's own accesses, whose order is the loop's own walk's to say."""
-        pages: dict[tuple, list[list[tuple]]] = {}
+        pages: dict[tuple, dict[int, list[list[tuple]]]] = {}  # region -> page -> [reads, writes]
         latest: dict[tuple, int] = {}  # (inner loop, thread) -> its latest instruction
         whole = self._whole_buffers(members, level)  # (inner loop, buffer) -> the box it writes whole
         seen: set[tuple] = set()  # the (group, box) of inner loops in the pages (in all of the box's)
@@ -384,8 +384,10 @@ class LoopDeps:
             footprints = {box.buffer: whole[(current, box.buffer)] for _, box in pending
                           if box.write and (current, box.buffer) in whole}
             for footprint in footprints.values():  # what the loop writes whole retires what it covers
-                for key in self._pages(footprint):
-                    entries = pages.get(key)
+                region, span = self._pages(footprint)
+                there = pages.get(region, {})
+                for page in span:
+                    entries = there.get(page)
                     if entries is not None:
                         for kind in (0, 1):
                             entries[kind][:] = _retire(entries[kind], footprint)
@@ -406,8 +408,10 @@ class LoopDeps:
                 # the group's latest instruction is final once the walk leaves its loop (a body
                 # is one run of the order), so the entry names it rather than the group
                 entry = _walk_entry(latest[group], box)
-                for key in self._pages(box):
-                    pages.setdefault(key, [[], []])[1 if box.write else 0].append(entry)
+                region, span = self._pages(box)
+                there = pages.setdefault(region, {})
+                for page in span:
+                    there.setdefault(page, [[], []])[1 if box.write else 0].append(entry)
             pending.clear()
 
         for instr in members:
@@ -423,8 +427,12 @@ class LoopDeps:
             for box in boxes:
                 checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
                 p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
-                for key in self._pages(box):  # a loop's HBM hull spans up to 65 pages
-                    entries = pages.get(key)
+                region, span = self._pages(box)
+                there = pages.get(region)
+                if there is None:
+                    continue
+                for page in span:  # a loop's HBM hull spans up to 65 pages
+                    entries = there.get(page)
                     if entries is None:
                         continue
                     for which, kind in checks:
@@ -447,8 +455,10 @@ class LoopDeps:
             else:
                 for box in boxes:
                     entry = _walk_entry(instr.id, box)
-                    for key in self._pages(box):
-                        entries = pages.setdefault(key, [[], []])
+                    region, span = self._pages(box)
+                    there = pages.setdefault(region, {})
+                    for page in span:
+                        entries = there.setdefault(page, [[], []])
                         if box.write:  # a write of this block retires what it covers
                             for kind in (0, 1):
                                 entries[kind][:] = _retire(entries[kind], box)
@@ -530,16 +540,17 @@ class LoopDeps:
         before, is ordered through that write), so only the accesses that stay exposed across the
         iteration boundary give an edge. A pair meets at this distance when it meets in one buffer
         (or copy of a rotating one) `distance` iterations apart (`_meets_at`)."""
-        pages: dict[tuple, list[list[tuple[bool, _Entry]]]] = {}
+        pages: dict[tuple, dict[int, list[list[tuple[bool, _Entry]]]]] = {}  # region -> page -> lists
         found: dict[tuple[int, int], int] = {}
         for later in (False, True):
             for entry in entries:
                 box = entry.box
-                keys = self._pages(box)
+                region, span = self._pages(box)
+                there = pages.setdefault(region, {})
                 if later:
                     checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
-                    for key in keys:
-                        lists = pages.get(key)
+                    for page in span:
+                        lists = there.get(page)
                         if lists is None:
                             continue
                         for which, kind in checks:
@@ -551,8 +562,8 @@ class LoopDeps:
                                     if found.get(pair, -1) < kind + box.memory:
                                         found[pair] = kind + box.memory
                 moves = entry.step != 0
-                for key in keys:
-                    lists = pages.setdefault(key, [[], []])
+                for page in span:
+                    lists = there.setdefault(page, [[], []])
                     if box.write and entry.child is None and not moves:  # a body write retires what it covers
                         for which in (0, 1):
                             lists[which][:] = [e for e in lists[which] if not _covers(box, e[1].box)]
