@@ -116,6 +116,7 @@ class LoopDeps:
         self.aligned = 0  # pairs of loops whose dependence runs iteration by iteration
         self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
+        self._bases: dict[int, tuple | None] = {}  # id(operand) -> _base
         self._rotor_names: dict[tuple[int, int, int, int, int], str] = {}
         # loop -> its operands indexed for _aligned_pairs (a loop is the first of several pairs)
         self._first_index: dict[int, tuple[dict[tuple, list[_Box]], dict[str, list[tuple]]]] = {}
@@ -147,15 +148,30 @@ class LoopDeps:
                     result.append((index, box))
         return result
 
+    def _base(self, operand: _Operand, where: str) -> tuple | None:
+        """What an operand's box at every level starts from, worked out once (an instruction's
+        boxes are asked for at its every level, up to 4): an HBM operand's box in its tensor's
+        row width (birutil.hbm_box), an on-chip one's span in its buffer (birutil.operand_box)."""
+        key = id(operand)  # the operands live in self.operands as long as this analysis
+        if key in self._bases:
+            return self._bases[key]
+        ap = operand.ap
+        if ap.memory == birutil.HBM:
+            base = birutil.hbm_box(ap, self.widths.get(ap.tensor, 0) or _WIDE)
+        elif ap.memory not in birutil.ONCHIP:
+            raise CompileError("E405", f"{where}: operand {ap.tensor!r} has no memory class", where)
+        else:
+            base = birutil.operand_box(ap, self.buffers, False, where)
+        self._bases[key] = base
+        return base
+
     def _box(self, operand: _Operand, level: int, swept: list[int], where: str) -> _Box | None:
         ap, write = operand.ap, operand.write
+        span = self._base(operand, where)
         if ap.memory == birutil.HBM:
             width = self.widths.get(ap.tensor, 0) or _WIDE
             steps = operand.steps[level:] if operand.steps else ()
-            return self._hbm_box(ap, width, steps, swept, write)
-        if ap.memory not in birutil.ONCHIP:
-            raise CompileError("E405", f"{where}: operand {ap.tensor!r} has no memory class", where)
-        span = birutil.operand_box(ap, self.buffers, False, where)
+            return self._hbm_box(ap, span, width, steps, swept, write)
         if span is None:
             return None
         _, p0, p1, b0, b1 = span
@@ -174,9 +190,9 @@ class LoopDeps:
         return _Box(ap.memory, "", p0, p1, 0, 1, base + b0, base + b1, write, "", 0, 0, ap.tensor)
 
     @staticmethod
-    def _hbm_box(ap: bir_pb2.AccessPattern, width: int, steps: tuple[int, ...], swept: list[int],
-                 write: bool) -> _Box | None:
-        box = birutil.hbm_box(ap, width)
+    def _hbm_box(ap: bir_pb2.AccessPattern, box: tuple[int, int, int, int] | None, width: int,
+                 steps: tuple[int, ...], swept: list[int], write: bool) -> _Box | None:
+        """An HBM operand's box (`box`: birutil.hbm_box's, at iteration 0) swept over `steps`."""
         if box is None:
             return None
         c0, c1, r0, r1 = box
