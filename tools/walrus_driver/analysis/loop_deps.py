@@ -561,9 +561,17 @@ class LoopDeps:
         for later in (False, True):
             for entry in entries:
                 box = entry.box
+                # Past distance 1 only two operands of one group that rotates at this loop over
+                # `distance` copies, neither moving, meet (_meets_at): only those join the lists,
+                # and the others only retire what they cover. The lists hold the same meeting
+                # entries in the same order, without the rest (half the pairs tried in the
+                # 9-layer attention's second analysis).
+                meets = distance == 1 or (entry.step == 0 and bool(box.rotor)
+                                          and self._rotor_loop(box.rotor) == loop.id
+                                          and self._rotor_slots(box.rotor) == distance)
                 region, span = self._pages(box)
                 there = pages.setdefault(region, {})
-                if later:
+                if later and meets:
                     checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
                     for page in span:
                         lists = there.get(page)
@@ -583,7 +591,8 @@ class LoopDeps:
                     if box.write and entry.child is None and not moves:  # a body write retires what it covers
                         for which in (0, 1):
                             lists[which][:] = [e for e in lists[which] if not _covers(box, e[1].box)]
-                    lists[1 if box.write else 0].append((later, entry))
+                    if meets:
+                        lists[1 if box.write else 0].append((later, entry))
         for (src, dst), code in found.items():
             self.carried.append(Carried(src, dst, loop.id, distance, code))
 
