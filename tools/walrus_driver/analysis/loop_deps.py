@@ -418,9 +418,10 @@ class LoopDeps:
                     exact.append((group, box))
             exact += [(key[0], box) for key, box in hulls.items()]
             for group, box in exact:
-                if (group, box) in seen:
+                known = len(seen)
+                seen.add((group, box))  # hashed once: a box is 13 fields
+                if len(seen) == known:
                     continue
-                seen.add((group, box))
                 # the group's latest instruction is final once the walk leaves its loop (a body
                 # is one run of the order), so the entry names it rather than the group
                 entry = _walk_entry(latest[group], box)

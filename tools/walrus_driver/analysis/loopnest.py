@@ -75,15 +75,16 @@ class LoopNest:
 
         for loop_id in entries:
             loop(loop_id)
-        nest = cls(loops, {instr.id: owner_of(instr) for instr in instructions})
-        nest._check_contiguous(instructions)
+        owners = [owner_of(instr) for instr in instructions]  # read once (a protobuf HasField each)
+        nest = cls(loops, dict(zip((instr.id for instr in instructions), owners, strict=True)))
+        nest._check_contiguous(instructions, owners)
         return nest
 
-    def _check_contiguous(self, instructions: Sequence[bir_pb2.Instruction]) -> None:
+    def _check_contiguous(self, instructions: Sequence[bir_pb2.Instruction], owners: list[int]) -> None:
         open_chain: tuple[int, ...] = ()
         closed: set[int] = set()
-        for instr in instructions:
-            chain = self.chain(owner_of(instr))
+        for instr, owner in zip(instructions, owners, strict=True):
+            chain = self.chain(owner)
             if chain != open_chain:
                 shared = len(self._shared(open_chain, chain))
                 closed.update(open_chain[shared:])
