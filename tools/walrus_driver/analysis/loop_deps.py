@@ -119,7 +119,7 @@ class LoopDeps:
         self._bases: dict[int, tuple | None] = {}  # id(operand) -> _base
         self._rotor_names: dict[tuple[int, int, int, int, int], str] = {}
         # loop -> its operands indexed for _aligned_pairs (a loop is the first of several pairs)
-        self._first_index: dict[int, tuple[dict[tuple, list[_Box]], dict[str, list[tuple]]]] = {}
+        self._first_index: dict[int, tuple[dict[tuple, dict[int, list[_Box]]], dict[str, list[tuple]]]] = {}
         self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
                                                            // _MAX_PAGES)) for t in program.hbm}
 
