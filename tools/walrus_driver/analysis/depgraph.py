@@ -110,6 +110,12 @@ class DepGraph:
         higher code: the stronger kind, and of one kind the higher memory (as the analyzer's
         on-chip walk does, so that a walk split in two gives the edges of one)."""
         incoming, succ = self._pred[node], self._succ
+        if not incoming:  # the node's first edges (most calls of a walk): what the loop below does
+            incoming.update(preds)
+            self._edges += len(preds)
+            for pred, code in preds.items():
+                succ[pred][node] = code
+            return
         for pred, code in preds.items():
             old = incoming.get(pred)
             if old is None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import NamedTuple
 
 from ncc.schemas import bir_pb2
@@ -115,6 +116,10 @@ class LoopDeps:
         self.aligned = 0  # pairs of loops whose dependence runs iteration by iteration
         self._boxes: dict[tuple[int, int], list[tuple[int, _Box]]] = {}  # (instruction, level) -> boxes
         self.rotors: dict[str, tuple[int, int, int]] = {}  # rotation group -> (its loop, copies, copy size)
+        self._bases: dict[int, tuple | None] = {}  # id(operand) -> _base
+        self._rotor_names: dict[tuple[int, int, int, int, int], str] = {}
+        # loop -> its operands indexed for _aligned_pairs (a loop is the first of several pairs)
+        self._first_index: dict[int, tuple[dict[tuple, dict[int, list[_Box]]], dict[str, list[tuple]]]] = {}
         self.page_rows = {t.name: max(_PAGE[birutil.HBM], -(-math.prod(t.shape) // (widths.get(t.name) or 1)
                                                            // _MAX_PAGES)) for t in program.hbm}
 
@@ -143,15 +148,30 @@ class LoopDeps:
                     result.append((index, box))
         return result
 
+    def _base(self, operand: _Operand, where: str) -> tuple | None:
+        """What an operand's box at every level starts from, worked out once (an instruction's
+        boxes are asked for at its every level, up to 4): an HBM operand's box in its tensor's
+        row width (birutil.hbm_box), an on-chip one's span in its buffer (birutil.operand_box)."""
+        key = id(operand)  # the operands live in self.operands as long as this analysis
+        if key in self._bases:
+            return self._bases[key]
+        ap = operand.ap
+        if ap.memory == birutil.HBM:
+            base = birutil.hbm_box(ap, self.widths.get(ap.tensor, 0) or _WIDE)
+        elif ap.memory not in birutil.ONCHIP:
+            raise CompileError("E405", f"{where}: operand {ap.tensor!r} has no memory class", where)
+        else:
+            base = birutil.operand_box(ap, self.buffers, False, where)
+        self._bases[key] = base
+        return base
+
     def _box(self, operand: _Operand, level: int, swept: list[int], where: str) -> _Box | None:
         ap, write = operand.ap, operand.write
+        span = self._base(operand, where)
         if ap.memory == birutil.HBM:
             width = self.widths.get(ap.tensor, 0) or _WIDE
             steps = operand.steps[level:] if operand.steps else ()
-            return self._hbm_box(ap, width, steps, swept, write)
-        if ap.memory not in birutil.ONCHIP:
-            raise CompileError("E405", f"{where}: operand {ap.tensor!r} has no memory class", where)
-        span = birutil.operand_box(ap, self.buffers, False, where)
+            return self._hbm_box(ap, span, width, steps, swept, write)
         if span is None:
             return None
         _, p0, p1, b0, b1 = span
@@ -170,9 +190,9 @@ class LoopDeps:
         return _Box(ap.memory, "", p0, p1, 0, 1, base + b0, base + b1, write, "", 0, 0, ap.tensor)
 
     @staticmethod
-    def _hbm_box(ap: bir_pb2.AccessPattern, width: int, steps: tuple[int, ...], swept: list[int],
-                 write: bool) -> _Box | None:
-        box = birutil.hbm_box(ap, width)
+    def _hbm_box(ap: bir_pb2.AccessPattern, box: tuple[int, int, int, int] | None, width: int,
+                 steps: tuple[int, ...], swept: list[int], write: bool) -> _Box | None:
+        """An HBM operand's box (`box`: birutil.hbm_box's, at iteration 0) swept over `steps`."""
         if box is None:
             return None
         c0, c1, r0, r1 = box
@@ -187,23 +207,28 @@ class LoopDeps:
                 r1 = (ap.offset + span[1] + high) // width + 1
         return _Box(birutil.HBM, ap.tensor, 0, 1, c0, c1, r0, r1, write, "", 0, 0)
 
-    def _pages(self, box: _Box) -> list[tuple[int, str, int]]:
-        """The lookup pages a box falls in: (memory, region, page) keys; an HBM tensor's pages
-        are 16 rows or a 64th of its rows, whichever is more (a box over every iteration of a
-        loop can span a whole tensor)."""
+    def _pages(self, box: _Box) -> tuple[tuple[int, str], range]:
+        """The lookup pages a box falls in: its region's key (memory, region) and the range of
+        its pages there, which the walks' tables (region key -> page -> entries) are indexed by;
+        an HBM tensor's pages are 16 rows or a 64th of its rows, whichever is more (a box over
+        every iteration of a loop can span a whole tensor). A range, not a list of keys: the
+        walks ask again for every box at every level and in every loop that holds it (half a
+        million times at 12k instructions), and a loop's hull spans up to 65 pages."""
         if box.memory == birutil.HBM:
             size = self.page_rows.get(box.region, _PAGE[birutil.HBM])
         else:
             size = _PAGE.get(box.memory, 4096)
-        return [(box.memory, box.region, page) for page in range(box.b0 // size, (box.b1 - 1) // size + 1)]
+        return (box.memory, box.region), range(box.b0 // size, (box.b1 - 1) // size + 1)
 
     def _rotor(self, buffer: bir_pb2.Buffer) -> str:
         """The rotation group of a rotating buffer: the buffers at one address with one copy size,
         as many copies and one loop rotating them take the same copy at every iteration, so
         their operands compare within one copy (`s0`, `s1`)."""
         key = (buffer.memory, buffer.address, buffer.bytes_per_partition, buffer.slots, buffer.private_to)
-        name = "@".join(str(k) for k in key)
-        self.rotors.setdefault(name, (buffer.private_to, buffer.slots, buffer.bytes_per_partition))
+        name = self._rotor_names.get(key)
+        if name is None:  # named once per group, not once per operand
+            name = self._rotor_names[key] = "@".join(str(k) for k in key)
+            self.rotors.setdefault(name, (buffer.private_to, buffer.slots, buffer.bytes_per_partition))
         return name
 
     # ---- the DAG ----------------------------------------------------------------------------
@@ -228,7 +253,12 @@ class LoopDeps:
         """Let a loop's iterations follow an earlier sibling loop's iteration by iteration where
         that is all they depend on (the module docstring: aligned dependences)."""
         candidates: set[tuple[int, int]] = set()
-        owners = {(self.nest.owner(src), self.nest.owner(dst)) for src, dst in graph.edges}
+        owner = self.nest.owner_map().get
+        owners: set[tuple[int, int]] = set()  # (src's loop, dst's loop) of every edge, in edge order
+        for src in graph.nodes:  # per node in Python, per edge in C: 365k edges at the 9-layer attention
+            successors = graph.successors(src)
+            mine = repeat(owner(src, ROOT), len(successors))
+            owners.update(zip(mine, map(owner, successors, repeat(ROOT)), strict=True))
         for owner_src, owner_dst in owners:
             pair = self._siblings(owner_src, owner_dst)
             if pair is not None:
@@ -263,23 +293,15 @@ class LoopDeps:
         (on chip, steps that do not divide) and `second` must wait for the whole of `first`."""
         level = self.nest.loops[first].depth - 1  # boxes over every iteration of both loops
         exact = self.nest.loops[first].depth  # ... and at their iteration 0
-        onchip_first: dict[tuple, list[_Box]] = {}  # page -> the first loop's on-chip boxes there
-        for instr in members[first]:
-            for _, box in self.boxes(instr, level):
-                if box.memory != birutil.HBM:
-                    for key in self._pages(box):
-                        onchip_first.setdefault(key, []).append(box)
+        onchip_first, hbm_first = self._indexed_first(first, members)
         for instr in members[second]:  # any on-chip conflict: the whole first loop first
             for _, box in self.boxes(instr, level):
-                if box.memory != birutil.HBM and any(_meet(box, other) for key in self._pages(box)
-                                                      for other in onchip_first.get(key, ())):
-                    return []
-        hbm_first: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
-        for instr in members[first]:
-            at_zero = dict(self.boxes(instr, exact))
-            for index, box in self.boxes(instr, level):
                 if box.memory == birutil.HBM:
-                    hbm_first.setdefault(box.region, []).append((instr.id, index, box, at_zero[index]))
+                    continue
+                region, span = self._pages(box)
+                there = onchip_first.get(region, {})
+                if any(_meet(box, other) for page in span for other in there.get(page, ())):
+                    return []
         pairs = []
         for instr in members[second]:
             at_zero = dict(self.boxes(instr, exact))
@@ -295,6 +317,34 @@ class LoopDeps:
                     kind = _OUTPUT if box.write and hull.write else (_FLOW if hull.write else _ANTI)
                     pairs.append((src, instr.id, *found, kind + birutil.HBM))
         return pairs
+
+    def _indexed_first(self, first: int, members: dict[int, list[bir_pb2.Instruction]]
+                       ) -> tuple[dict[tuple, dict[int, list[_Box]]], dict[str, list[tuple]]]:
+        """Loop `first`'s operands as _aligned_pairs looks them up: its on-chip boxes over every
+        iteration by page, and its HBM ones by tensor with each one's box at iteration 0 (source,
+        operand index, hull, box). Built once per loop: a loop that many later siblings follow
+        (a layer's input, read by every nest of the layer) was indexed once per pair (0.5 s of
+        the 9-layer attention's second analysis)."""
+        found = self._first_index.get(first)
+        if found is not None:
+            return found
+        level = self.nest.loops[first].depth - 1
+        exact = self.nest.loops[first].depth
+        onchip: dict[tuple, dict[int, list[_Box]]] = {}  # region -> page -> the loop's on-chip boxes there
+        hbm: dict[str, list[tuple[int, int, _Box, _Box]]] = {}
+        for instr in members[first]:
+            at_zero = None
+            for index, box in self.boxes(instr, level):
+                if box.memory != birutil.HBM:
+                    region, span = self._pages(box)
+                    there = onchip.setdefault(region, {})
+                    for page in span:
+                        there.setdefault(page, []).append(box)
+                else:
+                    at_zero = at_zero if at_zero is not None else dict(self.boxes(instr, exact))
+                    hbm.setdefault(box.region, []).append((instr.id, index, box, at_zero[index]))
+        found = self._first_index[first] = (onchip, hbm)
+        return found
 
     def _delta(self, src: int, src_index: int, src_box: _Box, dst: int, dst_index: int, dst_box: _Box,
                first: int, second: int) -> tuple[int, int] | None:
@@ -337,10 +387,10 @@ class LoopDeps:
         box is kept once per thread). Its on-chip writes retire what came before the loop where
         the loop writes a whole buffer (every copy of a rotating one, in turn) over its
         iterations; never the loop's own accesses, whose order is the loop's own walk's to say."""
-        pages: dict[tuple, list[list[tuple]]] = {}
+        pages: dict[tuple, dict[int, list[list[tuple]]]] = {}  # region -> page -> [reads, writes]
         latest: dict[tuple, int] = {}  # (inner loop, thread) -> its latest instruction
         whole = self._whole_buffers(members, level)  # (inner loop, buffer) -> the box it writes whole
-        seen: dict[tuple, set[tuple]] = {}  # page -> the (group, box) of inner loops it holds
+        seen: set[tuple] = set()  # the (group, box) of inner loops in the pages (in all of the box's)
         # An inner loop's boxes join the pages when the walk leaves the loop, so that its own
         # instructions look only at what came before it (and each sees all of that).
         pending: list[tuple[tuple, _Box]] = []  # (group, box) of the inner loop being walked
@@ -350,8 +400,10 @@ class LoopDeps:
             footprints = {box.buffer: whole[(current, box.buffer)] for _, box in pending
                           if box.write and (current, box.buffer) in whole}
             for footprint in footprints.values():  # what the loop writes whole retires what it covers
-                for key in self._pages(footprint):
-                    entries = pages.get(key)
+                region, span = self._pages(footprint)
+                there = pages.get(region, {})
+                for page in span:
+                    entries = there.get(page)
                     if entries is not None:
                         for kind in (0, 1):
                             entries[kind][:] = _retire(entries[kind], footprint)
@@ -366,11 +418,17 @@ class LoopDeps:
                     exact.append((group, box))
             exact += [(key[0], box) for key, box in hulls.items()]
             for group, box in exact:
-                for key in self._pages(box):
-                    kept = seen.setdefault(key, set())
-                    if (group, box) not in kept:
-                        kept.add((group, box))
-                        pages.setdefault(key, [[], []])[1 if box.write else 0].append((group, current, box))
+                known = len(seen)
+                seen.add((group, box))  # hashed once: a box is 13 fields
+                if len(seen) == known:
+                    continue
+                # the group's latest instruction is final once the walk leaves its loop (a body
+                # is one run of the order), so the entry names it rather than the group
+                entry = _walk_entry(latest[group], box)
+                region, span = self._pages(box)
+                there = pages.setdefault(region, {})
+                for page in span:
+                    there.setdefault(page, [[], []])[1 if box.write else 0].append(entry)
             pending.clear()
 
         for instr in members:
@@ -381,39 +439,47 @@ class LoopDeps:
                     leave_loop()
                 current = inner
             incoming: dict[int, int] = {}
+            incoming_get = incoming.get
             boxes = [box for _, box in self.boxes(instr, level)]
             for box in boxes:
-                for key in self._pages(box):
-                    entries = pages.get(key)
+                checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
+                p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
+                region, span = self._pages(box)
+                there = pages.get(region)
+                if there is None:
+                    continue
+                for page in span:  # a loop's HBM hull spans up to 65 pages
+                    entries = there.get(page)
                     if entries is None:
                         continue
-                    checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
-                    p0, p1, c0, c1, b0, b1, rotor = box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor
                     for which, kind in checks:
                         code = kind + box.memory
-                        for other, other_inner, obox in entries[which]:
-                            # _meet, inlined: this is the analysis's inner loop
-                            if not (obox.p0 < p1 and p0 < obox.p1 and obox.c0 < c1 and c0 < obox.c1
-                                    and obox.b0 < b1 and b0 < obox.b1):
+                        for other, q0, q1, d0, d1, e0, e1, orotor, obox in entries[which]:
+                            # this is the analysis's inner loop: most entries name a node already
+                            # found at this code (an inner loop's thread has many boxes), so
+                            # that is asked first; then _meet, inlined on the entry's fields
+                            if incoming_get(other, -1) >= code:
                                 continue
-                            if rotor and rotor == obox.rotor and not _meet(box, obox):
+                            if not (q0 < p1 and p0 < q1 and d0 < c1 and c0 < d1 and e0 < b1 and b0 < e1):
                                 continue
-                            if other_inner is not None:
-                                other = latest[other]  # other is the (inner loop, thread) group
-                            if incoming.get(other, -1) < code:
-                                incoming[other] = code
+                            if rotor and rotor == orotor and not _meet(box, obox):
+                                continue
+                            incoming[other] = code
             if inner is not None:
                 group = (inner, syncmodel.access_thread(instr))
                 latest[group] = instr.id
                 pending.extend((group, box) for box in boxes)
             else:
                 for box in boxes:
-                    for key in self._pages(box):
-                        entries = pages.setdefault(key, [[], []])
+                    entry = _walk_entry(instr.id, box)
+                    region, span = self._pages(box)
+                    there = pages.setdefault(region, {})
+                    for page in span:
+                        entries = there.setdefault(page, [[], []])
                         if box.write:  # a write of this block retires what it covers
                             for kind in (0, 1):
                                 entries[kind][:] = _retire(entries[kind], box)
-                        entries[1 if box.write else 0].append((instr.id, None, box))
+                        entries[1 if box.write else 0].append(entry)
             if incoming:
                 graph.merge_strongest(instr.id, incoming)
 
@@ -426,20 +492,21 @@ class LoopDeps:
             chain = self.nest.chain_of(instr.id)
             if len(chain) <= level:
                 continue
+            operands = self.operands[instr.id]
             for index, box in self.boxes(instr, level):
-                moves = any(self.operands[instr.id][index].steps[level:])  # its box: a hull, not a write
-                if box.write and box.memory != birutil.HBM and not moves:
+                if box.write and box.memory != birutil.HBM and not any(operands[index].steps[level:]):
+                    # (a box that moves over the loops inside is a hull, not a write)
                     writes.setdefault((chain[level], box.buffer), []).append(box)
         found: dict[tuple, _Box] = {}
         for (inner, name), boxes in writes.items():
+            if boxes[0].rotor and not self._rotates_whole(boxes[0].rotor, inner):
+                continue
             buffer = self.buffers[name]
             size = buffer.bytes_per_partition
             relative = [b._replace(b0=b.s0, b1=b.s1) if b.rotor else b for b in boxes]
             base = 0 if not self.use_addresses or boxes[0].rotor else buffer.address
             target = boxes[0]._replace(p0=0, p1=buffer.partitions, b0=base, b1=base + size, rotor="")
             if not _union_covers(relative, target):
-                continue
-            if boxes[0].rotor and not self._rotates_whole(boxes[0].rotor, inner):
                 continue
             copies = max(1, buffer.slots) if self.use_addresses else 1
             start = buffer.address if self.use_addresses else 0
@@ -467,7 +534,7 @@ class LoopDeps:
             chain = self.nest.chain_of(instr.id)
             child = chain[level] if len(chain) > level else None  # the loop inside this one holding it
             for index, box in self.boxes(instr, level):
-                entry = _Entry(instr.id, index, box, box, child)
+                entry = _Entry(instr.id, index, _step(self.operands[instr.id][index], level), box, child)
                 (hbm if box.memory == birutil.HBM else onchip).append(entry)
         for distance in sorted(self._onchip_distances(loop, onchip)):
             self._carry_onchip(loop, onchip, distance)
@@ -490,16 +557,25 @@ class LoopDeps:
         before, is ordered through that write), so only the accesses that stay exposed across the
         iteration boundary give an edge. A pair meets at this distance when it meets in one buffer
         (or copy of a rotating one) `distance` iterations apart (`_meets_at`)."""
-        pages: dict[tuple, list[list[tuple[bool, _Entry]]]] = {}
+        pages: dict[tuple, dict[int, list[list[tuple[bool, _Entry]]]]] = {}  # region -> page -> lists
         found: dict[tuple[int, int], int] = {}
         for later in (False, True):
             for entry in entries:
                 box = entry.box
-                keys = self._pages(box)
-                if later:
+                # Past distance 1 only two operands of one group that rotates at this loop over
+                # `distance` copies, neither moving, meet (_meets_at): only those join the lists,
+                # and the others only retire what they cover. The lists hold the same meeting
+                # entries in the same order, without the rest (half the pairs tried in the
+                # 9-layer attention's second analysis).
+                meets = distance == 1 or (entry.step == 0 and bool(box.rotor)
+                                          and self._rotor_loop(box.rotor) == loop.id
+                                          and self._rotor_slots(box.rotor) == distance)
+                region, span = self._pages(box)
+                there = pages.setdefault(region, {})
+                if later and meets:
                     checks = ((1, _OUTPUT), (0, _ANTI)) if box.write else ((1, _FLOW),)
-                    for key in keys:
-                        lists = pages.get(key)
+                    for page in span:
+                        lists = there.get(page)
                         if lists is None:
                             continue
                         for which, kind in checks:
@@ -510,13 +586,14 @@ class LoopDeps:
                                     pair = (other.node, entry.node)
                                     if found.get(pair, -1) < kind + box.memory:
                                         found[pair] = kind + box.memory
-                moves = _step(self.operands[entry.node][entry.operand], loop.depth) != 0
-                for key in keys:
-                    lists = pages.setdefault(key, [[], []])
+                moves = entry.step != 0
+                for page in span:
+                    lists = there.setdefault(page, [[], []])
                     if box.write and entry.child is None and not moves:  # a body write retires what it covers
                         for which in (0, 1):
                             lists[which][:] = [e for e in lists[which] if not _covers(box, e[1].box)]
-                    lists[1 if box.write else 0].append((later, entry))
+                    if meets:
+                        lists[1 if box.write else 0].append((later, entry))
         for (src, dst), code in found.items():
             self.carried.append(Carried(src, dst, loop.id, distance, code))
 
@@ -531,8 +608,7 @@ class LoopDeps:
         a, b = earlier.box, later.box
         if earlier.child is not None and earlier.child == later.child:
             return False
-        step_a = _step(self.operands[earlier.node][earlier.operand], loop.depth)
-        step_b = _step(self.operands[later.node][later.operand], loop.depth)
+        step_a, step_b = earlier.step, later.step
         if step_a or step_b:  # an indexed array's operand moves with this loop
             return distance == 1 and self._moving_meet(loop, earlier, later, step_a, step_b)
         if not self.use_addresses:  # virtual buffers: only one that every iteration shares carries
@@ -573,24 +649,41 @@ class LoopDeps:
 
     def _carry_hbm(self, loop: Loop, entries: list[_Entry]) -> None:
         """HBM dependences the loop carries: per tensor that the body writes, every pair with a
-        write at its least distance (_hbm_distance)."""
+        write at its least distance: 1 when the two move by different steps, 1 when neither moves
+        and they meet, else the least d >= 1 at which one moved d steps meets the other (in rows
+        when the step is whole rows, else in elements). Each operand's motion is worked out once
+        (`_hbm_motion`), not once per pair: the pairs are quadratic in a tensor's operands."""
         by_tensor: dict[str, list[_Entry]] = {}
         for entry in entries:
             by_tensor.setdefault(entry.box.region, []).append(entry)
         best: dict[tuple[int, int], tuple[int, int]] = {}  # (src, dst) -> (distance, code)
-        for group in by_tensor.values():
+        trip = loop.trip
+        for tensor, group in by_tensor.items():
             writes = [e for e in group if e.box.write]
             if not writes:
                 continue
+            width = self.widths.get(tensor, 0) or _WIDE
+            motion = {id(e): self._hbm_motion(e, width) for e in group}
             for a in group:
-                for b in writes if not a.box.write else group:
+                step_a, rows_a, a0, a1 = motion[id(a)]
+                box_a = a.box
+                for b in writes if not box_a.write else group:
                     # b at iteration r - d, a at r: src b, dst a (one instruction is one thread, in order)
-                    if a.node == b.node or not (a.box.write or b.box.write):
+                    box_b = b.box
+                    if a.node == b.node or not (box_a.write or box_b.write):
                         continue
-                    distance = self._hbm_distance(loop, a, b)
+                    step_b, _, b0, b1 = motion[id(b)]
+                    if step_a != step_b:
+                        distance: int | None = 1
+                    elif step_a == 0:
+                        distance = 1 if _meet(box_a, box_b) else None
+                    elif rows_a and (box_a.c0 >= box_b.c1 or box_b.c0 >= box_a.c1):
+                        distance = None
+                    else:
+                        distance = _least_shift(a0, a1, b0, b1, rows_a or step_a, trip)
                     if distance is None:
                         continue
-                    kind = _OUTPUT if a.box.write and b.box.write else (_FLOW if b.box.write else _ANTI)
+                    kind = _OUTPUT if box_a.write and box_b.write else (_FLOW if box_b.write else _ANTI)
                     key = (b.node, a.node)
                     old = best.get(key)
                     if old is None or distance < old[0] or (distance == old[0] and kind > old[1]):
@@ -598,33 +691,29 @@ class LoopDeps:
         for (src, dst), (distance, code) in best.items():
             self.carried.append(Carried(src, dst, loop.id, distance, code))
 
-    def _hbm_distance(self, loop: Loop, a: _Entry, b: _Entry) -> int | None:
-        operand_a, operand_b = self.operands[a.node][a.operand], self.operands[b.node][b.operand]
-        step_a, step_b = _step(operand_a, loop.depth), _step(operand_b, loop.depth)
-        box_a, box_b = a.box, b.box
-        if step_a != step_b:
-            return 1
-        if step_a == 0:
-            return 1 if _meet(box_a, box_b) else None
-        width = self.widths.get(box_a.region, 0) or _WIDE
-        if step_a % width == 0:  # rows move by step / width per iteration
-            if box_a.c0 >= box_b.c1 or box_b.c0 >= box_a.c1:
-                return None
-            return _least_shift(box_a.b0, box_a.b1, box_b.b0, box_b.b1, step_a // width, loop.trip)
-        span_a, span_b = _elements(operand_a.ap), _elements(operand_b.ap)
-        return _least_shift(span_a[0], span_a[1], span_b[0], span_b[1], step_a, loop.trip)
+    def _hbm_motion(self, entry: _Entry, width: int) -> tuple[int, int, int, int]:
+        """(step, rows, lo, hi) of an HBM operand in the searched loop: its step in elements per
+        iteration; when that is whole rows of `width`, the rows it moves (else 0) and the rows
+        [lo, hi) of its box, else the elements [lo, hi) it reaches at iteration 0."""
+        step = entry.step
+        if step == 0:
+            return 0, 0, 0, 0
+        if step % width == 0:
+            return step, step // width, entry.box.b0, entry.box.b1
+        return (step, 0, *_elements(self.operands[entry.node][entry.operand].ap))
 
     def _chain_to(self, loop_id: int) -> tuple[int, ...]:
         return self.nest.chain(loop_id) if loop_id in self.nest.loops else ()
 
 
 class _Entry(NamedTuple):
-    """An operand of a loop's member in the carried search: its box over every iteration of the
-    loop (`hull`) and at the loop's iteration 0 (`box`)."""
+    """An operand of a loop's member in the carried search: its step per iteration of the loop
+    (_step, worked out once: the searches ask for it per pair) and its box at the loop's
+    iteration 0."""
 
     node: int
     operand: int
-    hull: _Box
+    step: int
     box: _Box
     child: int | None  # the loop inside the searched one that holds the instruction (None: none)
 
@@ -689,21 +778,30 @@ def _hull(a: _Box, b: _Box) -> _Box:
                       b0=min(a.b0, b.b0), b1=max(a.b1, b.b1))
 
 
+def _walk_entry(node: int, box: _Box) -> tuple:
+    """What a walk's page lists hold of an access: (node, p0, p1, c0, c1, b0, b1, rotor, box),
+    the fields its inner loop compares unpacked in one step rather than read one by one."""
+    return (node, box.p0, box.p1, box.c0, box.c1, box.b0, box.b1, box.rotor, box)
+
+
 def _retire(entries: list[tuple], write: _Box) -> list[tuple]:
-    """A walk's entries (node, inner loop, box) less what `write` covers: an entry it covers goes,
+    """A walk's entries (_walk_entry) less what `write` covers: an entry it covers goes,
     one it overlaps keeps the parts outside it (as the analyzer's _uncovered does), so that stale
     accesses do not pile up where buffers of other sizes came and went; later conflicts with a
     removed part are ordered through the write."""
     kept = []
+    w0, w1, v0, v1, u0, u1 = write.p0, write.p1, write.c0, write.c1, write.b0, write.b1
     for entry in entries:
-        box = entry[2]
-        if not _meet(write, box) or (write.rotor and write.rotor != box.rotor):
+        _, q0, q1, d0, d1, e0, e1, rotor, box = entry
+        if not (q0 < w1 and w0 < q1 and d0 < v1 and v0 < d1 and e0 < u1 and u0 < e1):  # _meet's boxes
+            kept.append(entry)
+        elif not _meet(write, box) or (write.rotor and write.rotor != rotor):
             kept.append(entry)
         elif not _covers(write, box):
             if write.rotor or box.rotor:
                 kept.append(entry)  # copies of a rotating buffer: no parts to keep apart
             else:
-                kept.extend((entry[0], entry[1], part) for part in _outside(box, write))
+                kept.extend(_walk_entry(entry[0], part) for part in _outside(box, write))
     return kept
 
 

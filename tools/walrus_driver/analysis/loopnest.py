@@ -21,7 +21,7 @@ that (E405) and says, per instruction, its chain of enclosing loops.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
@@ -75,15 +75,16 @@ class LoopNest:
 
         for loop_id in entries:
             loop(loop_id)
-        nest = cls(loops, {instr.id: owner_of(instr) for instr in instructions})
-        nest._check_contiguous(instructions)
+        owners = [owner_of(instr) for instr in instructions]  # read once (a protobuf HasField each)
+        nest = cls(loops, dict(zip((instr.id for instr in instructions), owners, strict=True)))
+        nest._check_contiguous(instructions, owners)
         return nest
 
-    def _check_contiguous(self, instructions: Sequence[bir_pb2.Instruction]) -> None:
+    def _check_contiguous(self, instructions: Sequence[bir_pb2.Instruction], owners: list[int]) -> None:
         open_chain: tuple[int, ...] = ()
         closed: set[int] = set()
-        for instr in instructions:
-            chain = self.chain(owner_of(instr))
+        for instr, owner in zip(instructions, owners, strict=True):
+            chain = self.chain(owner)
             if chain != open_chain:
                 shared = len(self._shared(open_chain, chain))
                 closed.update(open_chain[shared:])
@@ -103,6 +104,11 @@ class LoopNest:
     def owner(self, instruction_id: int) -> int:
         """The innermost loop holding the instruction (ROOT at the top level)."""
         return self._owner.get(instruction_id, ROOT)
+
+    def owner_map(self) -> Mapping[int, int]:
+        """Instruction id -> its innermost loop (ROOT at the top level; read-only): `owner` without
+        a call per lookup, for walks over every edge."""
+        return self._owner
 
     def chain(self, loop_id: int) -> tuple[int, ...]:
         """The loops from the outermost down to `loop_id` (empty for ROOT)."""
