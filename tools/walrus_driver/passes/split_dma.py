@@ -21,14 +21,6 @@ start of a program and in programs with few transfers; in a program of thousands
 pieces until the program holds `max_extra` pieces more than it had dmas, and later ones stay
 whole. The D = 8192 MLP (38,528 tile dmas, each cut in 8) went from 352,640 backend instructions,
 its queues busy as long as its PE (48-53 ms of 58 ms, 9 ms of it fixed latency), to 123,904.
-The same holds for what the pieces cost when they run, in a program bound by its transfers (its
-dmas, whole, need the queues longer than its busiest engine needs for its work): a piece in a
-loop runs at every iteration, so past the first `free_executed` the pieces executed beyond one per
-dma may add at most `latency_share` of the time the queues need to move the program's bytes
-(pieces x fixed latency against bytes / queue bandwidth), again spent in program order. (A small
-program splits as it did: its latency is exposed.) A 7B decode step's weight tiles
-(128 KiB each, 3,100 of them executed, every one cut in 4 inside rolled loops) spent 4.7 ms of
-queue time on latency, 30 % more than their bytes need.
 """
 
 from __future__ import annotations
@@ -37,7 +29,7 @@ from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.dtypes import itemsize
-from ncc.tools.target import DMA_SPLIT_MAX_EXTRA, DMA_SPLIT_MAX_PARTS, DMA_SPLIT_MIN_BYTES, dma_pieces, is_dma
+from ncc.tools.target import DMA_SPLIT_MAX_EXTRA, DMA_SPLIT_MAX_PARTS, DMA_SPLIT_MIN_BYTES, dma_pieces
 from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -50,8 +42,6 @@ class Options:
     max_parts: int = DMA_SPLIT_MAX_PARTS  # pieces per dma at most
     min_bytes: int = DMA_SPLIT_MIN_BYTES  # bytes each piece moves at least (smaller ones are latency-bound)
     max_extra: int = DMA_SPLIT_MAX_EXTRA  # pieces beyond one per dma in the whole program (0: no limit)
-    latency_share: float = 0.05  # executed pieces' extra latency over the bytes' queue time (0: no limit)
-    free_executed: int = 1024  # extra executed pieces allowed before latency_share counts
     fit_first_wave: bool = True  # re-cut the loads ready at the start to fill the queues once
 
 
@@ -66,8 +56,6 @@ def run(ctx: PassContext) -> None:
     ids = [instr.id for instr in instructions]  # read once: each read of a field is a lookup
     parts = {node: _parts(instr, options) for node, instr in zip(ids, instructions, strict=True)}
     kept_whole = _limit_extra(ids, parts, options.max_extra)
-    if options.latency_share > 0:
-        kept_whole += _limit_executed(ctx, instructions, parts, options)
     rebalanced = _fit_first_wave(program, parts, ctx.target.dma_queues if options.fit_first_wave else 0)
     next_id = max(ids, default=-1) + 1
     result: list[bir_pb2.Instruction] = []
@@ -100,12 +88,10 @@ def run(ctx: PassContext) -> None:
     ctx.set_stat("instructions", len(program.instructions))
 
 
-def _limit_extra(ids: list[int], parts: dict[int, int], max_extra: float,
-                 runs: dict[int, int] | None = None) -> int:
-    """Cut the dmas in program order until `max_extra` extra pieces are spent, a dma's pieces
-    counted `runs[node]` times (default once); the last one may get fewer pieces than the size rule
-    allows, later ones stay whole. Returns how many the limit kept whole or cut less.
-    (penguin_budget.backend_instruction_count counts the static pieces the same way.)"""
+def _limit_extra(ids: list[int], parts: dict[int, int], max_extra: int) -> int:
+    """Cut the dmas in program order until `max_extra` extra pieces are spent (the last one may get
+    fewer pieces than the size rule allows); later ones stay whole. Returns how many the limit kept
+    whole or cut less. (penguin_budget.backend_instruction_count counts the same way.)"""
     if max_extra <= 0:
         return 0
     spare, limited = max_extra, 0
@@ -113,41 +99,11 @@ def _limit_extra(ids: list[int], parts: dict[int, int], max_extra: float,
         extra = parts[node] - 1
         if extra <= 0:
             continue
-        times = runs[node] if runs else 1
-        if extra * times > spare:
-            parts[node] = 1 + int(spare // times)
+        if extra > spare:
+            parts[node] = 1 + spare
             limited += 1
-        spare -= (parts[node] - 1) * times
+        spare -= parts[node] - 1
     return limited
-
-
-def _limit_executed(ctx: PassContext, instructions: list[bir_pb2.Instruction], parts: dict[int, int],
-                    options: Options) -> int:
-    """_limit_extra over executed pieces (every instruction counted as often as its loops run it),
-    in a program whose dmas, whole, already need the queues longer than its busiest engine needs
-    for its work: options.free_executed, and beyond them a fixed latency of at most latency_share
-    of the queue time of the bytes. A program bound by an engine gets its pieces: their latency
-    hides behind the engine's work, and a loop that rotates few buffers needs them to keep more
-    than a few queues busy (a D = 2048 MLP, rolled, ran 1.8x slower with its tiles whole)."""
-    nest = ctx.loops()
-    runs = {instr.id: nest.trips(nest.owner(instr.id)) if nest else 1 for instr in instructions}
-    target, table = ctx.target, ctx.costs()
-    work: dict[int, float] = {}
-    queue_ns = moved = 0.0
-    for instr in instructions:
-        times = runs[instr.id]
-        if instr.op == "dma" and instr.outputs:
-            nbytes = birutil.operand_bytes(instr.outputs[0])
-            moved += times * nbytes
-            queue_ns += times * target.dma_ns(nbytes)
-        elif not is_dma(instr.op):
-            cost = table(instr)
-            work[cost.engine] = work.get(cost.engine, 0.0) + times * cost.engine_ns
-    if queue_ns / target.dma_queues <= max(work.values(), default=0.0):
-        return 0
-    bytes_ns = moved / target.dma_queue_bandwidth_gbps  # bytes / (GB/s) = ns
-    budget = options.free_executed + options.latency_share * bytes_ns / target.dma_fixed_latency_ns
-    return _limit_extra([instr.id for instr in instructions], parts, budget, runs)
 
 
 def _fit_first_wave(program: bir_pb2.Program, parts: dict[int, int], queues: int) -> int:
