@@ -18,12 +18,11 @@ import math
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, hlo_pb2
-from ncc.tools.hlo.hlo_types import entry_computation
+from ncc.tools.common.dtypes import itemsize
+from ncc.tools.hlo.hlo_types import entry_computation, ncc_dtype
 from ncc.tools.target import Target
 
 T = hlo_pb2.PrimitiveType
-_BYTES = {T.PRED: 1, T.S8: 1, T.U8: 1, T.S16: 2, T.U16: 2, T.F16: 2, T.BF16: 2, T.S32: 4, T.U32: 4,
-          T.F32: 4, T.S64: 8, T.U64: 8, T.F64: 8}
 _FAST_PE = frozenset({T.BF16, T.F16, T.S8, T.U8})  # one PE pass; anything wider takes fp32's
 
 
@@ -50,7 +49,7 @@ def shape_bytes(shape: hlo_pb2.ShapeProto) -> int:
     """Bytes of an array shape, or of a tuple's leaves."""
     if shape.element_type == T.TUPLE:
         return sum(shape_bytes(leaf) for leaf in shape.tuple_shapes)
-    return math.prod(shape.dimensions) * _BYTES.get(shape.element_type, 4)
+    return math.prod(shape.dimensions) * itemsize(ncc_dtype(shape.element_type))
 
 
 def _flops(instr: hlo_pb2.HloInstructionProto, operand: dict[int, hlo_pb2.HloInstructionProto]) -> int:

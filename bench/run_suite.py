@@ -187,7 +187,10 @@ def bench(name: str, scratch: Path, use_jax: bool, timeout: float) -> SuiteResul
         return result
     run_facts = json.loads(report.read_text())
     result.simulated_us = round(float(run_facts["simulated_ns"]) / 1e3, 1)
-    result.races = len(run_facts["races"])
+    result.races = int(run_facts["race_count"])
+    if result.races or run_facts["deadlock"]:  # a wrong program, whatever it computed
+        result.outcome = "deadlock" if run_facts["deadlock"] else "races"
+        result.message = run_facts["deadlock"] or f"{result.races} racing pairs"
     result.hbm_bytes = run_facts.get("hbm_bytes")
     engines = {name: ns for name, ns in run_facts["engine_busy_ns"].items() if not name.startswith("q")}
     if engines:
@@ -206,7 +209,7 @@ def bench(name: str, scratch: Path, use_jax: bool, timeout: float) -> SuiteResul
     # only when it is off)
     result.max_error, result.tolerance = max(
         checks, key=lambda check: check[0] / check[1] if check[1] else (float("inf") if check[0] else 0.0))
-    if any(error > bound for error, bound in checks):
+    if any(error > bound for error, bound in checks) and result.outcome == "ok":
         result.outcome = "mismatch"
     return result
 

@@ -187,6 +187,36 @@ def test_run_suite_compiles_verifies_and_compares_a_cut(tmp_path: Path) -> None:
                                    "Packager", "NeffVerifier"}
     assert result["races"] == 0 and result["static_instructions"] <= result["executed_instructions"]
     assert 0 <= result["max_error"] <= result["tolerance"] and result["tolerance"] > 0  # a float output
+    # the bounds beside it: the simulated run moved at least the minimum bytes, and took at least the
+    # schedule's lower bound, which is at least the first-principles one
+    assert result["hbm_bytes"] >= result["min_hbm_bytes"] > 0
+    assert result["simulated_us"] >= result["lower_bound_us"] >= result["bound_us"] > 0
+    assert result["busiest"].split()[0] in {"PE", "ACT", "POOL", "DVE", "SP"}
+
+
+def test_the_first_principles_bound_counts_flops_at_the_dtypes_peak_and_the_minimum_bytes() -> None:
+    """A bf16 dot [1024, 4096] x [4096, 1024] (PE peak) and the same in f32 (a quarter of it), and an
+    add whose parameters and output are its only traffic."""
+    from first_principles import first_principles
+
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.target import load_target
+
+    target = load_target("trn1")
+    flops = 2 * 1024 * 4096 * 1024
+    peak = 2 * 128 * 128 * 2.8 / 1e3  # TFLOP/s (= FLOP/ps): 91.75
+    for dtype, rate in (("bf16", peak), ("f32", peak / 4)):
+        text = (f"HloModule d\nENTRY e {{\n  a = {dtype}[1024,4096] parameter(0)\n"
+                f"  b = {dtype}[4096,1024] parameter(1)\n  ROOT c = f32[1024,1024] dot(a, b), "
+                "lhs_contracting_dims={1}, rhs_contracting_dims={0}\n}\n")
+        bound = first_principles(parse_hlo_text(text), target)
+        assert (bound.fast_flops, bound.fp32_flops) == ((flops, 0) if dtype == "bf16" else (0, flops))
+        assert bound.pe_ns == pytest.approx(flops / rate / 1e3) and bound.bound_by == "PE"
+    add = first_principles(parse_hlo_text(
+        "HloModule a\nENTRY e {\n  x = f32[1024,1024] parameter(0)\n  y = f32[1024,1024] parameter(1)\n"
+        "  ROOT z = f32[1024,1024] add(x, y)\n}\n"), target)
+    assert add.min_hbm_bytes == 3 * 4 * 2**20 and add.bound_by == "HBM"
+    assert add.ns == pytest.approx(3 * 4 * 2**20 / 410)
 
 
 def test_run_suite_names_the_diagnostic_that_stopped_a_compile() -> None:
