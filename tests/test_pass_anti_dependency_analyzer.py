@@ -139,6 +139,32 @@ def test_column_blocks_of_a_3d_tensor_do_not_wait_for_each_other():
     assert all(found[(s, "read_all")] == "FLOW" for s in stores)
 
 
+def test_stores_in_a_view_the_shape_does_not_offer_do_not_wait_for_each_other():
+    """A [2048, 8, 128] KV cache stored as eight [128, 2048] tiles, partition p holding positions
+    16 p + 2 j and the one after (row stride 16,384, tile j at offset 2,048 j), the way the LLaMA
+    decode step writes its cache: no suffix of the shape (128, 1024) makes a tile a box, so each
+    would span every row and the eight stores would wait for one another. Rows of 16,384 (the
+    stride the stores walk) make each an exact column block, even though 128 reads of one head
+    each are exact only in rows of 1,024: two reads never conflict, writes choose the view."""
+    b = Bir()
+    b.hbm("cache", [2048, 8, 128], role=bir_pb2.INTERNAL)
+    b.buffer("t", 2048 * 4)
+    b.buffer("back", 128 * 4)
+    for j in range(8):
+        block = hbm_ap("cache", 128, 2048, row_stride=16384)
+        block.offset = 2048 * j
+        b.add("dma", DVE, [block], [tile("t", 128, 2048)], name=f"store{j}")
+    for k in range(16):
+        for head in range(8):
+            rows = hbm_ap("cache", 128, 128, row_stride=1024)
+            rows.offset = k * 128 * 1024 + head * 128
+            b.add("dma", DVE, [tile("back", 128, 128)], [rows], name=f"read{k}_{head}")
+    found = edges(b.build())
+    stores = [f"store{j}" for j in range(8)]
+    assert not any((a, c) in found for a in stores for c in stores)
+    assert all(found[(s, "read0_0")] == "FLOW" for s in stores)  # positions 0-127: every tile
+
+
 def test_address_mode_sees_conflicts_between_buffers_sharing_bytes():
     b = Bir()
     b.hbm("x", [128, 64])

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from walrus_builders import HBM, SP, Bir, by_name, chain_program, reference_chain, run_passes, tile
 
-from ncc.schemas import bir_pb2
+from ncc.schemas import bir_pb2, penguin_pb2
 from ncc.schemas.common_pb2 import F32
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim import simulate_program
@@ -76,9 +76,10 @@ def test_must_run_before_queues_are_assigned() -> None:
     assert err.value.code == "E402" and "before assign_hwdge_engine" in err.value.message
 
 
-def test_the_budget_counts_the_program_split_dma_makes():
-    """penguin_budget.backend_instruction_count, computed before unrolling, is the instruction count
-    after split_dma (gelu: every tile is whole, so the bound is exact)."""
+def test_the_budget_bounds_the_program_split_dma_makes():
+    """penguin_budget.backend_instruction_count, computed before unrolling, bounds the instruction
+    count after split_dma: exact with the queues' slack rule off, and larger with it on (the
+    unfused gelu's queues have no slack: split_dma cuts its free pieces only, none without them)."""
     from ncc.tools.common.penguin_budget import backend_instruction_count, instruction_count
     from ncc.tools.hlo.hlo_reader import load_module
     from ncc.tools.hlo.hlo_verify import verify_module
@@ -88,12 +89,14 @@ def test_the_budget_counts_the_program_split_dma_makes():
     module = load_module(str(MODELS / "gelu.hlo.pb"))
     verify_module(module)
     penguin = lower_module(module)
-    bir = lower_to_bir(penguin)
     backend, _, _ = backend_instruction_count(penguin)
-    unrolled = len(bir.instructions)
-    assert instruction_count(penguin)[0] == unrolled
-    ctx = run_passes(bir, "split_dma")
-    assert backend == len(ctx.program.instructions) > unrolled
+    counts = {}
+    for options in ("{free_extra=-1}", "", "{free_extra=0}"):
+        bir = lower_to_bir(penguin)
+        assert instruction_count(penguin)[0] == len(bir.instructions)
+        counts[options] = len(run_passes(bir, f"split_dma{options}").program.instructions)
+    unrolled = instruction_count(penguin)[0]
+    assert backend == counts["{free_extra=-1}"] > counts[""] > counts["{free_extra=0}"] == unrolled
 
 
 def test_after_max_extra_pieces_later_dmas_stay_whole() -> None:
@@ -110,25 +113,67 @@ def test_after_max_extra_pieces_later_dmas_stay_whole() -> None:
     assert ctx.stats["split_dma"]["kept_whole"] == len(counts) - 1
 
 
-def test_the_budget_counts_the_extra_pieces_split_dma_spends() -> None:
-    """A program of 3,600 tile dmas of 1 MiB: the size rule would cut each in 8 (25,200 extra
-    pieces); split_dma spends DMA_SPLIT_MAX_EXTRA of them, and the budget counts exactly that."""
-    from ncc.tools.common.penguin_budget import backend_instruction_count
+def _wide_add_bir() -> tuple[penguin_pb2.Program, bir_pb2.Program]:
+    """f32[153600, 2048] + f32[153600, 2048]: 3,600 tile dmas of 1 MiB, 8 pieces each by size."""
     from ncc.tools.hlo.hlo_text import parse_hlo_text
     from ncc.tools.hlo2penguin.lower import lower_module
     from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
-    from ncc.tools.target import DMA_SPLIT_MAX_EXTRA
 
     rows = 128 * 1200
     penguin = lower_module(parse_hlo_text(
         f"HloModule wide\nENTRY e {{\n  a = f32[{rows},2048] parameter(0)\n"
         f"  b = f32[{rows},2048] parameter(1)\n  ROOT s = f32[{rows},2048] add(a, b)\n}}\n"))
-    bir = lower_to_bir(penguin)
+    return penguin, lower_to_bir(penguin)
+
+
+def test_the_budget_counts_the_extra_pieces_split_dma_spends() -> None:
+    """The size rule would cut each of the 3,600 dmas in 8 (25,200 extra pieces); without the
+    slack rule split_dma spends DMA_SPLIT_MAX_EXTRA of them, and the budget counts exactly that."""
+    from ncc.tools.common.penguin_budget import backend_instruction_count
+    from ncc.tools.target import DMA_SPLIT_MAX_EXTRA
+
+    penguin, bir = _wide_add_bir()
     dmas, unrolled = sum(instr.op == "dma" for instr in bir.instructions), len(bir.instructions)
     backend, _, _ = backend_instruction_count(penguin)
-    ctx = run_passes(bir, "split_dma")
+    ctx = run_passes(bir, "split_dma{free_extra=-1}")
     assert dmas == 3600
     assert backend == len(ctx.program.instructions) == unrolled + DMA_SPLIT_MAX_EXTRA
+
+
+def test_where_the_queues_are_the_bound_only_the_free_pieces_are_cut() -> None:
+    """The add moves 7.5 GB for 0.3 ms of DVE work: its queues have no slack, so split_dma cuts
+    DMA_SPLIT_FREE_EXTRA pieces (the first dmas') and keeps the rest whole."""
+    from ncc.tools.target import DMA_SPLIT_FREE_EXTRA
+
+    _, bir = _wide_add_bir()
+    unrolled = len(bir.instructions)
+    ctx = run_passes(bir, "split_dma")
+    assert len(ctx.program.instructions) == unrolled + DMA_SPLIT_FREE_EXTRA
+    first = [i.name for i in ctx.program.instructions[:8]]
+    assert all("/part" in name for name in first)  # the program's start keeps its pieces
+    assert not any("/part" in i.name for i in ctx.program.instructions[-100:])
+
+
+def test_where_an_engine_is_the_bound_every_dma_keeps_its_pieces() -> None:
+    """Two 1 MiB loads, then a chain of 64 exps on ACT: ACT's work leaves the queues slack for
+    every piece the size rule cuts, whatever the free pieces."""
+    b = Bir("act_bound")
+    cols = 2048
+    b.hbm("x", [128, cols], index=0)
+    b.hbm("y", [128, cols], index=1)
+    b.hbm("out", [128, cols], role=bir_pb2.OUTPUT, index=0)
+    for name in ("x", "y", "s", "e"):
+        b.buffer(name, cols * 4)
+    b.load("x", "x", 128, cols, name="load_x")
+    b.load("y", "y", 128, cols, name="load_y")
+    b.tt("s", "x", "y", 128, cols, name="add")
+    for k in range(64):
+        b.act("e" if k % 2 == 0 else "s", "s" if k % 2 == 0 else "e", 128, cols, name=f"exp{k}")
+    b.store("out", "s", 128, cols, name="store")
+    program = b.build()
+    ctx = run_passes(program, "split_dma{free_extra=0,fit_first_wave=0}")
+    assert ctx.stats["split_dma"]["kept_whole"] == 0
+    assert sum(i.op == "dma" for i in program.instructions) == 3 * 8
 
 
 def _matmul_bir() -> bir_pb2.Program:

@@ -4,7 +4,8 @@ Before unrolling, the instructions a program would unroll to are counted from th
 and predicates (no unrolling): `instruction_count` gives the BIR instructions the frontend writes,
 `backend_instruction_count` the instructions the backend will hold once split_dma has cut every
 large tile DMA into pieces (tools/target.dma_pieces, the rule split_dma applies; up to 8 per
-DMA, DMA_SPLIT_MAX_EXTRA more pieces than dmas in all). A program of more than MAX_INSTRUCTIONS
+DMA, DMA_SPLIT_MAX_EXTRA more pieces than dmas in all; where the DMA queues are the program's
+bound split_dma cuts fewer, so this is then a bound). A program of more than MAX_INSTRUCTIONS
 backend instructions, or whose nests have more than MAX_INSTRUCTIONS iteration points in all, is
 refused with E302 naming the largest nest and the HLO
 instruction it came from. The first job checks only what the Penguin optimizer cannot remove
@@ -65,7 +66,8 @@ def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = Fa
                               ) -> tuple[int, penguin_pb2.LoopNest | None, int]:
     """(backend instructions, the nest with most of them, its count): instruction_count with every
     dma statement counted as the pieces split_dma will cut it into (its full block: a bound), the
-    nests' extra pieces spent in program order up to DMA_SPLIT_MAX_EXTRA, as split_dma spends them.
+    nests' extra pieces spent in program order up to DMA_SPLIT_MAX_EXTRA, as split_dma spends them
+    (at most: it also keeps dmas outside loops whole where the queues have no slack for pieces).
 
     `surviving`: count only what the Penguin optimizer cannot remove, a lower bound of what the
     backend will hold, for the check before the optimizer has run: the dmas of intermediates in

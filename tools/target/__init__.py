@@ -44,6 +44,7 @@ def is_dma(op: str) -> bool:
 DMA_SPLIT_MAX_PARTS = 8
 DMA_SPLIT_MIN_BYTES = 32768
 DMA_SPLIT_MAX_EXTRA = 16384
+DMA_SPLIT_FREE_EXTRA = 256  # pieces outside loops cut even where the queues have no slack for them
 
 
 def dma_pieces(partitions: int, total_bytes: int, max_parts: int = DMA_SPLIT_MAX_PARTS,

@@ -7,6 +7,7 @@ range hull for HBM. Dependence analysis, allocation and the verifier all reason 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
@@ -60,6 +61,7 @@ OP_ARITY: dict[str, tuple[int, int]] = {
 }
 
 
+_MAX_WIDTHS = 8  # row views tried per HBM tensor (hbm_widths)
 _ITEMSIZE = {dtype: dtypes.itemsize(dtype) for dtype in (common_pb2.F32, common_pb2.BF16, common_pb2.S32)}
 
 
@@ -192,30 +194,42 @@ def operand_box(
 
 def hbm_widths(program: bir_pb2.Program) -> dict[str, int]:
     """Row width of every HBM tensor, the view hbm_box cuts its accesses in: of the widths its shape
-    offers (the product of its last k dimensions, k < rank), the one in which most of the program's
-    accesses to it are exact boxes; the last dimension on a tie. Why: a [128, 4, 64] tensor written
-    as four [128, 64] column blocks (stride 256) is exact in rows of 256, while in rows of 64 each
-    block's hull spans every row and the four stores, disjoint, would wait for each other."""
+    offers (the product of its last k dimensions, k < rank) and the row strides its accesses walk
+    (a stride that divides the tensor), the one in which most of the program's writes to it are
+    exact boxes, then most of its reads (two reads never conflict); the last dimension on a tie.
+    Why: a [128, 4, 64] tensor written as four [128, 64] column blocks (stride 256) is exact in
+    rows of 256, while in rows of 64 each block's hull spans every row and the four stores,
+    disjoint, would wait for each other. A stride the shape does not offer: a [2048, 8, 128] KV
+    cache stored as [128, 2048] tiles, each partition two positions at a stride of sixteen, is
+    exact only in rows of 16,384 (eight column blocks side by side)."""
     widths: dict[str, int] = {}
     choices: dict[str, list[int]] = {}
+    sizes: dict[str, int] = {}
     for tensor in program.hbm:
         candidates = _suffix_widths(tuple(tensor.shape))
         widths[tensor.name] = candidates[0]
-        if len(candidates) > 1:
-            choices[tensor.name] = candidates
-    if not choices:
+        choices[tensor.name] = candidates
+        sizes[tensor.name] = math.prod(max(1, d) for d in tensor.shape)
+    accesses = [(ap, write) for instr in program.instructions
+                for write, operands in ((False, instr.inputs), (True, instr.outputs))
+                for ap in operands if ap.memory == HBM and ap.tensor in choices]
+    for ap, _ in accesses:
+        candidates, size = choices[ap.tensor], sizes[ap.tensor]
+        for d in ap.dims:
+            if (d.count > 1 and 1 < d.stride < size and not size % d.stride and d.stride not in candidates
+                    and len(candidates) < _MAX_WIDTHS):
+                candidates.append(d.stride)
+    # per view: (exact writes, exact reads); writes first, since two reads never conflict
+    scores = {name: [[0, 0] for _ in views] for name, views in choices.items() if len(views) > 1}
+    if not scores:
         return widths
-    scores = {name: [0] * len(candidates) for name, candidates in choices.items()}
-    for instr in program.instructions:
-        for ap in (*instr.inputs, *instr.outputs):
-            candidates = choices.get(ap.tensor) if ap.memory == HBM else None
-            if candidates:
-                score = scores[ap.tensor]
-                for k, width in enumerate(candidates):
-                    score[k] += exact_in_rows(ap, width)
-    for name, candidates in choices.items():
-        score = scores[name]
-        widths[name] = candidates[score.index(max(score))]
+    for ap, write in accesses:
+        score = scores.get(ap.tensor)
+        if score is not None:
+            for k, width in enumerate(choices[ap.tensor]):
+                score[k][not write] += exact_in_rows(ap, width)
+    for name, score in scores.items():
+        widths[name] = choices[name][score.index(max(score))]
     return widths
 
 

@@ -144,7 +144,7 @@ _QUEUES = ("dma queues",)  # the DMA queues' key among the resources of lower_bo
 # Instructions that only carry semaphore waits or end the inference: alloc_semaphores' wait
 # nops have no dependence edges, so counted with their engine they would set its earliest start
 # and least tail to 0 (a few cycles of their own work are left out with them).
-_SYNC_ONLY = frozenset({"nop", "drain", "sem_reset"})
+SYNC_ONLY = frozenset({"nop", "drain", "sem_reset"})
 
 
 def _release_bound(heads: np.ndarray, tails: np.ndarray, work: np.ndarray) -> float:
@@ -212,7 +212,7 @@ def lower_bound_ns(
         cost = table(instr)
         node, engine_ns = instr.id, cost.engine_ns
         latency[node] = cost.latency_ns
-        if instr.op in _SYNC_ONLY:  # carries waits, moves no data: it bounds nothing
+        if instr.op in SYNC_ONLY:  # carries waits, moves no data: it bounds nothing
             continue
         times = runs.get(node, 1) if runs else 1
         position = len(ids)
