@@ -253,6 +253,29 @@ ENTRY main {
     np.testing.assert_array_equal(results["rolled"].outputs["out0"], results["unrolled"].outputs["out0"])
 
 
+@pytest.mark.slow
+def test_rolled_attention_keeps_off_recently_freed_bytes_and_runs_near_the_unrolled_one():
+    """Attention at seq 2048, d 512. Where allocation gave the softmax body's tiles bytes an
+    earlier tile of the same body had just freed, each iteration's first writers waited for the
+    previous iteration's last readers, and the loop ran one iteration at a time (1.23x the
+    unrolled program's simulated time); placed off the bytes freed since the previous loop
+    began, where SBUF has room, the rolled program runs within 1.15x of the unrolled one (1.09x
+    measured), race-free and with the same result."""
+    text = hlo_gen.hlo_text("attention", seq=2048, d=512, layers=1)
+    rng = np.random.default_rng(2)
+    inputs = {"arg0": 0.1 * rng.standard_normal((2048, 512)).astype(np.float32)}
+    inputs.update({f"arg{k}": 0.1 * rng.standard_normal((512, 512)).astype(np.float32) for k in (1, 2, 3)})
+    results = {}
+    for mode in ("rolled", "unrolled"):
+        program = _bir(text, mode)
+        compile_program(program, default_pipeline(2))
+        results[mode] = simulate_neff(build_neff(program), inputs)
+    rolled, unrolled = results["rolled"], results["unrolled"]
+    assert not rolled.races and rolled.deadlock is None
+    np.testing.assert_array_equal(rolled.outputs["out0"], unrolled.outputs["out0"])
+    assert rolled.simulated_ns <= 1.15 * unrolled.simulated_ns
+
+
 DOT = """HloModule dot
 ENTRY main {
   x = f32[512,1024] parameter(0)
