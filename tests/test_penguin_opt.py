@@ -166,6 +166,59 @@ def test_fused_chain_verifies_from_the_cli_and_moves_the_minimum(tmp_path: Path)
     assert "penguin-opt: fusion" in log
 
 
+MASKED_SOFTMAX = """HloModule masked_softmax
+ADD { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+MAX { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] maximum(a, b) }
+ENTRY main {
+  s = f32[8,256,512] parameter(0)
+  keep = s32[512] parameter(1)
+  c = f32[] constant(0.125)
+  cb = f32[8,256,512] broadcast(c), dimensions={}
+  scaled = f32[8,256,512] multiply(s, cb)
+  keepf = f32[512] convert(keep)
+  one = f32[] constant(1)
+  oneb = f32[512] broadcast(one), dimensions={}
+  drop = f32[512] subtract(oneb, keepf)
+  big = f32[] constant(-10000)
+  bigb = f32[512] broadcast(big), dimensions={}
+  bias = f32[512] multiply(drop, bigb)
+  biasb = f32[8,256,512] broadcast(bias), dimensions={2}
+  masked = f32[8,256,512] add(scaled, biasb)
+  ninf = f32[] constant(-inf)
+  mx = f32[8,256] reduce(masked, ninf), dimensions={2}, to_apply=MAX
+  mxb = f32[8,256,512] broadcast(mx), dimensions={0,1}
+  sub = f32[8,256,512] subtract(masked, mxb)
+  e = f32[8,256,512] exponential(sub)
+  zero = f32[] constant(0)
+  sum = f32[8,256] reduce(e, zero), dimensions={2}, to_apply=ADD
+  sumb = f32[8,256,512] broadcast(sum), dimensions={0,1}
+  ROOT p = f32[8,256,512] divide(e, sumb)
+}
+"""
+
+
+def test_a_masked_softmax_is_one_nest_over_row_tiles() -> None:
+    """BERT's attention softmax: the mask's nests (computed from an input between the scaling and
+    the mask's addition) move before the scaling, and every step of the softmax, its two row
+    reductions included, joins one nest over the scores' row tiles."""
+    program = lowered(MASKED_SOFTMAX)
+    before = len(program.nests)
+    stats = fuse_nests(program)
+    assert stats.nests_moved >= 1
+    softmax = program.nests[-1]  # the mask's nests first, then the scores' whole row chain
+    assert [st.op for st in softmax.statements].count("tensor_reduce") == 2
+    assert any(st.op == "activation" for st in softmax.statements)  # the exponential
+    assert len(program.nests) < before - 6
+
+
+@pytest.mark.slow
+def test_a_fused_masked_softmax_verifies_from_the_cli_reading_the_scores_once(tmp_path: Path) -> None:
+    moved = _verified_dma_bytes(tmp_path, MASKED_SOFTMAX, {"fused": [], "unfused": ["--penguin-passes=none"]})
+    scores = 8 * 256 * 512 * 4  # 32 KiB a partition: more than forwarding keeps on chip
+    assert moved["fused"] <= 2 * scores + 3 * 4 * 512  # read once, written once; the mask's vectors
+    assert moved["unfused"] > 6 * scores
+
+
 def test_unknown_penguin_pass_from_the_cli_is_e400(tmp_path: Path) -> None:
     model = tmp_path / "chain.hlo"
     model.write_text(CHAIN)

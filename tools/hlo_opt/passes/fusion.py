@@ -7,8 +7,12 @@ when they iterate the same space and the consumer loads a tensor the producer st
 box at the same iteration, where that box is a different tile at every iteration (so the stored
 value is final when it is stored). The fused nest runs the producer's statements, then the
 consumer's with that load gone and its tile renamed to the producer's. The producer's store stays;
-dead-store elimination (dce.py) removes it when no one else reads the tensor. Nothing else moves:
-nests are fused only with their neighbour in program order, so no other nest can run in between.
+dead-store elimination (dce.py) removes it when no one else reads the tensor. Nests are fused
+only with their neighbour in program order, so no other nest runs in between; but a nest that
+fuses with nothing and is independent of the open nest (reads nothing it writes, writes nothing
+it touches: the attention mask, computed from inputs between the scores' scaling and the mask's
+addition) moves before it, up to MAX_DEFERRED of them, and the open nest stays open for the
+nests after it.
 
 First every nest is canonicalized: an axis of extent 1 has one value, so a predicate on such axes
 alone is decided at compile time (a reduction whose row fits one free tile stores unconditionally,
@@ -23,12 +27,15 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base, box_key, view_key
 
+MAX_DEFERRED = 16  # independent nests moved before one open nest at most
+
 
 @dataclass
 class FusionStats:
     nests_before: int = 0
     nests_after: int = 0
     loads_removed: int = 0
+    nests_moved: int = 0  # independent nests moved before the nest they stood after
 
 
 def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
@@ -37,18 +44,42 @@ def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
     stats = FusionStats(nests_before=len(program.nests))
     fused: list[penguin_pb2.LoopNest] = []
     summary: _NestSummary | None = None
+    deferred: list[_NestSummary] = []  # independent of the open nest: they go before it
     for nest in program.nests:
         _decide_single_point_predicates(nest)
         if summary is not None and _try_fuse(summary, nest, stats):
             continue
         copy = penguin_pb2.LoopNest()
         copy.CopyFrom(nest)
-        fused.append(copy)
+        if summary is not None and len(deferred) < MAX_DEFERRED and _independent(summary, copy, tensors):
+            stats.nests_moved += 1
+            if not (deferred and _try_fuse(deferred[-1], copy, stats)):  # they fuse among themselves
+                deferred.append(_NestSummary(copy, tensors))
+            continue
+        if summary is not None:
+            fused += [*(moved.nest for moved in deferred), summary.nest]
+            deferred = []
         summary = _NestSummary(copy, tensors)
+    if summary is not None:
+        fused += [*(moved.nest for moved in deferred), summary.nest]
     del program.nests[:]
     program.nests.extend(fused)
     stats.nests_after = len(fused)
     return stats
+
+
+def _independent(summary: _NestSummary, nest: penguin_pb2.LoopNest,
+                 tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
+    """Whether `nest` may run before the open nest: it reads nothing that nest writes and writes
+    nothing it reads or writes (a mask computed from inputs between two nests of one row chain)."""
+    for st in nest.statements:
+        if any(base(tensors, a.tensor) in summary.writers for a in st.inputs):
+            return False
+        for access in st.outputs:
+            name = base(tensors, access.tensor)
+            if name in summary.writers or name in summary.read:
+                return False
+    return True
 
 
 class _NestSummary:
