@@ -590,8 +590,12 @@ class LoopDeps:
                 for page in span:
                     lists = there.setdefault(page, [[], []])
                     if box.write and entry.child is None and not moves:  # a body write retires what it covers
+                        # (a copy of a rotating buffer covers the earlier iteration's accesses of
+                        # that buffer only when the two iterations take the same copy)
+                        same_copy = not box.rotor or distance % self._rotor_slots(box.rotor) == 0
                         for which in (0, 1):
-                            lists[which][:] = [e for e in lists[which] if not _covers(box, e[1].box)]
+                            lists[which][:] = [e for e in lists[which] if not (
+                                (e[0] == later or same_copy) and _covers(box, e[1].box))]
                     if meets:
                         lists[1 if box.write else 0].append((later, entry))
         for (src, dst), code in found.items():
