@@ -31,17 +31,19 @@ not wait for the previous iteration's readers of the same buffer; in PSUM only w
 keep the bank rule. When the buffers do not fit with their copies, the scan starts again with one
 copy each. A buffer used inside a loop is never spilled (its store and reload would run at every
 iteration); the others are, at the top level.
-Recently freed bytes. A buffer first used in (or after) a top-level loop B is placed, where it
-can be, away from the bytes of buffers that died since the loop before B began
-(`_Layout.avoid_from`): that loop's buffers, and those of B's body that an earlier instruction of
-the body is done with. They are dead by then, but reusing their bytes is a hazard on chip:
-between the loops (B then waits for the whole loop before it), and inside B between one
-iteration's last readers and the next iteration's first writers of the shared bytes, which
-keeps the iterations from overlapping. Where nothing fits away from them, the buffer takes freed
-bytes as before. Attention at seq 2048, d 512, rolled: 1,008 -> 896 us simulated (unrolled:
-819), its softmax loop 368 -> 256 us; two layers at d 1,024: 3,643 -> 3,413 us (unrolled:
-3,274); at seq 1024, d 512, two layers it costs 4.5 % (497 -> 519 us: a softmax load now waits
-on a placement it used to avoid).
+Recently freed bytes. A buffer first used in a top-level loop B is placed, where it can be,
+away from the bytes of the (at most MAX_AVOIDED) buffers that died most recently since the loop
+before B began (`_Layout.avoid_from`): that loop's buffers, and those of B's body that an
+earlier instruction of the body is done with. They are dead by then, but reusing their bytes is
+a hazard on chip: between the loops (B then waits for the whole loop before it), and inside B
+between one iteration's last readers and the next iteration's first writers of the shared
+bytes, which keeps the iterations from overlapping. Where nothing fits away from them, the
+buffer takes freed bytes as before. Attention at seq 2048, d 512, rolled: 1,008 -> 896 us
+simulated (unrolled: 819), its softmax loop 368 -> 256 us; two layers at d 1,024: 3,643 ->
+3,413 us (unrolled: 3,274); at seq 1024, d 512, two layers it costs 4.5 % (497 -> 519 us: a
+softmax load now waits on a placement it used to avoid). The bound keeps the scan linear: the
+training step, whose loops stand among thousands of unrolled instructions, placed each buffer
+against every buffer freed since its last loop, and allocation took 243 s instead of 11.
 
 Reusing freed space creates new WAR/WAW hazards between different buffers, so the dependence
 graph is no longer valid for addresses: anti_dependency_analyzer must run again before
@@ -69,6 +71,7 @@ from ncc.tools.walrus_driver.registry import register
 
 NAME = "allocation"
 MAX_HOLDERS_SHOWN = 4  # a diagnostic is one line: name the largest live buffers, count the rest
+MAX_AVOIDED = 128  # freed buffers a placement keeps off, at most (the most recently freed)
 
 # A position in the final order: (original index, slot, sequence). Original instructions are
 # (i, 0, 0); a spill store after instruction i is (i, 1, seq); a reload before i is (i, -1, seq).
@@ -118,8 +121,8 @@ class _Layout:
     # private to keeps it live over the whole body), and the buffers used inside any loop
     ranges: dict[str, tuple[Key, Key]] = field(default_factory=dict)
     in_loops: set[str] = field(default_factory=set)
-    # position -> the first position of the last top-level loop that ended before the top-level
-    # loop or instruction at it (absent: none did)
+    # position in a top-level loop -> the first position of the top-level loop before that one
+    # (absent: outside loops, or in the first loop)
     avoid_from: dict[int, int] = field(default_factory=dict)
 
     @classmethod
@@ -370,17 +373,15 @@ class _Scan:
         while (item := self._pop()) is not None:
             start, _, _, buffer = item
             count += 1
-            freed += [entry for entry in live if entry.end < start]
-            live = [entry for entry in live if entry.end >= start]
+            kept: list[_Live] = []
+            for entry in live:
+                (kept if entry.end >= start else freed).append(entry)
+            live = kept
             size = _footprint(buffer)
-            address = None
             avoid_from = self.layout.avoid_from.get(start[0])
             freed = [entry for entry in freed if avoid_from is not None and entry.end[0] >= avoid_from]
-            at = cursor if next_fit else 0
-            if freed:
-                address = _fit(live + freed, size, self.capacity, self.align, self.bank, at)
-            if address is None:
-                address = _fit(live, size, self.capacity, self.align, self.bank, at)
+            del freed[:-MAX_AVOIDED]  # the most recently freed: each placement sorts what it avoids
+            address = _fit(live, size, self.capacity, self.align, self.bank, cursor if next_fit else 0, freed)
             while address is None:
                 victim = self._victim(live, start) if self.spill else None
                 if victim is None:
@@ -566,25 +567,38 @@ def _written_box(name: str, instructions: list[bir_pb2.Instruction]) -> tuple[in
     return p0, p1 - p0, b0, dtype, (b1 - b0) // size
 
 
-def _fit(live: list[_Live], size: int, capacity: int, align: int, bank: int, cursor: int) -> int | None:
+def _fit(live: list[_Live], size: int, capacity: int, align: int, bank: int, cursor: int,
+         avoided: list[_Live] | None = None) -> int | None:
     """The first aligned address at or after `cursor` (wrapping around to 0) where `size` bytes fit
-    among the live buffers and obey the bank rule; None if there is none."""
+    among the live buffers and obey the bank rule, away from the `avoided` ones where any such
+    place exists; None if there is none."""
     if size > capacity:
         return None
-    occupied: list[tuple[int, int]] = []  # merged: freed buffers a caller adds may overlap live ones
-    for lo, hi in sorted((e.address, e.address + e.size) for e in live):
-        if occupied and lo <= occupied[-1][1]:
-            occupied[-1] = (occupied[-1][0], max(occupied[-1][1], hi))
-        else:
-            occupied.append((lo, hi))
-    found = _search(occupied, size, capacity, align, bank, cursor)
-    return found if found is not None or cursor == 0 else _search(occupied, size, capacity, align, bank, 0)
-
-
-def _search(
-    occupied: list[tuple[int, int]], size: int, capacity: int, align: int, bank: int, candidate: int
-) -> int | None:
+    occupied = sorted((e.address, e.address + e.size) for e in live)
     ends = [hi for _, hi in occupied]
+    blocked = _merged(sorted((e.address, e.address + e.size) for e in avoided or ()))
+    for keep_clear in ([blocked, []] if blocked else [[]]):  # where nothing fits clear of them: anywhere
+        for start in (cursor, 0) if cursor else (0,):
+            found = _search(occupied, ends, keep_clear, size, capacity, align, bank, start)
+            if found is not None:
+                return found
+    return None
+
+
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Sorted spans with the overlapping ones joined (freed buffers may share bytes)."""
+    merged: list[tuple[int, int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+        else:
+            merged.append((lo, hi))
+    return merged
+
+
+def _search(occupied: list[tuple[int, int]], ends: list[int], blocked: list[tuple[int, int]], size: int,
+            capacity: int, align: int, bank: int, candidate: int) -> int | None:
+    blocked_ends = [hi for _, hi in blocked]
     while candidate + size <= capacity:
         candidate = _round_up(candidate, align)
         if bank:
@@ -595,11 +609,17 @@ def _search(
         if candidate + size > capacity:
             return None
         # Live buffers never share bytes, so sorted by start they are sorted by end too: the
-        # first one ending after the candidate is the only one that can clash first.
+        # first one ending after the candidate is the only one that can clash first (and so
+        # with the merged spans kept clear).
         first = bisect.bisect_right(ends, candidate)
-        if first == len(occupied) or occupied[first][0] >= candidate + size:
-            return candidate
-        candidate = occupied[first][1]
+        if first < len(occupied) and occupied[first][0] < candidate + size:
+            candidate = occupied[first][1]
+            continue
+        first = bisect.bisect_right(blocked_ends, candidate)
+        if first < len(blocked) and blocked[first][0] < candidate + size:
+            candidate = blocked[first][1]
+            continue
+        return candidate
     return None
 
 
