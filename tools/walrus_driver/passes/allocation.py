@@ -214,10 +214,14 @@ def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest)
     """A program that keeps loops: its private buffers with `rotation` copies, else with one;
     and if neither fits (a buffer used in a loop is never spilled), the same again in the order
     pre_sched received, whose live buffers the frontend's order bounds."""
-    attempts = [(options.rotation, False), (1, False), (options.rotation, True), (1, True)]
+    # (copies, back to the frontend's order, keep off recently freed bytes): the last is a
+    # preference only, so it is dropped first (it scatters buffers: the 32-layer decoder's
+    # SBUF ended in 5 KiB holes with it)
+    attempts = [(options.rotation, False, True), (options.rotation, False, False), (1, False, False),
+                (options.rotation, True, False), (1, True, False)]
     before = bir_pb2.Program()
     before.CopyFrom(ctx.program)  # what an attempt that fails leaves behind is undone from this
-    for number, (copies, restore) in enumerate(attempts):
+    for number, (copies, restore, avoid) in enumerate(attempts):
         if number:  # a failed attempt's spills renamed operands and added buffers and instructions
             ctx.program.CopyFrom(before)
             ctx.order_changed()
@@ -228,7 +232,7 @@ def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest)
             if buffer.memory in birutil.ONCHIP:
                 buffer.address = -1
         try:
-            layout = _allocate(ctx, options, ctx.loops() if restore else nest)
+            layout = _allocate(ctx, options, ctx.loops() if restore else nest, avoid)
         except CompileError as err:
             if err.code != "E403" or number == len(attempts) - 1:
                 raise
@@ -262,10 +266,13 @@ def _set_slots(ctx: PassContext, copies: int) -> int:
     return most
 
 
-def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest) -> _Layout:
-    """PSUM, then SBUF (with spills); the layout of the order it allocated."""
+def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest, avoid: bool = False) -> _Layout:
+    """PSUM, then SBUF (with spills); the layout of the order it allocated. `avoid`: keep a
+    loop's buffers off recently freed bytes where they fit elsewhere (module docstring)."""
     program = ctx.program
     layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache, nest)
+    if not avoid:
+        layout.avoid_from.clear()
     try:
         _allocate_psum(ctx, options, layout)
     except CompileError:
@@ -276,6 +283,8 @@ def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest) -> _L
             raise
         ctx.set_stat("psum_fallback_to_program_order", 1)
         layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache, nest)
+        if not avoid:
+            layout.avoid_from.clear()
         _allocate_psum(ctx, options, layout)
     _scan(ctx, options, layout, birutil.SBUF, spill=options.spill).run(
         [b for b in program.buffers if b.memory == birutil.SBUF], _policy(options.policy)
