@@ -31,19 +31,18 @@ not wait for the previous iteration's readers of the same buffer; in PSUM only w
 keep the bank rule. When the buffers do not fit with their copies, the scan starts again with one
 copy each. A buffer used inside a loop is never spilled (its store and reload would run at every
 iteration); the others are, at the top level.
-Recently freed bytes. A buffer first used in a top-level loop B is placed, where it can be,
-away from the bytes of the (at most MAX_AVOIDED) buffers that died most recently since the loop
-before B began (`_Layout.avoid_from`): that loop's buffers, and those of B's body that an
-earlier instruction of the body is done with. They are dead by then, but reusing their bytes is
-a hazard on chip: between the loops (B then waits for the whole loop before it), and inside B
-between one iteration's last readers and the next iteration's first writers of the shared
-bytes, which keeps the iterations from overlapping. Where nothing fits away from them, the
-buffer takes freed bytes as before. Attention at seq 2048, d 512, rolled: 1,008 -> 896 us
-simulated (unrolled: 819), its softmax loop 368 -> 256 us; two layers at d 1,024: 3,643 ->
-3,413 us (unrolled: 3,274); at seq 1024, d 512, two layers it costs 4.5 % (497 -> 519 us: a
-softmax load now waits on a placement it used to avoid). The bound keeps the scan linear: the
-training step, whose loops stand among thousands of unrolled instructions, placed each buffer
-against every buffer freed since its last loop, and allocation took 243 s instead of 11.
+Recently freed bytes. A buffer first used in a top-level loop B (or between loops, after B) is
+placed, where it can be, away from the bytes of the (at most MAX_AVOIDED) buffers that died most
+recently since the loop before B began (`_Layout.avoid_from`): that loop's buffers, and those of
+B's body that an earlier instruction of the body is done with. They are dead by then, but
+reusing their bytes is a hazard on chip: between the loops (B then waits for the whole loop
+before it), and inside B between one iteration's last readers and the next iteration's first
+writers of the shared bytes, which keeps the iterations from overlapping. Where nothing fits
+away from them, the buffer takes freed bytes as before. Attention at seq 2048, d 512, rolled:
+1,008 -> 896 us simulated (unrolled: 819), its softmax loop 368 -> 256 us; two layers at d
+1,024: 3,643 -> 3,413 us (unrolled: 3,274). The bound keeps the scan linear: the training step,
+whose loops stand among thousands of unrolled instructions, placed each buffer against every
+buffer freed since its last loop, and allocation took 243 s instead of 11 (19 s with the bound).
 
 Reusing freed space creates new WAR/WAW hazards between different buffers, so the dependence
 graph is no longer valid for addresses: anti_dependency_analyzer must run again before
@@ -121,8 +120,8 @@ class _Layout:
     # private to keeps it live over the whole body), and the buffers used inside any loop
     ranges: dict[str, tuple[Key, Key]] = field(default_factory=dict)
     in_loops: set[str] = field(default_factory=set)
-    # position in a top-level loop -> the first position of the top-level loop before that one
-    # (absent: outside loops, or in the first loop)
+    # position -> the first position of the top-level loop before the latest one to start at or
+    # before it (absent: before the second top-level loop)
     avoid_from: dict[int, int] = field(default_factory=dict)
 
     @classmethod
@@ -215,8 +214,7 @@ def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest)
     and if neither fits (a buffer used in a loop is never spilled), the same again in the order
     pre_sched received, whose live buffers the frontend's order bounds."""
     # (copies, back to the frontend's order, keep off recently freed bytes): the last is a
-    # preference only, so it is dropped first (it scatters buffers: the 32-layer decoder's
-    # SBUF ended in 5 KiB holes with it)
+    # preference only, so it is dropped first (scattered buffers can leave no hole large enough)
     attempts = [(options.rotation, False, True), (options.rotation, False, False), (1, False, False),
                 (options.rotation, True, False), (1, True, False)]
     before = bir_pb2.Program()
