@@ -400,3 +400,52 @@ def test_retiled_chain_with_partial_tiles_verifies_from_the_cli(tmp_path: Path) 
     assert compiled.returncode == 0, compiled.stderr
     log = next((tmp_path / "m.ncc-work").glob("*_Frontend/stderr.log")).read_text()
     assert "retile: RetileStats(nests_retiled=1, tiles_before=6, tiles_after=9)" in log
+
+
+# A causal mask shared by every head, as wide as the scores: its row tiles take 9 x 8 KiB a
+# partition, more than a hoisted load may keep on chip across the heads (KEEP_BUDGET_BYTES).
+WIDE_MASK = """HloModule wide_mask
+ADD { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+MAX { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] maximum(a, b) }
+ENTRY main {
+  s = f32[2,1152,2048] parameter(0)
+  mask = f32[1152,2048] parameter(1)
+  maskb = f32[2,1152,2048] broadcast(mask), dimensions={1,2}
+  masked = f32[2,1152,2048] add(s, maskb)
+  ninf = f32[] constant(-inf)
+  mx = f32[2,1152] reduce(masked, ninf), dimensions={2}, to_apply=MAX
+  mxb = f32[2,1152,2048] broadcast(mx), dimensions={0,1}
+  sub = f32[2,1152,2048] subtract(masked, mxb)
+  e = f32[2,1152,2048] exponential(sub)
+  zero = f32[] constant(0)
+  sum = f32[2,1152] reduce(e, zero), dimensions={2}, to_apply=ADD
+  sumb = f32[2,1152,2048] broadcast(sum), dimensions={0,1}
+  ROOT p = f32[2,1152,2048] divide(e, sumb)
+}
+"""
+
+
+def test_a_mask_shared_by_the_heads_is_loaded_once_with_the_heads_inside_its_row_tiles() -> None:
+    """The masked softmax is one nest over (head, row tile); the mask's load reads the same bytes
+    for every head, but keeping all its row tiles across the head loop would take 72 KiB a
+    partition. invariant_loads moves the head loop inside the row tiles' instead (no dependence
+    runs between heads), so one mask tile is kept at a time and loaded once per row tile."""
+    program = lowered(WIDE_MASK)
+    optimize(program, pass_list("", 2))
+    tensors = {t.name: t for t in program.tensors}
+    (nest,) = [n for n in program.nests if any(st.op == "tensor_reduce" for st in n.statements)]
+    (load,) = [st for st in nest.statements if st.op == "dma" and tensors[st.inputs[0].tensor].view_of == "mask"]
+    (predicate,) = load.predicates
+    (head,) = [term.var for term in predicate.expr.terms]
+    names = [axis.name for axis in nest.axes]
+    extents = {axis.name: axis.extent for axis in nest.axes}
+    assert extents[head] == 2
+    rows = next(name for name in names if extents[name] == 9)
+    assert names.index(rows) < names.index(head)
+
+
+@pytest.mark.slow
+def test_a_mask_shared_by_the_heads_verifies_from_the_cli_read_once(tmp_path: Path) -> None:
+    moved = _verified_dma_bytes(tmp_path, WIDE_MASK, {"fused": []})
+    scores, mask = 2 * 1152 * 2048 * 4, 1152 * 2048 * 4
+    assert moved["fused"] == 2 * scores + mask

@@ -589,8 +589,12 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         in_shape = (kept_shape or (1,)) + (width,)
         view = self._reshape(moved, in_shape, instr.name)
         many = tile_count(in_shape, FREE_TILE) > FEW_TILES or not kept_as_written(in_shape, FREE_TILE)
-        if len(kept_shape) > 1 and many and (rows := view.reshape((product(kept_shape), width))) is not None:
-            view, in_shape = rows, rows.shape  # the kept dimensions as one: row tiles, not one per index
+        # the kept dimensions as one: row tiles, not one per index (unless each index is whole row
+        # tiles already: then the tiles are the same, and the nest keeps the axes its elementwise
+        # neighbours have, so that fusion can join them)
+        if len(kept_shape) > 1 and many and kept_shape[-1] % PARTITIONS \
+                and (rows := view.reshape((product(kept_shape), width))) is not None:
+            view, in_shape = rows, rows.shape
         out = self._new_output(instr, shape, dtype)
         tiling = Tiling(canonical_shape(in_shape) if len(in_shape) >= 2 else in_shape, min(width, FREE_TILE))
         acc_shape = tiling.shape[:-1] + (1,)

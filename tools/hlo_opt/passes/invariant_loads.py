@@ -13,7 +13,13 @@ then the load keeps only `a == 0` and those dimensions of the tile are marked re
 (TensorDecl.replicated_dims): every value of `a` names the one buffer the first step filled, and a
 clipped (partial) last tile reads its first rows. The step a == 0 is the widest tile and comes
 first in the nest's order for any fixed value of the other axes, so every reader finds it loaded.
-Software-pipelined nests are left alone (their ring of buffers is per iteration).
+The hoisted tile keeps one block on chip per point of the axes inside `a` that it walks; when
+those exceed KEEP_BUDGET_BYTES a partition, `a` moves just inside the last of them if ISL finds
+that the new order reverses no dependence (else the load stays): a causal mask [S, S] shared by
+the heads of a masked softmax over (head, row tile) kept all S / 128 of its row tiles across the
+head loop (128 KiB a partition at S = 2048, which left the 7B decoder's loops no room), and with
+the heads inside the row tiles keeps one. Software-pipelined nests are left alone (their ring of
+buffers is per iteration), and so is the order tile_order chose for a matmul's row blocks.
 
 A second case needs no replication: along an axis `a` that neither the load's source box nor its
 destination mentions at all, every step of `a` reloads the same bytes into the same blocks (a
@@ -36,6 +42,8 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base
 from ncc.tools.common.dtypes import itemsize
+from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence
+from ncc.tools.hlo_opt.passes.pipelining import ROW_BLOCK
 
 
 @dataclass
@@ -87,8 +95,9 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
     if not view.view_of or len(dst.block_shape) != len(dst.shape):
         return 0
     strides = list(view.view_strides)
+    accesses = [tile, *readers[tile.tensor]]
     hoisted = 0
-    for axis in nest.axes:
+    for axis in list(nest.axes):
         if axis.extent <= 1:
             continue
         if any(_uses(start, axis.name) and strides[d] != 0 for d, start in enumerate(source.starts)):
@@ -96,17 +105,44 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
         dims = [d for d, start in enumerate(tile.starts) if _uses(start, axis.name)]
         if not dims or len(dst.shape) - 1 in dims:
             continue
-        accesses = [tile, *readers[tile.tensor]]
         if any(_uses(start, axis.name) for a in accesses for d, start in enumerate(a.starts)
                if d not in dims):
             continue  # some access moves along the axis in another dimension too
         if not all(_one_block_per_step(a.starts[d], axis.name, dst.block_shape[d])
                    for a in accesses for d in dims):
             continue
+        if not _fits_across(nest, axis.name, tile, dst, tensors):
+            continue
         st.predicates.add().CopyFrom(affine.equals(axis.name, 0))
         dst.replicated_dims.extend(sorted(set(dims) - set(dst.replicated_dims)))
         hoisted += 1
     return hoisted
+
+
+def _fits_across(nest: penguin_pb2.LoopNest, name: str, tile: penguin_pb2.Access, dst: penguin_pb2.TensorDecl,
+                 tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
+    """Whether the blocks a load hoisted along axis `name` keeps on chip across it (one per point of
+    the axes inside it that the tile walks) fit KEEP_BUDGET_BYTES a partition; when they do not, the
+    axis moves inside those axes if that reverses no dependence (then one block is kept at a time)."""
+    position = next(k for k, axis in enumerate(nest.axes) if axis.name == name)
+    walked = [k for k in range(position + 1, len(nest.axes)) if _walks(tile, nest.axes[k].name)]
+    block_bytes = dst.block_shape[-1] * itemsize(dst.dtype)
+    if math.prod(nest.axes[k].extent for k in walked) * block_bytes <= KEEP_BUDGET_BYTES:
+        return True
+    if ROW_BLOCK in nest.attributes or block_bytes > KEEP_BUDGET_BYTES:
+        return False  # tile_order chose this order for the matmul's tiles
+    order = list(range(len(nest.axes)))
+    order.insert(walked[-1], order.pop(position))  # just inside the last axis the tile walks
+    names = axis_names(nest)
+    schedule = [", ".join([*(names[k] for k in order), str(s)]) for s in range(len(nest.statements))]
+    if first_reversed_dependence(nest, tensors, schedule) is not None:
+        return False
+    axes = [penguin_pb2.Axis() for _ in order]
+    for axis, k in zip(axes, order, strict=True):
+        axis.CopyFrom(nest.axes[k])
+    del nest.axes[:]
+    nest.axes.extend(axes)
+    return True
 
 
 def _load_into_own_tile(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
