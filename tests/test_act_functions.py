@@ -1,8 +1,11 @@
-"""act_functions: the tanh approximation of gelu, as JAX writes it, becomes one ACT activation of
-`gelu_apprx_tanh`, with the same bits; chains that differ in any way that matters stay as they are."""
+"""act_functions: chains that compute an ACT function of one tile become one activation of it. The
+tanh approximation of gelu, as JAX writes it, becomes `gelu_apprx_tanh` with the same bits; the
+exact gelu, as XLA expands JAX's erfc (BERT's layer), becomes `gelu`; chains that differ in any
+way that matters stay as they are."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,11 +13,11 @@ import pytest
 from conftest import run_ncc
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
+from ncc.tools.common.alu import ACT_FUNCTIONS
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
-from ncc.tools.hlo_opt.optimizer import optimize
+from ncc.tools.hlo_opt.optimizer import optimize, pass_list
 from ncc.tools.hlo_opt.passes.act_functions import select_act_functions
-from ncc.tools.sim.semantics import ACTIVATIONS
 
 
 def gelu_hlo(
@@ -102,7 +105,7 @@ def test_an_intermediate_that_is_also_an_output_is_still_computed() -> None:
 
 def test_unfused_nests_are_not_matched_across_hbm() -> None:
     program = lower_module(parse_hlo_text(gelu_hlo()))
-    assert select_act_functions(program).gelu_apprx_tanh == 0
+    assert select_act_functions(program).activations == 0
 
 
 def test_the_function_is_the_nine_float32_operations_bit_for_bit() -> None:
@@ -111,7 +114,7 @@ def test_the_function_is_the_nine_float32_operations_bit_for_bit() -> None:
     cube = (x * x) * x
     m = (x + cube * np.float32(0.044715)) * np.float32(0.797884583)
     expected = x * ((np.tanh(m) + np.float32(1)) * np.float32(0.5))
-    got = ACTIVATIONS["gelu_apprx_tanh"](x)
+    got = ACT_FUNCTIONS["gelu_apprx_tanh"](x)
     assert got.dtype == np.float32
     assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
 
@@ -137,3 +140,36 @@ def test_gelu_compiles_onto_act_verifies_and_gives_the_same_bits(tmp_path: Path)
         assert ran.returncode == 0, ran.stderr
         outputs[name] = np.load(out)["out0"]
     assert np.array_equal(outputs["act"].view(np.uint32), outputs["dve"].view(np.uint32))
+
+
+def bert_text(models_dir: Path) -> str:
+    return (models_dir / "suite" / "bert_layer_cut.hlo").read_text()
+
+
+def test_the_exact_gelu_as_xla_expands_erfc_becomes_one_activation(models_dir: Path) -> None:
+    """BERT's feed-forward gelu, x·½·erfc(−x/√2) with XLA's rational erfc (two branches, selects,
+    60 statements): one ACT `gelu`, and none of the expansion's DVE work is left."""
+    program = lower_module(parse_hlo_text(bert_text(models_dir)))
+    optimize(program, pass_list("", 2))
+    gelus = [st for st in statements(program) if st.op == "activation" and st.func == "gelu"]
+    assert len(gelus) == 1
+    assert not [st for st in statements(program) if st.name.startswith("erfc.") and st.op != "dma"]
+
+
+def test_an_erfc_expansion_with_one_coefficient_changed_is_left_alone(models_dir: Path) -> None:
+    text = bert_text(models_dir)
+    assert text.count("constant(1.12837911)") == 1
+    program = lower_module(parse_hlo_text(text.replace("constant(1.12837911)", "constant(1.1283)")))
+    optimize(program, ["fusion", "cse"], num_stages=None)
+    stats = select_act_functions(program)
+    assert stats.functions["gelu"] == 0
+    assert any(st.func == "exp" for st in statements(program))
+
+
+def test_acts_gelu_is_the_exact_gelu_rounded_once() -> None:
+    x = np.concatenate([np.linspace(-10, 10, 2001), [0.0, 1e-30, -1e-30, 40.0, -40.0, np.inf, -np.inf]])
+    got = ACT_FUNCTIONS["gelu"](x.astype(np.float32))
+    expected = [0.5 * v * math.erfc(-v / math.sqrt(2)) if math.isfinite(v) else (v if v > 0 else -0.0)
+                for v in x.astype(np.float32).astype(np.float64)]
+    assert got.dtype == np.float32
+    assert np.array_equal(got, np.array(expected, dtype=np.float32))

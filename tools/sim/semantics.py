@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import common_pb2
-from ncc.tools.common import dtypes, numerics
+from ncc.tools.common import alu, dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim.instruction import Op, engine_name
 from ncc.tools.sim.memory import Access
@@ -52,58 +52,6 @@ SPECS: dict[str, OpSpec] = {
 }
 
 
-ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "identity": lambda x: x,
-    "exp": np.exp,
-    "tanh": np.tanh,
-    "erf": numerics.erf,
-    "logistic": lambda x: np.float32(1) / (np.float32(1) + np.exp(-x)),
-    "log": np.log,
-    "rsqrt": lambda x: np.float32(1) / np.sqrt(x),
-    "sqrt": np.sqrt,
-    "relu": lambda x: np.maximum(x, np.float32(0)),
-    "square": lambda x: x * x,
-    "abs": np.abs,
-    "sign": np.sign,
-    "expm1": np.expm1,
-    "log1p": np.log1p,
-    "sin": np.sin,
-    "cos": np.cos,
-    "tan": np.tan,
-    "cbrt": np.cbrt,
-    "floor": np.floor,
-    "ceil": np.ceil,
-    "round_even": np.rint,
-    "round_afz": numerics.round_half_away,
-    "gelu_apprx_tanh": numerics.gelu_apprx_tanh,
-}
-
-
-BINARY_FUNCS = frozenset(
-    {
-        "add",
-        "subtract",
-        "multiply",
-        "divide",
-        "maximum",
-        "minimum",
-        "eq",
-        "ne",
-        "lt",
-        "le",
-        "gt",
-        "ge",
-        "and",
-        "or",
-        "xor",
-        "power",
-        "remainder",
-        "atan2",
-        "shift_left",
-        "shift_right_logical",
-        "shift_right_arithmetic",
-    }
-)
 REDUCE_FUNCS = frozenset({"add", "maximum", "minimum", "multiply"})
 
 
@@ -227,13 +175,13 @@ def _check_transpose(op: Op, target: Target) -> None:
 
 
 def _check_activation(op: Op, _target: Target) -> None:
-    if op.func not in ACTIVATIONS:
+    if op.func not in alu.ACT_FUNCTIONS:
         raise _fail(op, f"unknown activation function {op.func!r}")
     _check_elementwise(op, _target)
 
 
 def _check_binary(op: Op, _target: Target) -> None:
-    if op.func not in BINARY_FUNCS:
+    if op.func not in alu.BINARY_FUNCS:
         raise _fail(op, f"unknown {op.op} function {op.func!r}")
     if op.op == "tensor_scalar" and not op.scalars:
         raise _fail(op, "tensor_scalar needs scalars[0]")
@@ -332,7 +280,7 @@ def _activation(op: Op) -> None:
     bias = np.float32(op.scalars[1]) if len(op.scalars) > 1 else np.float32(0)
     x = np.multiply(op.inputs[0].values().astype(np.float32, copy=False), scale)  # a new, contiguous array
     x += bias
-    op.outputs[0].write_compute(ACTIVATIONS[op.func](x).astype(np.float32, copy=False))
+    op.outputs[0].write_compute(alu.ACT_FUNCTIONS[op.func](x).astype(np.float32, copy=False))
 
 
 # Functions whose every element is one correctly rounded IEEE operation: numpy's contiguous (SIMD)
@@ -348,39 +296,13 @@ def _operand(access: Access, kind: type, shape: tuple[int, ...], in_place: bool 
     return values.astype(kind, copy=False)
 
 
-_ARITHMETIC = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
-               "minimum": np.minimum}
-_FLOAT_ONLY = {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}
-_BITWISE = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
-_COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
-            "ge": np.greater_equal}
-
-
-def _binary(func: str, a: np.ndarray, b: np.ndarray, kind: type, out_dtype: int) -> np.ndarray:
-    """A tensor_tensor/tensor_scalar function computed in `kind` (see `_domain`) on values of the
-    output's type (an integer's width decides how shifts and wrap-around behave)."""
-    floating = kind is np.float32
-    if func in _ARITHMETIC:
-        return _ARITHMETIC[func](a, b)
-    if floating and func in _FLOAT_ONLY:
-        return _FLOAT_ONLY[func](a, b)
-    if func in numerics.INTEGER_BINARY:
-        bits = dtypes.itemsize(out_dtype) * 8
-        return numerics.INTEGER_BINARY[func](a, b, bits, dtypes.is_signed(out_dtype))
-    if func in _BITWISE:
-        if floating:
-            return _BITWISE[func](a != 0, b != 0).astype(kind)
-        return _BITWISE[func](a, b)
-    return _COMPARE[func](a, b).astype(kind)
-
-
 def _tensor_tensor(op: Op) -> None:
     out = op.outputs[0]
     kind = _domain(*op.inputs, out)
     exact = op.func in _EXACT_FUNCS
     a = _operand(op.inputs[0], kind, out.shape, exact)
     b = _operand(op.inputs[1], kind, out.shape, exact)
-    out.write_compute(_binary(op.func, a, b, kind, out.dtype))
+    out.write_compute(alu.binary(op.func, a, b, kind, out.dtype))
 
 
 def _tensor_scalar(op: Op) -> None:
@@ -398,7 +320,7 @@ def _tensor_scalar(op: Op) -> None:
         )
     if op.attributes.get("reverse") == "1":
         a, scalar = scalar, a
-    out.write_compute(_binary(op.func, a, scalar, kind, out.dtype))
+    out.write_compute(alu.binary(op.func, a, scalar, kind, out.dtype))
 
 
 def _tensor_reduce(op: Op) -> None:

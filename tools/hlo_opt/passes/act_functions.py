@@ -1,167 +1,243 @@
-"""Instruction selection for ACT: an elementwise chain that computes one of the ACT engine's built-in
-functions becomes one activation of that function.
+"""Instruction selection for ACT: statements that compute one of the ACT engine's built-in functions
+of one tile, step by elementwise step, become one activation of that function.
 
-The one chain today is the tanh approximation of gelu, as JAX's `jax.nn.gelu(approximate=True)`
-and the models built on it write it: nine statements, seven of them on DVE,
+Frameworks write such functions out. jax.nn.gelu(approximate=True) is nine statements, seven on
+DVE (x² = x·x; x³ = x²·x; q = x³·0.044715; s = x + q; m = s·√(2/π); t = tanh(m); u = t + 1;
+h = u·0.5; y = x·h), which is ACT's `gelu_apprx_tanh` (NKI `nl.gelu_apprx_tanh`); the exact gelu
+(jax.nn.gelu(approximate=False), PyTorch's default) reaches XLA as x·½·erfc(−x/√2) and its erfc as
+a rational approximation of two branches and selects: some 60 statements, 45 on DVE, for what is
+ACT's `gelu` (NKI `nl.gelu`). BERT's layer spent 1,026 of its 1,854 µs in that nest.
 
-    x² = x·x;  x³ = x²·x;  q = x³·0.044715;  s = x + q;  m = s·√(2/π);
-    t = tanh(m);  u = t + 1;  h = u·0.5;  y = x·h
+A chain is found by what it computes, not by its shape. Within one nest, the *cone* of a tensor x
+is every statement, in order, whose inputs are x or what earlier statements of the cone wrote:
+elementwise statements (tensor_tensor, tensor_scalar, activation, select, a float32 copy, a
+constant's fill), each the only writer of its output, all on x's tile under the same predicates,
+with x not written in between. Each statement of the cone computes a function of x alone, so
+evaluating the cone on a fixed sample of float32 values (SAMPLES: a dense grid over [−12, 12],
+powers of ten up to 1e30 with both signs, and zeros: finite values only, see below) gives that
+function's values, with the simulator's own ALU semantics (tools/common/alu.py). A statement
+whose value takes at least MIN_STATEMENTS of the cone's, and whose output the cone does not
+consume alone (another statement or nest reads it), is compared with every function of ACT's
+table on the same sample: where one agrees everywhere (NaN where it is NaN, within TOLERANCE
+elsewhere), the statement becomes that activation of x, and the statements it no longer needs
+are left for `dce`, which runs after this pass.
 
-which is `gelu_apprx_tanh`, one function of ACT's table (NKI: `nl.gelu_apprx_tanh`). gelu
-[256, 1024] was DVE-bound at 3.4 times its bound: DVE ran the seven statements of every tile, ACT
-only the tanh. The simulator computes the function as exactly those nine float32 operations, in
-that order (`numerics.gelu_apprx_tanh`, whose constants this pass requires), so a program gives
-the same bits with or without this pass (a product or a sum matched with its operands swapped is
-the same in IEEE arithmetic).
-
-A chain matches when, within one nest, each link is the only statement that writes its result,
-every statement of the chain accesses the same tile under the same predicates, x is not written
-between the chain's first statement and its last, the constants equal the function's in float32,
-and every tensor involved is float32 (a bf16 chain rounds after every step; the function does
-not). The last statement becomes the activation; the others are left for `dce`, which drops
-those nothing else reads, so this pass runs before it.
+Exactness. `gelu_apprx_tanh` is the nine float32 operations in jax's order, so that chain gives
+the same bits either way. Others agree within TOLERANCE relative, or ABS_FLOOR where the function
+is below it in magnitude: the erfc approximation XLA writes is within 6.3e-6 (53 ulp) of the exact
+gelu where that is above 1e-20, and ACT's `gelu` is the exact one rounded once. Infinite inputs
+are not compared: there jax's gelu gives NaN at −inf (−inf · erfc(inf) = −inf · 0) and ACT's −0.
+Every tensor of a cone is float32 but a comparison's output (0 or 1 in any type): a bf16 chain
+rounds after every step, which no ACT function does.
+Cones whose statements are the same operations (a model's layers) are evaluated once.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ncc.schemas import common_pb2, penguin_pb2
-from ncc.tools.common.numerics import GELU_CUBE_COEFF, GELU_SCALE
+from ncc.tools.common import alu
 
-GELU_TANH = "gelu_apprx_tanh"
+MIN_STATEMENTS = 3  # a cone this long at least: a shorter one saves little, and ACT is not free
+TOLERANCE = 1e-5  # relative, with ABS_FLOOR: within 84 ulp of float32
+ABS_FLOOR = 1e-20
+ELEMENTWISE = ("tensor_tensor", "tensor_scalar", "activation", "select", "tensor_copy", "iota")
+COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
+
+
+def _samples() -> np.ndarray:
+    powers = 10.0 ** np.arange(-30, 31, 1, dtype=np.float64)
+    special = np.array([0.0, -0.0], dtype=np.float64)
+    return np.concatenate([np.linspace(-12.0, 12.0, 24_001), powers, -powers, special]).astype(np.float32)
+
+
+SAMPLES = _samples()
 
 
 @dataclass
 class ActFunctionStats:
-    gelu_apprx_tanh: int = 0
+    activations: int = 0  # statements replaced by one activation
+    functions: Counter = field(default_factory=Counter)  # of those, per ACT function
 
 
 def select_act_functions(program: penguin_pb2.Program) -> ActFunctionStats:
+    """Replace each cone statement that computes an ACT function of one tile by that activation."""
     stats = ActFunctionStats()
     f32 = {t.name for t in program.tensors if t.dtype == common_pb2.F32}
+    readers = Counter(a.tensor for nest in program.nests for st in nest.statements for a in st.inputs)
+    found: dict[tuple, str | None] = {}  # a cone's operations up to a statement -> the function
     for nest in program.nests:
-        chains = _Nest(nest, f32)
-        for index, statement in enumerate(nest.statements):
-            x = chains.gelu_input(index)
-            if x is None:
-                continue
-            x_access = penguin_pb2.Access()
-            x_access.CopyFrom(statement.inputs[0] if statement.inputs[0].tensor == x else statement.inputs[1])
-            statement.op, statement.engine, statement.func = "activation", common_pb2.ACT, GELU_TANH
-            del statement.inputs[:]
-            statement.inputs.append(x_access)
-            del statement.scalars[:]
-            statement.scalars.extend([1.0, 0.0])  # scale, bias
-            stats.gelu_apprx_tanh += 1
+        changed: set[int] = set()
+        for x, cone in _cones(nest, f32):
+            if changed.intersection(cone):
+                continue  # a statement of it reads x now: its cone is not what was found
+            structure = _structure(nest, x, cone)
+            inside = Counter(a.tensor for k in cone for a in nest.statements[k].inputs)
+            values: list[np.ndarray] | None = None
+            replace: list[tuple[int, str]] = []
+            sizes = _closure_sizes(structure)
+            for position in range(len(cone)):
+                st = nest.statements[cone[position]]
+                out = st.outputs[0].tensor
+                if sizes[position] < MIN_STATEMENTS or readers[out] == inside[out]:
+                    continue  # too short; or only the cone reads it: a later statement is the one to replace
+                key = structure[:position + 1]
+                if key not in found:
+                    values = values if values is not None else _evaluate(structure)
+                    found[key] = _matching_function(values[position])
+                func = found[key]
+                if func is not None and structure[position] != ("activation", func, (1.0, 0.0), False, (-1,)):
+                    replace.append((cone[position], func))
+            x_access = next(a for k in cone for a in nest.statements[k].inputs if a.tensor == x)
+            for k, func in replace:
+                _become_activation(nest.statements[k], func, x_access)
+                changed.add(k)
+                stats.activations += 1
+                stats.functions[func] += 1
     return stats
 
 
-class _Nest:
-    """One nest's statements, who writes each tensor, and the chain links between them."""
-
-    def __init__(self, nest: penguin_pb2.LoopNest, f32: set[str]) -> None:
-        self.statements = nest.statements
-        self.f32 = f32
-        self.writers: dict[str, list[int]] = {}
-        for index, statement in enumerate(nest.statements):
-            for access in statement.outputs:
-                self.writers.setdefault(access.tensor, []).append(index)
-
-    def gelu_input(self, last: int) -> str | None:
-        """x when statement `last` is the end of a gelu chain y = x·h (unchanged so far), else None."""
-        end = self.statements[last]
-        if not self._is(end, "tensor_tensor", "multiply") or len(end.outputs) != 1 or len(end.inputs) != 2:
-            return None
-        if not all(_same_tile(a, end.outputs[0]) for a in end.inputs):
-            return None
-        for x, h in _both_orders(end):
-            chain = [last]
-            u = self._operand(h, "tensor_scalar", "multiply", 0.5, chain, end)
-            t = self._operand(u, "tensor_scalar", "add", 1.0, chain, end)
-            m = self._tanh_of(t, chain, end)
-            s = self._operand(m, "tensor_scalar", "multiply", GELU_SCALE, chain, end)
-            q = _other_than(x, self._link(s, "tensor_tensor", "add", chain, end))
-            cube = self._operand(q, "tensor_scalar", "multiply", GELU_CUBE_COEFF, chain, end)
-            square = _other_than(x, self._link(cube, "tensor_tensor", "multiply", chain, end))
-            if square is None or self._link(square, "tensor_tensor", "multiply", chain, end) != (x, x):
+def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[int]]]:
+    """(x, the statement indices of x's cone) for every tensor x whose cone is MIN_STATEMENTS long."""
+    statements = nest.statements
+    writers: dict[str, list[int]] = {}
+    for k, st in enumerate(statements):
+        for access in st.outputs:
+            writers.setdefault(access.tensor, []).append(k)
+    # per eligible statement: (its tile and predicates, its inputs, its output)
+    eligible: dict[int, tuple[bytes, set[str], str]] = {}
+    for k, st in enumerate(statements):
+        if not _elementwise(st, f32) or writers[st.outputs[0].tensor] != [k]:
+            continue
+        tiles = {_tile_key(a) for a in (*st.inputs, *st.outputs)}
+        if len(tiles) == 1:
+            where = tiles.pop() + b"".join(p.SerializeToString(deterministic=True) for p in st.predicates)
+            eligible[k] = (where, {a.tensor for a in st.inputs}, st.outputs[0].tensor)
+    cones = []
+    for x in dict.fromkeys(a.tensor for k in eligible for a in statements[k].inputs):
+        if x not in f32:
+            continue
+        cone: list[int] = []
+        values = {x}
+        where = None
+        for k in range(len(statements)):
+            if cone and k in writers.get(x, ()):
+                break  # x changes: what follows is a function of another x
+            if k not in eligible or not eligible[k][1] <= values:
                 continue
-            if self._x_unchanged(x, min(chain), last) and x in self.f32 and end.outputs[0].tensor in self.f32:
-                return x
-        return None
-
-    def _is(self, statement: penguin_pb2.Statement, op: str, func: str) -> bool:
-        return statement.op == op and statement.func == func
-
-    def _writer(
-        self, tensor: str | None, chain: list[int], end: penguin_pb2.Statement
-    ) -> penguin_pb2.Statement | None:
-        """The one statement of the nest that writes `tensor`, before the chain's earliest so far, if it
-        accesses end's tile under end's predicates and writes a float32 tensor."""
-        if tensor is None or tensor not in self.f32:
-            return None
-        writers = self.writers.get(tensor, [])
-        if len(writers) != 1 or writers[0] >= min(chain):
-            return None
-        statement = self.statements[writers[0]]
-        if list(statement.predicates) != list(end.predicates):
-            return None
-        if not all(_same_tile(a, end.outputs[0]) for a in (*statement.inputs, *statement.outputs)):
-            return None
-        chain.append(writers[0])
-        return statement
-
-    def _operand(
-        self,
-        tensor: str | None,
-        op: str,
-        func: str,
-        scalar: float,
-        chain: list[int],
-        end: penguin_pb2.Statement,
-    ) -> str | None:
-        """The input of the tensor_scalar `op` by `scalar` (in float32) that writes `tensor`."""
-        statement = self._writer(tensor, chain, end)
-        if statement is None or not self._is(statement, op, func) or len(statement.inputs) != 1:
-            return None
-        if len(statement.scalars) != 1 or np.float32(statement.scalars[0]) != np.float32(scalar):
-            return None
-        return statement.inputs[0].tensor
-
-    def _tanh_of(self, tensor: str | None, chain: list[int], end: penguin_pb2.Statement) -> str | None:
-        statement = self._writer(tensor, chain, end)
-        if statement is None or not self._is(statement, "activation", "tanh") or len(statement.inputs) != 1:
-            return None
-        if [np.float32(s) for s in statement.scalars] not in ([], [1.0], [1.0, 0.0]):  # scale 1, bias 0
-            return None
-        return statement.inputs[0].tensor
-
-    def _link(
-        self, tensor: str | None, op: str, func: str, chain: list[int], end: penguin_pb2.Statement
-    ) -> tuple[str, str] | None:
-        """The two inputs of the binary `op` that writes `tensor`."""
-        statement = self._writer(tensor, chain, end)
-        if statement is None or not self._is(statement, op, func) or len(statement.inputs) != 2:
-            return None
-        return statement.inputs[0].tensor, statement.inputs[1].tensor
-
-    def _x_unchanged(self, x: str, first: int, last: int) -> bool:
-        return all(not first <= index <= last for index in self.writers.get(x, []))
+            if where is None:
+                where = eligible[k][0]
+            if eligible[k][0] == where:
+                cone.append(k)
+                values.add(eligible[k][2])
+        if len(cone) >= MIN_STATEMENTS:
+            cones.append((x, cone))
+    return cones
 
 
-def _both_orders(statement: penguin_pb2.Statement) -> list[tuple[str, str]]:
-    a, b = statement.inputs[0].tensor, statement.inputs[1].tensor
-    return [(a, b), (b, a)] if a != b else [(a, b)]
+def _elementwise(st: penguin_pb2.Statement, f32: set[str]) -> bool:
+    """An elementwise statement of one output this pass can evaluate: float32 throughout, but a
+    comparison's output (0 or 1 in any type) and a select's condition."""
+    if st.op == "iota":  # a constant (no step along any dimension) is a function of x too
+        return len(st.outputs) == 1 and not any(st.scalars[1:]) and st.outputs[0].tensor in f32
+    if st.op not in ELEMENTWISE or len(st.outputs) != 1 or not st.inputs:
+        return False
+    if st.op == "activation" and st.func not in alu.ACT_FUNCTIONS:
+        return False
+    if st.op in ("tensor_tensor", "tensor_scalar") and st.func not in alu.FLOAT_FUNCS:
+        return False
+    if st.op == "tensor_scalar" and not st.scalars:
+        return False
+    checked = [*st.inputs[1:]] if st.op == "select" else [*st.inputs]
+    if not (st.op in ("tensor_tensor", "tensor_scalar") and st.func in COMPARISONS):
+        checked.append(st.outputs[0])
+    return all(a.tensor in f32 for a in checked)
 
 
-def _other_than(x: str, operands: tuple[str, str] | None) -> str | None:
-    """Of a binary statement's two operands, the one that is not x (None if neither is x)."""
-    if operands is None or x not in operands:
-        return None
-    return operands[1] if operands[0] == x else operands[0]
+def _structure(nest: penguin_pb2.LoopNest, x: str, cone: list[int]) -> tuple:
+    """The cone's operations, each with its inputs as -1 (x) or the position of the statement of
+    the cone that wrote them: equal for the same function of x whatever the tensors are named."""
+    position = {nest.statements[k].outputs[0].tensor: p for p, k in enumerate(cone)}
+    steps = []
+    for k in cone:
+        st = nest.statements[k]
+        operands = tuple(-1 if a.tensor == x else position[a.tensor] for a in st.inputs)
+        steps.append((st.op, st.func, tuple(np.float32(s).item() for s in st.scalars),
+                      st.attributes.get("reverse") == "1", operands))
+    return tuple(steps)
 
 
-def _same_tile(a: penguin_pb2.Access, b: penguin_pb2.Access) -> bool:
-    return list(a.starts) == list(b.starts) and list(a.extents) == list(b.extents)
+def _closure_sizes(structure: tuple) -> list[int]:
+    """Per cone statement, how many statements of the cone its value depends on (itself included)."""
+    closures: list[set[int]] = []
+    for position, (*_, operands) in enumerate(structure):
+        closures.append({position}.union(*(closures[p] for p in operands if p >= 0)))
+    return [len(c) for c in closures]
+
+
+def _evaluate(structure: tuple) -> list[np.ndarray]:
+    """Each cone statement's values at x = SAMPLES, as the simulator computes them."""
+    values: list[np.ndarray] = []
+    with np.errstate(all="ignore"):
+        for op, func, scalars, reverse, operands in structure:
+            ins = [SAMPLES if p < 0 else values[p] for p in operands]
+            if op == "activation":
+                scale = np.float32(scalars[0]) if scalars else np.float32(1)
+                bias = np.float32(scalars[1]) if len(scalars) > 1 else np.float32(0)
+                result = alu.ACT_FUNCTIONS[func](ins[0] * scale + bias)
+            elif op == "iota":
+                result = np.full_like(SAMPLES, scalars[0] if scalars else 0.0)
+            elif op == "tensor_copy":
+                result = ins[0]
+            elif op == "select":
+                result = np.where(ins[0] != 0, ins[1], ins[2])
+            else:
+                a, b = (ins[0], ins[1]) if op == "tensor_tensor" else (ins[0], np.float32(scalars[0]))
+                if reverse:
+                    a, b = b, a
+                result = alu.binary(func, a, b, np.float32, common_pb2.F32)
+            values.append(np.asarray(result, dtype=np.float32))
+    return values
+
+
+_EXPECTED: dict[str, np.ndarray] = {}  # each ACT function at SAMPLES, computed when first asked
+
+
+def _matching_function(values: np.ndarray) -> str | None:
+    """The ACT function that agrees with `values` at SAMPLES within TOLERANCE, if one does."""
+    with np.errstate(all="ignore"):
+        for func, compute in alu.ACT_FUNCTIONS.items():
+            if func not in _EXPECTED:
+                _EXPECTED[func] = np.asarray(compute(SAMPLES), dtype=np.float32)
+            expected = _EXPECTED[func]
+            nan = np.isnan(expected)
+            if not np.array_equal(nan, np.isnan(values)):
+                continue
+            infinite = np.isinf(expected)
+            if not np.array_equal(expected[infinite], values[infinite]) or np.isinf(values[~infinite]).any():
+                continue
+            finite = ~nan & ~infinite
+            error = np.abs(values[finite].astype(np.float64) - expected[finite])
+            if np.all(error <= TOLERANCE * np.abs(expected[finite]) + ABS_FLOOR):
+                return func
+    return None
+
+
+def _become_activation(st: penguin_pb2.Statement, func: str, x_access: penguin_pb2.Access) -> None:
+    st.op, st.engine, st.func = "activation", common_pb2.ACT, func
+    del st.inputs[:]
+    st.inputs.append(x_access)
+    del st.scalars[:]
+    st.scalars.extend([1.0, 0.0])  # scale, bias
+    st.attributes.pop("reverse", None)
+
+
+def _tile_key(access: penguin_pb2.Access) -> bytes:
+    key = penguin_pb2.Access()
+    key.starts.extend(access.starts)
+    key.extents.extend(access.extents)
+    return key.SerializeToString(deterministic=True)
