@@ -173,3 +173,21 @@ def test_acts_gelu_is_the_exact_gelu_rounded_once() -> None:
                 for v in x.astype(np.float32).astype(np.float64)]
     assert got.dtype == np.float32
     assert np.array_equal(got, np.array(expected, dtype=np.float32))
+
+
+def test_a_chain_that_only_changes_the_sign_of_zero_is_not_the_identity() -> None:
+    """select(x == 0, 0, x), which JAX's sort writes to make -0 and +0 one key, equals x everywhere
+    but at -0: it is not ACT's identity."""
+    text = """HloModule canonical_zero
+ENTRY main {
+  x = f32[256,512] parameter(0)
+  zero = f32[] constant(0)
+  zeros = f32[256,512] broadcast(zero), dimensions={}
+  is_zero = pred[256,512] compare(x, zeros), direction=EQ
+  y = f32[256,512] select(is_zero, zeros, x)
+  ROOT out = f32[256,512] tanh(y)
+}
+"""
+    program = lower_module(parse_hlo_text(text))
+    optimize(program, ["fusion", "cse"], num_stages=None)
+    assert select_act_functions(program).activations == 0

@@ -4,6 +4,7 @@ move fewer HBM bytes, and what must not fuse stays apart."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -123,8 +124,8 @@ def test_pass_list_defaults_and_refusals() -> None:
 
     assert pass_list("", 0) == []
     assert pass_list("", 2) == [
-        "fusion", "cse", "act_functions", "dce", "retile", "tile_order", "pipeline", "invariant_loads",
-        "forward", "dce",
+        "fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order", "pipeline",
+        "invariant_loads", "forward", "dce",
     ]
     assert pass_list("none", 2) == [] and pass_list("dce", 0) == ["dce"]
     with pytest.raises(CompileError) as info:
@@ -166,6 +167,23 @@ def test_fused_chain_verifies_from_the_cli_and_moves_the_minimum(tmp_path: Path)
     assert "penguin-opt: fusion" in log
 
 
+def softmax_of_masked(heads: int, rows: int, width: int) -> str:
+    """The HLO lines of a softmax over the rows of `masked` (f32[heads, rows, width]), to the end
+    of the entry computation."""
+    scores, stats = f"f32[{heads},{rows},{width}]", f"f32[{heads},{rows}]"
+    return f"""  ninf = f32[] constant(-inf)
+  mx = {stats} reduce(masked, ninf), dimensions={{2}}, to_apply=MAX
+  mxb = {scores} broadcast(mx), dimensions={{0,1}}
+  sub = {scores} subtract(masked, mxb)
+  e = {scores} exponential(sub)
+  zero = f32[] constant(0)
+  sum = {stats} reduce(e, zero), dimensions={{2}}, to_apply=ADD
+  sumb = {scores} broadcast(sum), dimensions={{0,1}}
+  ROOT p = {scores} divide(e, sumb)
+}}
+"""
+
+
 MASKED_SOFTMAX = """HloModule masked_softmax
 ADD { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
 MAX { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] maximum(a, b) }
@@ -184,17 +202,7 @@ ENTRY main {
   bias = f32[512] multiply(drop, bigb)
   biasb = f32[8,256,512] broadcast(bias), dimensions={2}
   masked = f32[8,256,512] add(scaled, biasb)
-  ninf = f32[] constant(-inf)
-  mx = f32[8,256] reduce(masked, ninf), dimensions={2}, to_apply=MAX
-  mxb = f32[8,256,512] broadcast(mx), dimensions={0,1}
-  sub = f32[8,256,512] subtract(masked, mxb)
-  e = f32[8,256,512] exponential(sub)
-  zero = f32[] constant(0)
-  sum = f32[8,256] reduce(e, zero), dimensions={2}, to_apply=ADD
-  sumb = f32[8,256,512] broadcast(sum), dimensions={0,1}
-  ROOT p = f32[8,256,512] divide(e, sumb)
-}
-"""
+""" + softmax_of_masked(8, 256, 512)
 
 
 def test_a_masked_softmax_is_one_nest_over_row_tiles() -> None:
@@ -240,7 +248,7 @@ def test_a_norm_body_becomes_one_nest(models_dir: Path) -> None:
     fuse_nests(program)
     (nest,) = program.nests
     assert all(not st.predicates for st in nest.statements)
-    broadcasts = [st for st in nest.statements if st.attributes.get("broadcast") == "1"]
+    broadcasts = [st for st in nest.statements if st.attributes.get("broadcast") == "0"]
     assert len(broadcasts) == 3 and all(st.op == "tensor_copy" for st in broadcasts)
     assert all(st.engine == common_pb2.ACT for st in broadcasts)
     bir = lower_to_bir(program)
@@ -412,17 +420,7 @@ ENTRY main {
   mask = f32[1152,2048] parameter(1)
   maskb = f32[2,1152,2048] broadcast(mask), dimensions={1,2}
   masked = f32[2,1152,2048] add(s, maskb)
-  ninf = f32[] constant(-inf)
-  mx = f32[2,1152] reduce(masked, ninf), dimensions={2}, to_apply=MAX
-  mxb = f32[2,1152,2048] broadcast(mx), dimensions={0,1}
-  sub = f32[2,1152,2048] subtract(masked, mxb)
-  e = f32[2,1152,2048] exponential(sub)
-  zero = f32[] constant(0)
-  sum = f32[2,1152] reduce(e, zero), dimensions={2}, to_apply=ADD
-  sumb = f32[2,1152,2048] broadcast(sum), dimensions={0,1}
-  ROOT p = f32[2,1152,2048] divide(e, sumb)
-}
-"""
+""" + softmax_of_masked(2, 1152, 2048)
 
 
 def test_a_mask_shared_by_the_heads_is_loaded_once_with_the_heads_inside_its_row_tiles() -> None:
@@ -434,7 +432,8 @@ def test_a_mask_shared_by_the_heads_is_loaded_once_with_the_heads_inside_its_row
     optimize(program, pass_list("", 2))
     tensors = {t.name: t for t in program.tensors}
     (nest,) = [n for n in program.nests if any(st.op == "tensor_reduce" for st in n.statements)]
-    (load,) = [st for st in nest.statements if st.op == "dma" and tensors[st.inputs[0].tensor].view_of == "mask"]
+    (load,) = [st for st in nest.statements
+               if st.op == "dma" and tensors[st.inputs[0].tensor].view_of == "mask"]
     (predicate,) = load.predicates
     (head,) = [term.var for term in predicate.expr.terms]
     names = [axis.name for axis in nest.axes]
@@ -449,3 +448,48 @@ def test_a_mask_shared_by_the_heads_verifies_from_the_cli_read_once(tmp_path: Pa
     moved = _verified_dma_bytes(tmp_path, WIDE_MASK, {"fused": []})
     scores, mask = 2 * 1152 * 2048 * 4, 1152 * 2048 * 4
     assert moved["fused"] == 2 * scores + mask
+
+
+def test_a_spread_row_max_becomes_the_subtraction_s_scalar_operand() -> None:
+    """The softmax's row max and row sum, spread across each row on ACT only for DVE's subtract and
+    divide, become those operations' per-partition scalar operands: the spreads go, and the
+    operations read the [P, 1] tiles, which BIR reads with stride 0."""
+    program = lowered(MASKED_SOFTMAX)
+    optimize(program, pass_list("", 2))
+    softmax = next(n for n in program.nests if any(st.op == "tensor_reduce" for st in n.statements))
+    assert not [st for st in softmax.statements if st.op == "tensor_copy" and "broadcast" in st.attributes]
+    folded = [st for st in softmax.statements if st.attributes.get("broadcast") == "1"]
+    assert {(st.op, st.func) for st in folded} == {("tensor_tensor", "subtract"), ("tensor_tensor", "divide")}
+    for st in folded:
+        assert st.inputs[1].extents[-1] == 1 and st.outputs[0].extents[-1] > 1
+    bir = lower_to_bir(program)
+    reads = [i.inputs[1] for i in bir.instructions
+             if i.op == "tensor_tensor" and i.func in ("subtract", "divide")]
+    assert reads and all([(d.stride, d.count) for d in ap.dims] == [(0, 512)] for ap in reads)
+
+
+@pytest.mark.slow
+def test_folded_broadcast_operands_verify_from_the_cli_and_take_less_time(tmp_path: Path) -> None:
+    model = tmp_path / "softmax.hlo"
+    model.write_text(MASKED_SOFTMAX)
+    inputs = tmp_path / "in.npz"
+    rng = np.random.default_rng(3)
+    np.savez(inputs, arg0=rng.normal(0, 2, (8, 256, 512)).astype(np.float32),
+             arg1=rng.integers(0, 2, 512).astype(np.int32))
+    without = ",".join(p for p in pass_list("", 2) if p != "broadcast_operands")
+    times, outputs = {}, {}
+    for name, flags in {"folded": [], "spread": [f"--penguin-passes={without}"]}.items():
+        neff = tmp_path / f"{name}.neff"
+        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
+        assert compiled.returncode == 0, compiled.stderr
+        out = tmp_path / f"{name}.npz"
+        report = tmp_path / f"{name}.json"
+        ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out),
+                      "--report", str(report), timeout=300)
+        assert ran.returncode == 0, ran.stderr
+        data = json.loads(report.read_text())
+        assert data["races"] == [] and data["deadlock"] is None
+        times[name] = data["simulated_ns"]
+        outputs[name] = np.load(out)["out0"]
+    assert np.array_equal(outputs["folded"], outputs["spread"])  # the same operations on the same values
+    assert times["folded"] < times["spread"]

@@ -48,6 +48,7 @@ from ncc.tools.common.penguin_budget import (
     with_pieces,
 )
 from ncc.tools.hlo_opt import rolling
+from ncc.tools.hlo_opt.passes.broadcast_operands import broadcast_inputs
 
 PARTITIONS = 128  # an on-chip buffer's partitions at most
 LOOP_MODES = ("auto", "rolled", "unrolled")
@@ -243,7 +244,7 @@ class BirCodeGenLoop:
             accumulate_shift=self._shift(nest, st, axis) if axis else 0,
             attributes=[(key, value) for key, value in st.attributes.items()
                         if key not in ("accumulate_axis", "iota_dimension", "broadcast")],
-            broadcast=st.attributes.get("broadcast") == "1",
+            broadcast=broadcast_inputs(st),
         )
 
     def _statement(self, nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, plan: _StatementPlan,
@@ -271,8 +272,8 @@ class BirCodeGenLoop:
         self._version(instr)
         for key, value in plan.attributes:
             instr.attributes[key] = value
-        if plan.broadcast:  # a [P, 1] tile read across the output's free dim
-            source, free = instr.inputs[0], instr.outputs[0].dims[-1].count
+        for position in plan.broadcast:  # a [P, 1] tile read across the output's free dim
+            source, free = instr.inputs[position], instr.outputs[0].dims[-1].count
             del source.dims[:]
             source.dims.add(stride=0, count=free)
         if st.op == "iota":
@@ -569,7 +570,7 @@ class _StatementPlan:
     accumulate_axis: str  # a matmul's: it accumulates except at this axis's first step
     accumulate_shift: int  # the statement's pipeline stage along that axis
     attributes: list[tuple[str, str]]  # the statement attributes every instruction carries
-    broadcast: bool  # a [P, 1] input tile read across the output's free dimension
+    broadcast: list[int]  # positions of the [P, 1] input tiles read across the output's free dimension
 
 
 @dataclass(frozen=True)

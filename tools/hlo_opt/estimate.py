@@ -11,8 +11,9 @@ import math
 
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common.dtypes import itemsize
+from ncc.tools.hlo_opt.passes.broadcast_operands import broadcast_inputs
 from ncc.tools.target import is_dma, load_target
-from ncc.tools.target.costs import engine_cycles
+from ncc.tools.target.costs import engine_cycles, streamed_inputs
 
 
 def statement_ns(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> float:
@@ -26,7 +27,8 @@ def statement_ns(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.Tenso
     fp32 = any(tensors[a.tensor].dtype == common_pb2.F32 for a in st.inputs)
     moving = free_elements(st.inputs[1]) if len(st.inputs) > 1 else 0
     free = max((free_elements(a) for a in accesses), default=1)
-    cycles = engine_cycles(target, op=st.op, engine=st.engine, inputs=len(st.inputs), free=free,
+    inputs = streamed_inputs(len(st.inputs), len(broadcast_inputs(st)), free)
+    cycles = engine_cycles(target, op=st.op, engine=st.engine, inputs=inputs, free=free,
                            moving_free=moving, fp32=fp32)
     return target.cycles_to_ns(st.engine, cycles)
 

@@ -2,7 +2,9 @@
 
 `fusion` joins producer/consumer nests so intermediates stay in SBUF; `cse` drops loads and
 fills a nest already did; `act_functions` turns an elementwise chain that computes one of ACT's
-built-in functions (the tanh approximation of gelu) into one activation; `dce` then drops the
+built-in functions (gelu, exact or tanh) into one activation; `broadcast_operands` lets a DVE
+operation read the [P, 1] tile (a row max, a norm's scale) that was spread across a row for it
+alone as its per-partition scalar operand; `dce` then drops the
 stores (and tensors) nobody reads any more, and the statements of such chains;
 `retile` narrows the free tiles of an elementwise nest too short to overlap its engines;
 `tile_order` strip-mines a dot's row loop below its contraction loop so each weight tile serves
@@ -27,6 +29,7 @@ from ncc.schemas import penguin_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.hlo_opt.passes.act_functions import select_act_functions
+from ncc.tools.hlo_opt.passes.broadcast_operands import fold_broadcast_operands
 from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.passes.forwarding import forward_tiles
@@ -40,6 +43,7 @@ PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,
     "cse": eliminate_common_loads,
     "act_functions": select_act_functions,
+    "broadcast_operands": fold_broadcast_operands,
     "dce": eliminate_dead_code,
     "retile": retile_nests,
     "tile_order": order_tiles,
@@ -58,8 +62,8 @@ OPTIONS: dict[str, dict[str, type]] = {
 # the instruction count for no overlap (one-element tiles took gelu's compile from 2 s to 6 min).
 MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
                                         ("tile_order", "max_row_block"): 1}
-DEFAULT_PASSES = ("fusion", "cse", "act_functions", "dce", "retile", "tile_order", "pipeline",
-                  "invariant_loads", "forward", "dce")
+DEFAULT_PASSES = ("fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order",
+                  "pipeline", "invariant_loads", "forward", "dce")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

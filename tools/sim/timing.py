@@ -29,12 +29,15 @@ class CostModel:
             moving_free = op.inputs[1].size // max(op.inputs[1].partitions, 1)
         elif op.op == "transpose":  # the identity it streams is as wide as the tile has partitions
             moving_free = op.inputs[0].partitions
+        free = max((a.size // max(a.partitions, 1) for a in operands), default=0)
+        scalars = sum(not any(c > 1 and s for c, s in zip(a.counts, a.byte_strides, strict=True))
+                      for a in op.inputs)  # one element per partition: a per-partition scalar operand
         return costs.engine_cycles(
             self.target,
             op=op.op,
             engine=op.engine,
-            inputs=len(op.inputs),
-            free=max((a.size // max(a.partitions, 1) for a in operands), default=0),
+            inputs=costs.streamed_inputs(len(op.inputs), scalars, free),
+            free=free,
             moving_free=moving_free,
             fp32=op.op in costs.PE_OPS and any(a.dtype == common_pb2.F32 for a in op.inputs),
         )

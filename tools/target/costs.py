@@ -8,6 +8,9 @@ free elements per partition, access = onchip_access_cycles:
   matmul      max(N_moving, matmul_min_cycles) x fp32_matmul_factor (if an input is fp32) + access
   ACT         N x act_cycles_per_element + access
   DVE / POOL  max(1, #inputs) x N x {dve,pool}_cycles_per_element + access (+ pool_start_cycles on POOL)
+              where #inputs counts the streamed inputs: one that is a single element per
+              partition read across a wider output (stride 0: a per-partition scalar operand,
+              NKI tensor_scalar's [P, 1] vector operand) streams nothing (`streamed_inputs`)
   nop         nop_cycles (sem_reset and drain too)
   dma         dma_issue_cycles on the trigger engine; the transfer then occupies its queue for
               Target.dma_ns(bytes) = dma_fixed_latency_ns + bytes / dma_queue_bandwidth_gbps
@@ -78,6 +81,13 @@ def engine_cycles(
     if engine == common_pb2.POOL:
         cycles += float(costs.get("pool_start_cycles", 150))
     return cycles + access
+
+
+def streamed_inputs(inputs: int, scalar_inputs: int, free: int) -> int:
+    """How many of an instruction's `inputs` stream their elements, when `scalar_inputs` of them
+    hold one distinct element per partition and the largest operand has `free` elements: in a
+    wider operation those are per-partition scalar operands (the module docstring)."""
+    return inputs - scalar_inputs if free > 1 else inputs
 
 
 def ports(*, op: str, engine: int, memories: Iterable[int]) -> tuple[str, ...]:

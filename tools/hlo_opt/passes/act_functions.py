@@ -18,9 +18,9 @@ powers of ten up to 1e30 with both signs, and zeros: finite values only, see bel
 function's values, with the simulator's own ALU semantics (tools/common/alu.py). A statement
 whose value takes at least MIN_STATEMENTS of the cone's, and whose output the cone does not
 consume alone (another statement or nest reads it), is compared with every function of ACT's
-table on the same sample: where one agrees everywhere (NaN where it is NaN, within TOLERANCE
-elsewhere), the statement becomes that activation of x, and the statements it no longer needs
-are left for `dce`, which runs after this pass.
+table on the same sample: where one agrees everywhere (NaN where it is NaN, zeros of the same
+sign, within TOLERANCE elsewhere), the statement becomes that activation of x, and the statements
+it no longer needs are left for `dce`, which runs after this pass.
 
 Exactness. `gelu_apprx_tanh` is the nine float32 operations in jax's order, so that chain gives
 the same bits either way. Others agree within TOLERANCE relative, or ABS_FLOOR where the function
@@ -222,7 +222,10 @@ def _matching_function(values: np.ndarray) -> str | None:
                 continue
             finite = ~nan & ~infinite
             error = np.abs(values[finite].astype(np.float64) - expected[finite])
-            if np.all(error <= TOLERANCE * np.abs(expected[finite]) + ABS_FLOOR):
+            if not np.all(error <= TOLERANCE * np.abs(expected[finite]) + ABS_FLOOR):
+                continue
+            zero = finite & ((expected == 0) | (values == 0))
+            if np.array_equal(np.signbit(expected[zero]), np.signbit(values[zero])):  # -0 is not +0
                 return func
     return None
 

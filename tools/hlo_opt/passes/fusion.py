@@ -182,7 +182,7 @@ def _try_fuse(summary: _NestSummary, consumer: penguin_pb2.LoopNest, stats: Fusi
         merged.name = f"{consumer.name}.{st.name}"
         if k in spread:  # the load of a broadcast column becomes an on-chip broadcast of its tile
             merged.op, merged.engine = "tensor_copy", common_pb2.ACT
-            merged.attributes["broadcast"] = "1"
+            merged.attributes["broadcast"] = "0"  # its input 0 (broadcast_operands.py)
             del merged.inputs[:]
             merged.inputs.add().CopyFrom(spread[k])
             _rename_access(merged.outputs[0], rename)

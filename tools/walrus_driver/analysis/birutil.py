@@ -15,6 +15,7 @@ from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import ENGINE_NAMES
+from ncc.tools.target.costs import streamed_inputs
 
 PE, ACT, POOL, DVE, SP = common_pb2.PE, common_pb2.ACT, common_pb2.POOL, common_pb2.DVE, common_pb2.SP
 SBUF, PSUM, HBM = common_pb2.SBUF, common_pb2.PSUM, common_pb2.HBM
@@ -332,6 +333,7 @@ def footprints(
     free = 0  # the largest operand's free elements; -1 once a count <= 0 leaves Operands unknown
     mask = 0  # the memories of the operands, a bit each
     fp32 = False
+    scalars = 0  # on-chip inputs of one element per partition (target/costs.py: streamed_inputs)
     inputs = instr.inputs
     for write, operands in ((False, inputs), (True, instr.outputs)):
         for ap in operands:
@@ -371,8 +373,9 @@ def footprints(
                 if elements > free >= 0:
                     free = elements
                 dtype = ap.dtype
-                if not write and dtype == common_pb2.F32:
-                    fp32 = True
+                if not write:
+                    fp32 = fp32 or dtype == common_pb2.F32
+                    scalars += lo == hi == 0  # every dimension of stride 0 or count 1
                 partitions = ap.partition_count
                 if partitions <= 0:
                     continue
@@ -384,7 +387,7 @@ def footprints(
                     append(new(Footprint, (memory, region, start, start + partitions, b0, b1, False)))
     result.touched = tuple(touched)
     if free >= 0:
-        count = len(inputs)
+        count = streamed_inputs(len(inputs), scalars, free)
         moving = moving_free(op, inputs)
         result.operands = Operands(count, free, moving, fp32, memory_set(mask))
     return result

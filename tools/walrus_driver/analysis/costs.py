@@ -113,16 +113,22 @@ def _operands(instr: bir_pb2.Instruction) -> Operands:
     fp32 = False
     inputs = instr.inputs
     count = len(inputs)
+    scalars = 0  # inputs of one element per partition
     for position, ap in enumerate((*inputs, *instr.outputs)):
         elements = 1
+        varies = False
         for dim in ap.dims:
             elements *= dim.count
+            varies = varies or (dim.stride != 0 and dim.count > 1)
         if elements > free:
             free = elements
         memories.add(ap.memory)
-        if position < count and ap.dtype == common_pb2.F32:  # inputs decide fp32
-            fp32 = True
-    return Operands(count, free, birutil.moving_free(instr.op, inputs), fp32, frozenset(memories))
+        if position < count:
+            scalars += not varies
+            if ap.dtype == common_pb2.F32:  # inputs decide fp32
+                fp32 = True
+    streamed = target_costs.streamed_inputs(count, scalars, free)
+    return Operands(streamed, free, birutil.moving_free(instr.op, inputs), fp32, frozenset(memories))
 
 
 def _compute_cost(op: str, engine: int, operands: Operands, target: Target) -> Cost:
