@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import networkx as nx
+import numpy as np
 import pytest
 from walrus_builders import HBM, PSUM, SP, Bir, chain_program, random_program, run_passes, tile
 
@@ -291,8 +292,12 @@ def test_integer_and_semaphored_instructions_stay_on_dve():
     integer = b.ts("b", "a", 128, 64, scalar=2.0)
     integer.inputs[0].dtype = integer.outputs[0].dtype = S32
     assert act_equivalent(integer) is None
-    divide = b.ts("b", "a", 128, 64, scalar=2.0, func="divide")  # x / s is not x * (1 / s)
+    divide = b.ts("b", "a", 128, 64, scalar=3.0, func="divide")  # x / 3 is not x * (1 / 3)
     assert act_equivalent(divide) is None
+    halve = act_equivalent(b.ts("b", "a", 128, 64, scalar=8.0, func="divide"))  # x / 8 is x * 0.125
+    assert (halve.op, halve.func, list(halve.scalars)) == ("activation", "identity", [0.125, 0.0])
+    x = np.random.default_rng(0).normal(0, 1e3, 10_000).astype(np.float32)
+    assert np.array_equal(x / np.float32(8.0), x * np.float32(0.125))
     synced = b.ts("b", "a", 128, 64, scalar=2.0)
     synced.waits.add(semaphore=0, value=1)
     assert act_equivalent(synced) is None

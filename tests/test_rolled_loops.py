@@ -330,3 +330,35 @@ def test_a_dots_lhsT_tiles_are_an_indexed_array_and_its_reduction_axis_rolls():
     assert not results["rolled"].races and results["rolled"].deadlock is None
     np.testing.assert_array_equal(results["rolled"].outputs["out0"], results["unrolled"].outputs["out0"])
     assert 2 * len(program.instructions) < len(_bir(DOT, "unrolled").instructions)
+
+
+# A 3x3 convolution's im2col copy: per (image, output row), three kernel rows of 56 positions x
+# (3 taps x 64 features), each a load and a store of 43 KB, 56 rows in a 128-partition tile.
+CONV3X3 = """HloModule conv3x3
+ENTRY main {
+  x = f32[2,56,56,64] parameter(0)
+  w = f32[3,3,64,64] parameter(1)
+  ROOT y = f32[2,56,56,64] convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+"""
+
+
+def test_a_copy_loop_of_three_kernel_rows_holds_its_copies_in_the_loop_around_it():
+    """The innermost rolled axis (three kernel rows) needs three copies in a body, which is its
+    whole trip: the loop around it (the output rows) is the innermost instead, its body holds
+    the three kernel rows and several of its own iterations, so that its transfers spread over
+    the 16 queues (a body of six kept six busy: ResNet stage 1's im2col copies, 1.9 ms each). The
+    pieces a transfer is cut in count the rows the tile holds (56), not the tile's 128."""
+    program = lower_module(parse_module_text(CONV3X3.encode()))
+    optimize(program, pass_list("", 2), num_stages=0)
+    tensors = {t.name: t for t in program.tensors}
+    users = rolling.onchip_users(program)
+    (nest,) = [n for n in program.nests if n.name.endswith(".copy_4")]
+    extents = {axis.name: axis.extent for axis in nest.axes}
+    plan = rolling.plan_rolling(nest, tensors, rolling.TouchedElsewhere(users, nest.name), min_trip=2)
+    assert [extents[axis.name] for axis in plan.axes] == [2, 56]  # the kernel rows unroll in the body
+    assert plan.copies == 3
+    bir = lower_to_bir(program, loops="rolled")
+    (rows,) = [i for i in _entries(bir) if i.name.endswith(".copy_4/loop.b1")]
+    body = [i for i in bir.instructions if i.op == "dma" and i.HasField("in_loop") and i.in_loop == rows.id]
+    assert len(body) == 3 * 3 * 2  # three output rows of three kernel rows, a load and a store each

@@ -10,7 +10,9 @@ The frontend puts every elementwise instruction on DVE. ACT computes func(in·sc
 fp32 (docs/ir.md), so these DVE instructions give bit for bit the same result there:
   * tensor_scalar multiplying, adding or subtracting a float scalar: x·s + 0 = x·s,
     x·1 + s = x + s, x + (−s) = x − s and (−1)·x + s = s − x are exact in IEEE arithmetic (up to
-    the sign of a zero result, which compares equal); maximum with 0 is relu;
+    the sign of a zero result, which compares equal); maximum with 0 is relu; dividing by a
+    power of two 2^k (|k| < 126) is multiplying by 2^-k, the same real number rounded once
+    (BERT's scores / 8); other divisors give another rounding and stay;
   * tensor_tensor multiplying an operand by itself is square (x·x);
   * tensor_copy is allowed on ACT as it is.
 pre_sched offers such an instruction to both engines and keeps the one that finishes it first,
@@ -19,6 +21,7 @@ so elementwise work that would queue on DVE spreads onto ACT.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
@@ -72,7 +75,8 @@ class ActForm(NamedTuple):
 _MOVE = ActForm("tensor_copy")
 _SQUARE = ActForm("activation", 1, "square")
 _RELU = ActForm("activation", 1, "relu")
-_SCALAR_FUNCS = frozenset({"maximum", "multiply", "add", "subtract"})  # tensor_scalar's with an ACT form
+# tensor_scalar's functions with an ACT form (divide: by a power of two only)
+_SCALAR_FUNCS = frozenset({"maximum", "multiply", "add", "subtract", "divide"})
 
 
 def act_form(instr: bir_pb2.Instruction) -> ActForm | None:
@@ -113,11 +117,21 @@ def act_form(instr: bir_pb2.Instruction) -> ActForm | None:
         scale_bias = (scalar, 0.0)
     elif func == "add":
         scale_bias = (1.0, scalar)
+    elif func == "divide":  # x / 2^k is x · 2^-k, the same real number rounded once; other divisors differ
+        if instr.attributes.get("reverse") == "1" or not _exact_reciprocal(scalar):
+            return None
+        scale_bias = (1.0 / scalar, 0.0)
     elif instr.attributes.get("reverse") == "1":  # subtract, s − x
         scale_bias = (-1.0, scalar)
     else:
         scale_bias = (1.0, -scalar)
     return ActForm("activation", 1, "identity", scale_bias)
+
+
+def _exact_reciprocal(scalar: float) -> bool:
+    """Whether 1 / scalar is exact in float32: a power of two whose reciprocal is a normal float."""
+    mantissa, exponent = math.frexp(scalar)
+    return abs(mantissa) == 0.5 and -125 <= exponent <= 127
 
 
 def act_equivalent(instr: bir_pb2.Instruction) -> bir_pb2.Instruction | None:
