@@ -125,7 +125,7 @@ def test_pass_list_defaults_and_refusals() -> None:
     assert pass_list("", 0) == []
     assert pass_list("", 2) == [
         "fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order", "pipeline",
-        "invariant_loads", "forward", "dce",
+        "invariant_loads", "forward", "direct_copies", "dce",
     ]
     assert pass_list("none", 2) == [] and pass_list("dce", 0) == ["dce"]
     with pytest.raises(CompileError) as info:
@@ -493,3 +493,45 @@ def test_folded_broadcast_operands_verify_from_the_cli_and_take_less_time(tmp_pa
         outputs[name] = np.load(out)["out0"]
     assert np.array_equal(outputs["folded"], outputs["spread"])  # the same operations on the same values
     assert times["folded"] < times["spread"]
+
+
+# A 3x3 convolution: its im2col columns are a copy nest (a load and a store per tile).
+SMALL_CONV = """HloModule small_conv
+ENTRY main {
+  x = f32[2,12,12,16] parameter(0)
+  w = f32[3,3,16,8] parameter(1)
+  ROOT y = f32[2,12,12,8] convolution(x, w), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+}
+"""
+
+
+def test_a_tile_loaded_only_to_be_stored_moves_hbm_to_hbm() -> None:
+    program = lowered(SMALL_CONV)
+    optimize(program, pass_list("", 2))
+    tensors = {t.name: t for t in program.tensors}
+    copies = [n for n in program.nests if all(st.op == "dma" for st in n.statements)]
+    assert copies
+    for nest in copies:
+        for st in nest.statements:
+            memories = {tensors[a.tensor].memory for a in (*st.inputs, *st.outputs)}
+            assert memories == {common_pb2.HBM}, st.name
+    bir = lower_to_bir(program)
+    direct = [i for i in bir.instructions if i.op == "dma"
+              and i.inputs[0].memory == i.outputs[0].memory == common_pb2.HBM]
+    assert direct
+
+
+@pytest.mark.slow
+def test_direct_copies_verify_from_the_cli_with_half_the_transfers(tmp_path: Path) -> None:
+    without = ",".join(p for p in pass_list("", 2) if p != "direct_copies")
+    counts = {}
+    for name, flags in {"direct": [], "staged": [f"--penguin-passes={without}"]}.items():
+        model = tmp_path / "conv.hlo"
+        model.write_text(SMALL_CONV)
+        compiled = run_ncc("compile", str(model), "--output", str(tmp_path / f"{name}.neff"),
+                           "--workdir", str(tmp_path / f"{name}.ncc-work"), "--verify", *flags, timeout=300)
+        assert compiled.returncode == 0, compiled.stderr
+        bir = bir_pb2.Program()
+        bir.ParseFromString(next((tmp_path / f"{name}.ncc-work").glob("*_Frontend/bir.pb")).read_bytes())
+        counts[name] = sum(i.op == "dma" for i in bir.instructions)
+    assert counts["direct"] < counts["staged"]

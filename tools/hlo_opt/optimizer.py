@@ -13,7 +13,8 @@ several row tiles;
 loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
 broadcast bias or norm weight), or a tile the loop does not change (a dot's kept stationary and moving
 tiles), once; `forward` makes a load of an intermediate that an earlier nest stored from an SBUF
-tile read that tile (a copy, or a PE transpose), and `dce` then drops the stores nobody reads.
+tile read that tile (a copy, or a PE transpose); `direct_copies` makes a tile loaded from HBM only to
+be stored back one HBM-to-HBM dma; and `dce` then drops the stores nobody reads.
 The default list is all of these, in that order (dce twice), at --optlevel 1 and above; -O0 runs
 none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
@@ -32,6 +33,7 @@ from ncc.tools.hlo_opt.passes.act_functions import select_act_functions
 from ncc.tools.hlo_opt.passes.broadcast_operands import fold_broadcast_operands
 from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
+from ncc.tools.hlo_opt.passes.direct_copies import copy_directly
 from ncc.tools.hlo_opt.passes.forwarding import forward_tiles
 from ncc.tools.hlo_opt.passes.fusion import fuse_nests
 from ncc.tools.hlo_opt.passes.invariant_loads import hoist_invariant_loads
@@ -44,6 +46,7 @@ PASSES: dict[str, Callable[..., object]] = {
     "cse": eliminate_common_loads,
     "act_functions": select_act_functions,
     "broadcast_operands": fold_broadcast_operands,
+    "direct_copies": copy_directly,
     "dce": eliminate_dead_code,
     "retile": retile_nests,
     "tile_order": order_tiles,
@@ -63,7 +66,7 @@ OPTIONS: dict[str, dict[str, type]] = {
 MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
                                         ("tile_order", "max_row_block"): 1}
 DEFAULT_PASSES = ("fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order",
-                  "pipeline", "invariant_loads", "forward", "dce")
+                  "pipeline", "invariant_loads", "forward", "direct_copies", "dce")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

@@ -1,2 +1,31 @@
 """The Penguin passes, one module each, run by tools/hlo_opt/optimizer.py in the order of its
-list (docs/architecture.md, The Penguin optimizer)."""
+list (docs/architecture.md, The Penguin optimizer), and what several of them ask of a program."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ncc.schemas import penguin_pb2
+
+
+def nests_naming(program: penguin_pb2.Program) -> dict[str, set[int]]:
+    """Tensor name -> the indices of the nests whose statements read or write it (a pass that
+    changes a tile's buffers or accesses may do so only where one nest names it)."""
+    nests: dict[str, set[int]] = defaultdict(set)
+    for index, nest in enumerate(program.nests):
+        for st in nest.statements:
+            for access in (*st.inputs, *st.outputs):
+                nests[access.tensor].add(index)
+    return nests
+
+
+def writers_and_readers(nest: penguin_pb2.LoopNest) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+    """Per tensor, the indices of the nest's statements that write it, and of those that read it."""
+    writers: dict[str, list[int]] = defaultdict(list)
+    readers: dict[str, list[int]] = defaultdict(list)
+    for k, st in enumerate(nest.statements):
+        for access in st.outputs:
+            writers[access.tensor].append(k)
+        for access in st.inputs:
+            readers[access.tensor].append(k)
+    return writers, readers

@@ -15,10 +15,10 @@ spread (BERT's softmax: 39 of its 77 µs of ACT), and DVE streams one operand in
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.hlo_opt.passes import nests_naming, writers_and_readers
 
 BROADCAST = "broadcast"  # statement attribute: comma-separated positions of inputs read across the free dim
 READERS = frozenset({"tensor_tensor"})  # what takes a vector operand (NKI tensor_scalar's)
@@ -38,20 +38,10 @@ def broadcast_inputs(st: penguin_pb2.Statement) -> list[int]:
 def fold_broadcast_operands(program: penguin_pb2.Program) -> BroadcastOperandStats:
     """Let DVE/POOL operations read the [P, 1] tiles that were spread for them only, in place."""
     stats = BroadcastOperandStats()
-    nests_of: dict[str, set[int]] = defaultdict(set)
-    for index, nest in enumerate(program.nests):
-        for st in nest.statements:
-            for access in (*st.inputs, *st.outputs):
-                nests_of[access.tensor].add(index)
+    nests_of = nests_naming(program)
     for index, nest in enumerate(program.nests):
         statements = nest.statements
-        writers: dict[str, list[int]] = defaultdict(list)
-        readers: dict[str, list[int]] = defaultdict(list)
-        for k, st in enumerate(statements):
-            for access in st.outputs:
-                writers[access.tensor].append(k)
-            for access in st.inputs:
-                readers[access.tensor].append(k)
+        writers, readers = writers_and_readers(nest)
         for k, spread in enumerate(statements):
             if spread.op != "tensor_copy" or broadcast_inputs(spread) != [0] or len(spread.outputs) != 1:
                 continue

@@ -43,6 +43,7 @@ from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence
+from ncc.tools.hlo_opt.passes import nests_naming
 from ncc.tools.hlo_opt.passes.pipelining import ROW_BLOCK
 
 
@@ -59,11 +60,7 @@ KEEP_BUDGET_BYTES = 64 * 1024  # per partition: the blocks one load keeps on chi
 def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
     """Run each loop-invariant load once per nest, in place; returns what changed."""
     tensors = {t.name: t for t in program.tensors}
-    nests_of: dict[str, set[int]] = defaultdict(set)
-    for index, nest in enumerate(program.nests):
-        for st in nest.statements:
-            for access in [*st.inputs, *st.outputs]:
-                nests_of[access.tensor].add(index)
+    nests_of = nests_naming(program)
     stats = InvariantLoadStats()
     for index, nest in enumerate(program.nests):
         if any("pipelined" in axis.attributes for axis in nest.axes):

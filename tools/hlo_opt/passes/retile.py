@@ -19,10 +19,10 @@ partition tiling, and so every fusion decision already taken, stays as it was.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.hlo_opt.passes import nests_naming
 from ncc.tools.hlo_opt.passes.pipelining import requests_pipelining
 
 ELEMENTWISE_OPS = frozenset({"dma", "tensor_tensor", "tensor_scalar", "activation", "tensor_copy"})
@@ -42,11 +42,7 @@ def retile_nests(
 ) -> RetileStats:
     """Narrow the free tiles of the nests that qualify, in place; returns what changed."""
     tensors = {t.name: t for t in program.tensors}
-    nests_of: dict[str, set[int]] = defaultdict(set)
-    for index, nest in enumerate(program.nests):
-        for st in nest.statements:
-            for access in (*st.inputs, *st.outputs):
-                nests_of[access.tensor].add(index)
+    nests_of = nests_naming(program)
     stats = RetileStats()
     for index, nest in enumerate(program.nests):
         found = _free_axis(nest, tensors, nests_of, index)
