@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from walrus_builders import HBM, SP, Bir, by_name, chain_program, reference_chain, run_passes, tile
+from walrus_builders import HBM, SP, Bir, by_name, chain_program, hbm_ap, reference_chain, run_passes, tile
 
 from ncc.schemas import bir_pb2, penguin_pb2
 from ncc.schemas.common_pb2 import F32
@@ -244,3 +244,32 @@ def test_a_row_broadcast_to_the_partitions_is_read_once_and_spread_on_chip_in_pi
     result = simulate_program(program, inputs)
     assert not result.races and not result.deadlock
     np.testing.assert_allclose(result.outputs["out0"], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_an_hbm_to_hbm_copy_is_cut_in_rows_on_both_sides_and_computes_the_same() -> None:
+    """A direct copy (hlo_opt's direct_copies: HBM to HBM, no tile between) of 128 rows x 8 KiB is
+    cut like a tile load: each piece takes the same rows of both sides, on its own queue."""
+    def copy_program() -> bir_pb2.Program:
+        b = Bir("hbm_copy")
+        b.hbm("x", [256, 2048], index=0)
+        b.hbm("out", [128, 2048], role=bir_pb2.OUTPUT, index=0)
+        b.add("dma", SP, [hbm_ap("out", 128, 2048)], [hbm_ap("x", 128, 2048, row0=128)], name="copy")
+        return b.build()
+
+    pieces = copy_program()
+    ctx = run_passes(pieces, "split_dma," + BACKEND)
+    assert ctx.stats["split_dma"]["dmas_split"] == 1
+    parts = [i for i in pieces.instructions if i.name.startswith("copy/")]
+    assert len(parts) == 8 and len({i.dma_queue for i in parts}) == 8
+    for k, piece in enumerate(parts):
+        source, target = piece.inputs[0], piece.outputs[0]
+        assert (source.offset, source.dims[0].count) == ((128 + 16 * k) * 2048, 16)
+        assert (target.offset, target.dims[0].count) == (16 * k * 2048, 16)
+    whole = copy_program()
+    run_passes(whole, BACKEND)
+    x = np.random.default_rng(5).standard_normal((256, 2048)).astype(np.float32)
+    slow, fast = simulate_program(whole, {"arg0": x}), simulate_program(pieces, {"arg0": x})
+    for result in (slow, fast):
+        assert not result.races and not result.deadlock
+        np.testing.assert_array_equal(result.outputs["out0"], x[128:])
+    assert fast.simulated_ns < slow.simulated_ns / 2

@@ -8,7 +8,9 @@ over consecutive partition ranges, each moving at least `min_bytes`, so that ass
 
 A dma is split only when its HBM side's outermost dimension walks the on-chip partitions (the
 form the frontend writes: partition p of the tile is HBM row p); then a piece over partitions
-[a, b) reads HBM rows [a, b): the same dims with offset + a * stride and count b - a. An on-chip
+[a, b) reads HBM rows [a, b): the same dims with offset + a * stride and count b - a. An
+HBM-to-HBM dma (a direct copy) whose two sides walk the same rows first is cut in rows the same
+way, on both sides. An on-chip
 partition broadcast (one partition read P times, stride 0, into P partitions: how the frontend
 spreads a row it loaded once) is split the same way, each piece filling partitions [a, b). The pieces
 keep the original's trigger engine and place in the order. It adds instructions, so it runs before
@@ -205,8 +207,11 @@ def _ranges(instr: bir_pb2.Instruction, parts: int) -> list[tuple[int, int]]:
     """Consecutive partition ranges cutting `instr` into `parts` pieces ([] when it stays whole)."""
     if parts < 2:
         return []
-    onchip = instr.outputs[0] if instr.outputs[0].memory != common_pb2.HBM else instr.inputs[0]
-    partitions = onchip.partition_count
+    if _hbm_to_hbm(instr):
+        partitions = instr.inputs[0].dims[0].count
+    else:
+        onchip = instr.outputs[0] if instr.outputs[0].memory != common_pb2.HBM else instr.inputs[0]
+        partitions = onchip.partition_count
     bounds = [partitions * k // parts for k in range(parts + 1)]
     return list(zip(bounds[:-1], bounds[1:], strict=True))
 
@@ -215,18 +220,31 @@ def _parts(instr: bir_pb2.Instruction, options: Options) -> int:
     """How many pieces the size rule cuts `instr` into (1: it stays whole)."""
     if instr.op != "dma" or len(instr.inputs) != 1 or len(instr.outputs) != 1:
         return 1
+    if _hbm_to_hbm(instr):  # both sides walk the same rows first: pieces of rows, as a tile's
+        rows, total = instr.inputs[0].dims[0].count, birutil.operand_bytes(instr.inputs[0])
+        return dma_pieces(rows, total, options.max_parts, options.min_bytes)
     if _on_chip_broadcast(instr):  # its one-partition source's dims[0] walks the partitions
         source, onchip = instr.inputs[0], instr.outputs[0]
     else:
         sides = {ap.memory == common_pb2.HBM: ap for ap in (instr.inputs[0], instr.outputs[0])}
         if set(sides) != {True, False}:
-            return 1  # HBM to HBM or on chip to on chip: no partition walk to split along
+            return 1  # on chip to on chip, or HBM to HBM of different rows: no walk to split along
         source, onchip = sides[True], sides[False]
     partitions, free = onchip.partition_count, _free(onchip)
     if not source.dims or source.dims[0].count != partitions or _free(source) != partitions * free:
         return 1
     total = partitions * free * itemsize(onchip.dtype)
     return dma_pieces(partitions, total, options.max_parts, options.min_bytes)
+
+
+def _hbm_to_hbm(instr: bir_pb2.Instruction) -> bool:
+    """An HBM-to-HBM dma (hlo_opt's direct copies) whose two sides walk the same number of rows
+    first, each row the same number of elements: a piece over rows [a, b) is one on both sides."""
+    src, out = instr.inputs[0], instr.outputs[0]
+    if src.memory != common_pb2.HBM or out.memory != common_pb2.HBM or not src.dims or not out.dims:
+        return False
+    rows = src.dims[0].count
+    return rows > 1 and out.dims[0].count == rows and _free(src) == _free(out)
 
 
 def _on_chip_broadcast(instr: bir_pb2.Instruction) -> bool:
