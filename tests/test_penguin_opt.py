@@ -535,3 +535,25 @@ def test_direct_copies_verify_from_the_cli_with_half_the_transfers(tmp_path: Pat
         bir.ParseFromString(next((tmp_path / f"{name}.ncc-work").glob("*_Frontend/bir.pb")).read_bytes())
         counts[name] = sum(i.op == "dma" for i in bir.instructions)
     assert counts["direct"] < counts["staged"]
+
+
+def test_a_copy_whose_source_is_written_between_its_load_and_store_stays_staged() -> None:
+    from ncc.tools.hlo_opt.passes.direct_copies import copy_directly
+
+    program = lowered(SMALL_CONV)
+    optimize(program, [p for p in pass_list("", 2) if p != "direct_copies"])
+    tensors = {t.name: t for t in program.tensors}
+    nest = next(n for n in program.nests if all(st.op == "dma" for st in n.statements))
+    statements = list(nest.statements)
+    load = next(st for st in statements if tensors[st.inputs[0].tensor].memory == common_pb2.HBM)
+    clobber = penguin_pb2.Statement()
+    clobber.CopyFrom(load)  # rewrites the load's source in place, between the load and the store
+    clobber.name = "clobber"
+    clobber.outputs[0].CopyFrom(load.inputs[0])
+    position = statements.index(load) + 1
+    del nest.statements[:]
+    nest.statements.extend([*statements[:position], clobber, *statements[position:]])
+    tile = load.outputs[0].tensor
+    copy_directly(program)
+    assert any(st.name == load.name for st in nest.statements)  # the load stays
+    assert any(a.tensor == tile for st in nest.statements if st.name != load.name for a in st.inputs)

@@ -29,3 +29,8 @@ def writers_and_readers(nest: penguin_pb2.LoopNest) -> tuple[dict[str, list[int]
         for access in st.inputs:
             readers[access.tensor].append(k)
     return writers, readers
+
+
+def same_box(a: penguin_pb2.Access, b: penguin_pb2.Access) -> bool:
+    """Whether two accesses name the same box (starts and extents alike)."""
+    return list(a.starts) == list(b.starts) and list(a.extents) == list(b.extents)

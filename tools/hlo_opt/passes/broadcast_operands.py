@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
-from ncc.tools.hlo_opt.passes import nests_naming, writers_and_readers
+from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
 
 BROADCAST = "broadcast"  # statement attribute: comma-separated positions of inputs read across the free dim
 READERS = frozenset({"tensor_tensor"})  # what takes a vector operand (NKI tensor_scalar's)
@@ -65,19 +65,15 @@ def fold_broadcast_operands(program: penguin_pb2.Program) -> BroadcastOperandSta
 
 def _takes(user: penguin_pb2.Statement, tile: penguin_pb2.Access, spread: penguin_pb2.Statement,
            writers: dict[str, list[int]], k: int, j: int) -> bool:
-    """Whether statement j (`user`) can read `column` where it reads the spread `tile`: a DVE/POOL
-    operation that reads the tile's box under the spread's predicates, writes a box as wide, and
-    does not find the column rewritten since the spread (statement k)."""
+    """Whether statement j (`user`) can read the spread's [P, 1] input where it reads the spread
+    `tile`: a DVE/POOL operation that reads the tile's box under the spread's predicates, writes a
+    box as wide, and does not find that input rewritten since the spread (statement k)."""
     if user.op not in READERS or user.engine not in (common_pb2.DVE, common_pb2.POOL) or j <= k:
         return False
     if list(user.predicates) != list(spread.predicates) or len(user.outputs) != 1:
         return False
-    if not all(_same_box(a, tile) for a in user.inputs if a.tensor == tile.tensor):
+    if not all(same_box(a, tile) for a in user.inputs if a.tensor == tile.tensor):
         return False
     if list(user.outputs[0].extents) != list(tile.extents):
         return False
     return not any(k < w < j for w in writers[spread.inputs[0].tensor])
-
-
-def _same_box(a: penguin_pb2.Access, b: penguin_pb2.Access) -> bool:
-    return list(a.starts) == list(b.starts) and list(a.extents) == list(b.extents)

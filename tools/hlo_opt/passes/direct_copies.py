@@ -4,8 +4,9 @@ A copy nest (an im2col copy, a transpose or slice that no fusion absorbed) loads
 SBUF and stores it again: two transfers a tile, the store waiting for the load, and a buffer that
 must rotate. A dma moves any box to any box element by element (docs/ir.md), so when, in one
 nest, a tile T is written only by a load L from HBM and read only by a store S to HBM of the same
-box, under the same predicates, and no other nest names T, S reads L's source instead and L goes
-(`dce` drops T). ResNet stage 1's im2col copies: half the transfers, and none waits for another.
+box, under the same predicates, no other nest names T and nothing between L and S writes L's
+source, S reads L's source instead and L goes (`dce` drops T). ResNet stage 1's im2col copies:
+half the transfers, and none waits for another.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
-from ncc.tools.hlo_opt.passes import nests_naming, writers_and_readers
+from ncc.tools.common.access_keys import base
+from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
 
 
 @dataclass
@@ -42,10 +44,13 @@ def copy_directly(program: penguin_pb2.Program) -> DirectCopyStats:
             store = nest.statements[j]
             if j < k or not _is_dma(store, tensors, from_hbm=False) or store.inputs[0].tensor != tile.tensor:
                 continue
-            if not _same_box(store.inputs[0], tile) or list(store.predicates) != list(load.predicates):
+            if not same_box(store.inputs[0], tile) or list(store.predicates) != list(load.predicates):
                 continue
             if tensors[load.inputs[0].tensor].dtype != tensors[store.outputs[0].tensor].dtype:
                 continue
+            source = base(tensors, load.inputs[0].tensor)
+            if any(k < w < j for name, ks in writers.items() if base(tensors, name) == source for w in ks):
+                continue  # the source changes between the load and the store: the store would see it
             store.inputs[0].CopyFrom(load.inputs[0])
             dropped.add(k)
             stats.copies_direct += 1
@@ -63,7 +68,3 @@ def _is_dma(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl
     source, target = tensors[st.inputs[0].tensor], tensors[st.outputs[0].tensor]
     hbm = common_pb2.HBM
     return (source.memory == hbm) != (target.memory == hbm) and (source.memory == hbm) == from_hbm
-
-
-def _same_box(a: penguin_pb2.Access, b: penguin_pb2.Access) -> bool:
-    return list(a.starts) == list(b.starts) and list(a.extents) == list(b.extents)
