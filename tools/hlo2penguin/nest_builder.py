@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.hlo2penguin.views import View
+from ncc.tools.target import PARTITIONS
 
-PARTITIONS = 128
 FRONTEND_PREFIX = "frontend:"  # attribute keys carried over from HLO frontend_attributes
 
 

@@ -49,8 +49,8 @@ from ncc.tools.common.penguin_budget import (
 )
 from ncc.tools.hlo_opt import rolling
 from ncc.tools.hlo_opt.passes.broadcast_operands import broadcast_inputs
+from ncc.tools.target import PARTITIONS
 
-PARTITIONS = 128  # an on-chip buffer's partitions at most
 LOOP_MODES = ("auto", "rolled", "unrolled")
 # `auto` keeps loops rolled in a program that would unroll to at least this many backend
 # instructions, and unrolls a smaller one: there the backend's list scheduler, free to interleave

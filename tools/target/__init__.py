@@ -132,3 +132,7 @@ def load_target(name: str = "trn1") -> Target:
         clock_ghz={ENGINES[key]: value["clock_ghz"] for key, value in raw["engines"].items()},
         costs=dict(raw["costs"]),
     )
+
+
+# The default target's partitions: the most an on-chip tile spans (the frontend's tiling, trn1: 128).
+PARTITIONS = load_target().partitions

@@ -43,8 +43,8 @@ from ncc.tools.common.access_keys import box_key
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.nonfinite import nonfinite_tensors
 from ncc.tools.hlo_opt.passes.fusion import one_axis_per_dimension
+from ncc.tools.target import PARTITIONS
 
-PARTITIONS = 128
 MAX_BYTES = 16 * 1024  # a forwarded tile's blocks together, per partition
 MAX_POINTS = 1 << 16  # points of a nest enumerated when checking the one-block rule
 # Element types the PE carries exactly through its fp32 matmul against an identity (integers

@@ -33,7 +33,7 @@ from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo_opt.dependences import Violation, axis_names, first_reversed_dependence, instance
 from ncc.tools.hlo_opt.estimate import statement_ns
-from ncc.tools.target import is_dma, load_target
+from ncc.tools.target import PARTITIONS, is_dma, load_target
 
 NUM_STAGES = "num_stages"  # Mode A request, on a nest or one of its axes
 FRONTEND_NUM_STAGES = "frontend:ncc_num_stages"  # the same, from the HLO op's frontend_attributes
@@ -42,7 +42,6 @@ EXECUTION_ORDER = "execution_order"  # Mode B: a statement's position in the pip
 STAGE = "stage"  # the stage each statement runs in, once pipelined
 PIPELINED = "pipelined"  # on the pipelined axis: its number of stages
 ROW_BLOCK = "row_block"  # on a dot's nest that tile_order reordered: row tiles per block
-PARTITIONS = 128
 ESTIMATED_ITERATIONS = 16  # how many iterations body_orders' estimate runs (fewer when the loop has fewer)
 MAX_WIDENED_BYTES = 64 * 1024  # per partition: a block widened along the free dim stays below this
 # Every attribute that asks for software pipelining or records that it happened.
