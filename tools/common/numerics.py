@@ -158,7 +158,7 @@ def gelu(x: np.ndarray) -> np.ndarray:
     """gelu in its exact (erf) form, x·Φ(x) = ½·x·erfc(−x/√2) (ACT's `gelu`, NKI `nl.gelu`): computed
     in float64 and rounded to float32. jax.nn.gelu(approximate=False) and PyTorch's default GELU
     write it; XLA expands their erfc into a rational approximation of some 60 float32 operations,
-    which act_functions recognizes by evaluating it (within 16 ulp of this)."""
+    which act_functions recognizes by evaluating it (within 53 ulp of this above 1e-20)."""
     values = np.asarray(x, dtype=np.float64)
     with np.errstate(invalid="ignore"):  # -inf · erfc(inf) = -inf · 0: the limit is -0
         result = 0.5 * values * _ERFC(-values * math.sqrt(0.5)).astype(np.float64)
