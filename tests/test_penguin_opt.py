@@ -124,8 +124,8 @@ def test_pass_list_defaults_and_refusals() -> None:
 
     assert pass_list("", 0) == []
     assert pass_list("", 2) == [
-        "fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order", "pipeline",
-        "invariant_loads", "forward", "direct_copies", "dce",
+        "fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order", "epilogues",
+        "pipeline", "invariant_loads", "forward", "direct_copies", "dce",
     ]
     assert pass_list("none", 2) == [] and pass_list("dce", 0) == ["dce"]
     with pytest.raises(CompileError) as info:

@@ -8,7 +8,8 @@ alone as its per-partition scalar operand; `dce` then drops the
 stores (and tensors) nobody reads any more, and the statements of such chains;
 `retile` narrows the free tiles of an elementwise nest too short to overlap its engines;
 `tile_order` strip-mines a dot's row loop below its contraction loop so each weight tile serves
-several row tiles;
+several row tiles; `epilogues` runs the elementwise nest after a dot (a bias, a GELU) inside the
+dot's nest on each product tile as it leaves PSUM;
 `pipeline` software-pipelines the loops that ask for it (or, with --num-stages, every eligible
 loop); `invariant_loads` runs a load that reads the same bytes at every step of a loop (a
 broadcast bias or norm weight), or a tile the loop does not change (a dot's kept stationary and moving
@@ -34,6 +35,7 @@ from ncc.tools.hlo_opt.passes.broadcast_operands import fold_broadcast_operands
 from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.passes.direct_copies import copy_directly
+from ncc.tools.hlo_opt.passes.epilogues import fuse_epilogues
 from ncc.tools.hlo_opt.passes.forwarding import forward_tiles
 from ncc.tools.hlo_opt.passes.fusion import fuse_nests
 from ncc.tools.hlo_opt.passes.invariant_loads import hoist_invariant_loads
@@ -50,6 +52,7 @@ PASSES: dict[str, Callable[..., object]] = {
     "dce": eliminate_dead_code,
     "retile": retile_nests,
     "tile_order": order_tiles,
+    "epilogues": fuse_epilogues,
     "pipeline": pipeline_loops,
     "invariant_loads": hoist_invariant_loads,
     "forward": forward_tiles,
@@ -60,13 +63,14 @@ OPTIONS: dict[str, dict[str, type]] = {
     "retile": {"min_tiles": int, "min_width": int},
     "tile_order": {"max_row_block": int},
     "forward": {"max_bytes": int},
+    "epilogues": {"row_wise": bool},
 }
 # The least value an int option accepts: retile's tiles below 32 elements a partition multiply
 # the instruction count for no overlap (one-element tiles took gelu's compile from 2 s to 6 min).
 MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
                                         ("tile_order", "max_row_block"): 1}
 DEFAULT_PASSES = ("fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order",
-                  "pipeline", "invariant_loads", "forward", "direct_copies", "dce")
+                  "epilogues", "pipeline", "invariant_loads", "forward", "direct_copies", "dce")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

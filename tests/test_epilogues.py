@@ -1,0 +1,180 @@
+"""Epilogue fusion (tools/hlo_opt/passes/epilogues.py): the nest after a matmul nest runs inside it
+on the evacuated product tile, where that is safe; from the CLI the result still matches."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_ncc
+from test_penguin_opt import lowered, softmax_of_masked
+
+from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.hlo_opt.optimizer import optimize, pass_list
+from ncc.tools.hlo_opt.passes.epilogues import fuse_epilogues
+
+
+def dense_tanh(rows: int, k: int, n: int) -> str:
+    """A projection of f32[rows, k] by f32[k, n], its bias and a tanh."""
+    return f"""HloModule dense_tanh
+ENTRY main {{
+  x = f32[{rows},{k}] parameter(0)
+  w = f32[{k},{n}] parameter(1)
+  b = f32[{n}] parameter(2)
+  d = f32[{rows},{n}] dot(x, w), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  bb = f32[{rows},{n}] broadcast(b), dimensions={{1}}
+  s = f32[{rows},{n}] add(d, bb)
+  ROOT t = f32[{rows},{n}] tanh(s)
+}}
+"""
+
+
+# rows of 1,024: the consumer's row tiles are wider than the matmul's 512-column output tiles,
+# so it is tiled anew
+DENSE_TANH = dense_tanh(256, 384, 1024)
+
+MAX_ADD = """ADD { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+MAX { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT m = f32[] maximum(a, b) }
+"""
+
+
+def scores_softmax(heads: int, rows: int) -> str:
+    """Attention scores q·kᵀ of `heads` heads, scaled, and their softmax over rows of `rows`."""
+    scores = f"f32[{heads},{rows},{rows}]"
+    return f"""HloModule scores_softmax
+{MAX_ADD}ENTRY main {{
+  q = f32[{heads},{rows},64] parameter(0)
+  k = f32[{heads},{rows},64] parameter(1)
+  s = {scores} dot(q, k), lhs_batch_dims={{0}}, rhs_batch_dims={{0}},
+    lhs_contracting_dims={{2}}, rhs_contracting_dims={{2}}
+  c = f32[] constant(0.125)
+  cb = {scores} broadcast(c), dimensions={{}}
+  masked = {scores} multiply(s, cb)
+""" + softmax_of_masked(heads, rows, rows)
+
+
+def _optimized(text: str, passes: list[str] | None = None) -> tuple[penguin_pb2.Program, list[str]]:
+    program = lowered(text)
+    names = passes if passes is not None else pass_list("", 2)
+    optimize(program, names)
+    return program, [nest.name for nest in program.nests]
+
+
+def _without_epilogues() -> list[str]:
+    return [p for p in pass_list("", 2) if p != "epilogues"]
+
+
+def test_an_elementwise_consumer_of_a_projection_runs_on_the_matmul_tiles() -> None:
+    program, names = _optimized(DENSE_TANH)
+    _, apart = _optimized(DENSE_TANH, _without_epilogues())
+    assert len(names) == len(apart) - 1
+    tensors = {t.name: t for t in program.tensors}
+    (dot,) = [n for n in program.nests if any(st.op == "matmul" for st in n.statements)]
+    store = next(st for st in dot.statements if st.op == "dma"
+                 and tensors[st.outputs[0].tensor].memory == common_pb2.HBM and st.predicates)
+    tanh = next(st for st in dot.statements if st.op == "activation" and st.func == "tanh")
+    assert list(tanh.predicates) == list(store.predicates)  # at the contraction's last step
+    assert list(tanh.outputs[0].extents)[-1] == 512  # tiled as the product, not as whole rows
+    # the product no longer goes to HBM: nothing stores `d` any more
+    assert not any(tensors[a.tensor].view_of == "d" or a.tensor == "d"
+                   for n in program.nests for st in n.statements for a in st.outputs)
+
+
+def _row_wise() -> list[str]:
+    return [p if p != "epilogues" else "epilogues{row_wise=1}" for p in pass_list("", 2)]
+
+
+def test_a_fused_dot_nest_keeps_the_loops_it_had() -> None:
+    """Every access of the product tile names one box (the epilogue reads it as the evacuation
+    writes it), so rolling keeps the tile private to an iteration and the nest's loops stay loops
+    (GPT-2's FFN nest unrolled whole when it did not: 72 static instructions became 696)."""
+    from ncc.tools.hlo_opt import rolling
+
+    text = dense_tanh(1024, 768, 3072)  # GPT-2's FFN: its row-block, column and contraction loops roll
+    plans = {}
+    for name, passes in {"fused": pass_list("", 2), "apart": _without_epilogues()}.items():
+        program, _ = _optimized(text, passes)
+        tensors = {t.name: t for t in program.tensors}
+        users = rolling.onchip_users(program)
+        dot = next(n for n in program.nests if any(st.op == "matmul" for st in n.statements))
+        plan = rolling.plan_rolling(dot, tensors, rolling.TouchedElsewhere(users, dot.name), min_trip=2)
+        plans[name] = [axis.name for axis in plan.axes] if plan else []
+    assert plans["fused"] and plans["fused"] == plans["apart"]
+
+
+def test_a_softmax_over_one_tile_wide_rows_joins_the_scores_nest_when_asked() -> None:
+    program, names = _optimized(scores_softmax(4, 256), _row_wise())
+    _, default = _optimized(scores_softmax(4, 256))
+    _, apart = _optimized(scores_softmax(4, 256), _without_epilogues())
+    assert len(names) == len(apart) - 1 and len(default) == len(apart)  # off by default (docstring)
+    dot = next(n for n in program.nests if any(st.op == "matmul" for st in n.statements))
+    assert [st.op for st in dot.statements].count("tensor_reduce") == 2
+
+
+def test_a_softmax_whose_rows_span_several_tiles_stays_apart() -> None:
+    """A row of 1,024 scores is two matmul tiles: its max and sum combine across tiles, which one
+    tile of the matmul nest cannot see."""
+    program = lowered(scores_softmax(2, 1024))
+    optimize(program, [p for p in _without_epilogues() if p in ("fusion", "cse", "dce", "tile_order")])
+    before = len(program.nests)
+    stats = fuse_epilogues(program, row_wise=True)
+    assert stats.epilogues == 0 and len(program.nests) == before
+    assert stats.refused
+
+
+def test_a_consumer_that_reads_the_product_transposed_stays_apart() -> None:
+    text = """HloModule transposed
+ENTRY main {
+  x = f32[256,256] parameter(0)
+  w = f32[256,256] parameter(1)
+  d = f32[256,256] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  t = f32[256,256] transpose(d), dimensions={1,0}
+  ROOT e = f32[256,256] exponential(t)
+}
+"""
+    program = lowered(text)
+    optimize(program, [p for p in _without_epilogues() if p in ("fusion", "cse", "dce", "tile_order")])
+    before = len(program.nests)
+    stats = fuse_epilogues(program, row_wise=True)
+    assert stats.epilogues == 0 and len(program.nests) == before
+
+
+def _compile_and_run(tmp_path: Path, text: str, inputs: dict[str, np.ndarray],
+                     fused: list[str]) -> dict[str, tuple[float, np.ndarray]]:
+    tmp_path.mkdir()
+    model = tmp_path / "model.hlo"
+    model.write_text(text)
+    npz = tmp_path / "in.npz"
+    np.savez(npz, **inputs)
+    result = {}
+    variants = {"fused": fused, "apart": [f"--penguin-passes={','.join(_without_epilogues())}"]}
+    for name, flags in variants.items():
+        neff = tmp_path / f"{name}.neff"
+        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
+        assert compiled.returncode == 0, compiled.stderr
+        out, report = tmp_path / f"{name}.npz", tmp_path / f"{name}.json"
+        ran = run_ncc("run", str(neff), "--inputs", str(npz), "--output", str(out), "--report", str(report),
+                      timeout=300)
+        assert ran.returncode == 0, ran.stderr
+        data = json.loads(report.read_text())
+        assert data["races"] == [] and data["deadlock"] is None
+        result[name] = (data["simulated_ns"], np.load(out)["out0"])
+    return result
+
+
+@pytest.mark.slow
+def test_fused_epilogues_verify_from_the_cli_and_the_elementwise_one_takes_less_time(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    dense = _compile_and_run(tmp_path / "dense", DENSE_TANH, {
+        "arg0": rng.normal(0, 1, (256, 384)).astype(np.float32),
+        "arg1": rng.normal(0, 0.05, (384, 1024)).astype(np.float32),
+        "arg2": rng.normal(0, 1, 1024).astype(np.float32)}, [])
+    assert np.array_equal(dense["fused"][1], dense["apart"][1])  # the same operations on the same values
+    assert dense["fused"][0] < dense["apart"][0]
+    softmax = _compile_and_run(tmp_path / "softmax", scores_softmax(4, 256), {
+        "arg0": rng.normal(0, 1, (4, 256, 64)).astype(np.float32),
+        "arg1": rng.normal(0, 1, (4, 256, 64)).astype(np.float32)},
+        [f"--penguin-passes={','.join(_row_wise())}"])
+    assert np.array_equal(softmax["fused"][1], softmax["apart"][1])
