@@ -86,6 +86,28 @@ def _row_wise() -> list[str]:
     return [p if p != "epilogues" else "epilogues{row_wise=1}" for p in pass_list("", 2)]
 
 
+def _psum_readers(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl]) -> list[str]:
+    return [st.op for st in nest.statements if st.op != "matmul"
+            and any(tensors[a.tensor].memory == common_pb2.PSUM for a in st.inputs)]
+
+
+def test_the_epilogue_reads_psum_when_nothing_else_reads_the_product() -> None:
+    program, _ = _optimized(DENSE_TANH)
+    tensors = {t.name: t for t in program.tensors}
+    dot = next(n for n in program.nests if any(st.op == "matmul" for st in n.statements))
+    assert _psum_readers(dot, tensors) == ["tensor_tensor"]  # the bias add; no evacuating copy
+
+
+def test_a_product_that_is_also_a_result_keeps_its_store_and_evacuation() -> None:
+    both = "t = f32[256,1024] tanh(s)\n  ROOT r = (f32[256,1024], f32[256,1024]) tuple(d, t)"
+    text = DENSE_TANH.replace("ROOT t = f32[256,1024] tanh(s)", both)
+    program, _ = _optimized(text)
+    tensors = {t.name: t for t in program.tensors}
+    dot = next(n for n in program.nests if any(st.op == "matmul" for st in n.statements))
+    assert len([st for st in dot.statements if st.op == "tanh" or st.func == "tanh"]) == 1  # fused
+    assert _psum_readers(dot, tensors) == ["tensor_copy"]  # the evacuation the store needs
+
+
 def test_a_fused_dot_nest_keeps_the_loops_it_had() -> None:
     """Every access of the product tile names one box (the epilogue reads it as the evacuation
     writes it), so rolling keeps the tile private to an iteration and the nest's loops stay loops
