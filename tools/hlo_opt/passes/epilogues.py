@@ -30,9 +30,10 @@ whole matmul. Here such a consumer C joins the dot's nest D when
 
 C's statements then follow S in D's body under S's predicates, reading T where they read L's
 tile. When no other nest reads the output, S goes, and a statement of C on ACT or DVE that alone
-reads T reads the PSUM tile T was copied from, and the copy goes (`_read_psum`). The pass runs after
-`tile_order` (D's loops are final) and before `invariant_loads` (which then keeps C's broadcast
-bias loads once per row block). Counters: epilogues (nests joined), retiled (of them, tiled anew).
+reads T reads the PSUM tile T was copied from, and the copy goes (`_read_psum`). The pass runs
+after `tile_order` (D's loops are final) and before `invariant_loads` (which then keeps C's broadcast
+bias loads once per row block). Counters: epilogues (nests joined), retiled (of them, tiled anew),
+nests_moved, refused (why each other consumer of a dot nest stayed apart).
 """
 
 from __future__ import annotations
