@@ -191,3 +191,27 @@ ENTRY main {
     program = lower_module(parse_hlo_text(text))
     optimize(program, ["fusion", "cse"], num_stages=None)
     assert select_act_functions(program).activations == 0
+
+
+def test_a_long_fused_chain_is_searched_in_windows_of_bounded_cones(monkeypatch) -> None:
+    """A fused chain of N elementwise ops makes every tensor's cone the rest of the chain; cones past
+    MAX_STATEMENTS are not searched, so the statements evaluated grow with N, not N² (the scale
+    family's chain of 12,500 ran its Frontend past 10 minutes before)."""
+    from ncc.tools.hlo_opt.passes import act_functions
+
+    evaluated: list[int] = []
+    real = act_functions._evaluate
+    monkeypatch.setattr(act_functions, "_evaluate", lambda structure: evaluated.append(len(structure))
+                        or real(structure))
+    lines = ["HloModule chain", "ENTRY main {", "  x0 = f32[128,64] parameter(0)",
+             "  c = f32[] constant(0.5)", "  cb = f32[128,64] broadcast(c), dimensions={}"]
+    n = 3 * act_functions.MAX_STATEMENTS
+    for i in range(1, n + 1):
+        body = f"tanh(x{i - 1})" if i % 2 else f"multiply(x{i - 1}, cb)"
+        lines.append(f"  {'ROOT ' if i == n else ''}x{i} = f32[128,64] {body}")
+    program = lower_module(parse_hlo_text("\n".join(lines) + "\n}\n"))
+    optimize(program, ["fusion"])
+    assert len(program.nests) == 1 and len(program.nests[0].statements) > n
+    select_act_functions(program)
+    assert max(evaluated, default=0) <= act_functions.MAX_STATEMENTS
+    assert sum(evaluated) <= act_functions.MAX_STATEMENTS ** 2

@@ -29,13 +29,15 @@ gelu where that is above 1e-20, and ACT's `gelu` is the exact one rounded once. 
 are not compared: there jax's gelu gives NaN at −inf (−inf · erfc(inf) = −inf · 0) and ACT's −0.
 Every tensor of a cone is float32 but a comparison's output (0 or 1 in any type): a bf16 chain
 rounds after every step, which no ACT function does.
-Cones whose statements are the same operations (a model's layers) are evaluated once.
+Cones whose statements are the same operations (a model's layers) are evaluated once, and a cone
+of more than MAX_STATEMENTS statements is not searched (so a long fused chain costs its length).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -43,6 +45,10 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import alu
 
 MIN_STATEMENTS = 3  # a cone this long at least: a shorter one saves little, and ACT is not free
+# A cone longer than this is not searched: the exact gelu is some 60 statements, while a fused
+# chain of N elementwise ops makes each tensor's cone the rest of the chain, so searching them
+# all cost O(N^2) (the scale family's chain of 12,500: its Frontend ran past 10 minutes and 4.6 GB).
+MAX_STATEMENTS = 256
 TOLERANCE = 1e-5  # relative, with ABS_FLOOR: within 84 ulp of float32
 ABS_FLOOR = 1e-20
 ELEMENTWISE = ("tensor_tensor", "tensor_scalar", "activation", "select", "tensor_copy", "iota")
@@ -117,14 +123,20 @@ def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[in
         if len(tiles) == 1:
             where = tiles.pop() + b"".join(p.SerializeToString(deterministic=True) for p in st.predicates)
             eligible[k] = (where, {a.tensor for a in st.inputs}, st.outputs[0].tensor)
+    # x's cone starts at its first reader, but for the constants (input-less fills) before it
+    first_reader: dict[str, int] = {}
+    for k in eligible:
+        for a in statements[k].inputs:
+            first_reader.setdefault(a.tensor, k)
+    constants = [k for k, (_, inputs, _) in eligible.items() if not inputs]
     cones = []
-    for x in dict.fromkeys(a.tensor for k in eligible for a in statements[k].inputs):
+    for x, start in first_reader.items():
         if x not in f32:
             continue
         cone: list[int] = []
         values = {x}
         where = None
-        for k in range(len(statements)):
+        for k in chain((c for c in constants if c < start), range(start, len(statements))):
             if cone and k in writers.get(x, ()):
                 break  # x changes: what follows is a function of another x
             if k not in eligible or not eligible[k][1] <= values:
@@ -134,7 +146,9 @@ def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[in
             if eligible[k][0] == where:
                 cone.append(k)
                 values.add(eligible[k][2])
-        if len(cone) >= MIN_STATEMENTS:
+                if len(cone) > MAX_STATEMENTS:
+                    break
+        if MIN_STATEMENTS <= len(cone) <= MAX_STATEMENTS:
             cones.append((x, cone))
     return cones
 
