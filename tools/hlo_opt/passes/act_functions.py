@@ -43,6 +43,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import alu
+from ncc.tools.hlo_opt.passes import ELEMENTWISE_OPS
 
 MIN_STATEMENTS = 3  # a cone this long at least: a shorter one saves little, and ACT is not free
 # A cone longer than this is not searched: the exact gelu is some 60 statements, while a fused
@@ -51,7 +52,6 @@ MIN_STATEMENTS = 3  # a cone this long at least: a shorter one saves little, and
 MAX_STATEMENTS = 256
 TOLERANCE = 1e-5  # relative, with ABS_FLOOR: within 84 ulp of float32
 ABS_FLOOR = 1e-20
-ELEMENTWISE = ("tensor_tensor", "tensor_scalar", "activation", "select", "tensor_copy", "iota")
 COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 
 
@@ -158,7 +158,7 @@ def _elementwise(st: penguin_pb2.Statement, f32: set[str]) -> bool:
     comparison's output (0 or 1 in any type) and a select's condition."""
     if st.op == "iota":  # a constant (no step along any dimension) is a function of x too
         return len(st.outputs) == 1 and not any(st.scalars[1:]) and st.outputs[0].tensor in f32
-    if st.op not in ELEMENTWISE or len(st.outputs) != 1 or not st.inputs:
+    if st.op not in ELEMENTWISE_OPS or len(st.outputs) != 1 or not st.inputs:
         return False
     if st.op == "activation" and st.func not in alu.ACT_FUNCTIONS:
         return False

@@ -45,10 +45,10 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base
 from ncc.tools.hlo_opt import rolling
+from ncc.tools.hlo_opt.passes import ELEMENTWISE_OPS
 
 ONCHIP = (common_pb2.SBUF, common_pb2.PSUM)
-ELEMENTWISE = {"activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select", "iota"}
-EPILOGUE_OPS = ELEMENTWISE | {"dma", "tensor_reduce"}
+EPILOGUE_OPS = ELEMENTWISE_OPS | {"dma", "tensor_reduce"}
 READS_PSUM = {"activation", "tensor_tensor", "tensor_scalar", "tensor_copy"}  # on ACT or DVE
 KEPT_ATTRIBUTES = {"reverse", "broadcast"}  # positional facts that stay true inside D
 MAX_MOVED = 16  # nests moved before one dot nest at most
@@ -382,7 +382,7 @@ def _elementwise(consumer: penguin_pb2.LoopNest, load: penguin_pb2.Statement,
     chip a tile of the consumer alone."""
     box = _box_key(_squeezed(tensors, load.inputs[0]))
     for st in consumer.statements:
-        if st.op != "dma" and st.op not in ELEMENTWISE or st.attributes.get("broadcast"):
+        if st.op != "dma" and st.op not in ELEMENTWISE_OPS or st.attributes.get("broadcast"):
             return False
         if any(_box_key(_squeezed(tensors, access)) != box for access in (*st.inputs, *st.outputs)):
             return False
