@@ -132,7 +132,9 @@ def test_a_softmax_over_one_tile_wide_rows_joins_the_scores_nest_when_asked() ->
     _, apart = _optimized(scores_softmax(4, 256), _without_epilogues())
     assert len(names) == len(apart) - 1 and len(default) == len(apart)  # off by default (docstring)
     dot = next(n for n in program.nests if any(st.op == "matmul" for st in n.statements))
-    assert [st.op for st in dot.statements].count("tensor_reduce") == 2
+    # the max and the sum (the sum as the exp's second output: act_operands) run on its tiles
+    assert [st.op for st in dot.statements].count("tensor_reduce") == 1
+    assert [len(st.outputs) for st in dot.statements if st.op == "activation"] == [2]
 
 
 def test_a_softmax_whose_rows_span_several_tiles_stays_apart() -> None:

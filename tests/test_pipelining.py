@@ -457,7 +457,8 @@ def test_the_hlo_frontend_attribute_survives_fusion_and_asks_for_mode_a() -> Non
 
 
 def test_pass_list_options_and_the_command_line_default() -> None:
-    assert pass_list("", 2)[-5:] == ["pipeline", "invariant_loads", "forward", "direct_copies", "dce"]
+    assert pass_list("", 2)[-6:] == [
+        "pipeline", "invariant_loads", "forward", "direct_copies", "act_operands", "dce"]
     assert pass_list("", 0) == []
     assert pass_list("pipeline{widen=0,check_order=false},dce", 0) == \
         ["pipeline{widen=0,check_order=false}", "dce"]

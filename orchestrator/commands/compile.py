@@ -113,8 +113,8 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--penguin-passes", type=_pass_list, default=(), metavar="a,b,...",
         help="the Penguin optimizer's pass list (fusion, cse, act_functions, broadcast_operands, dce, "
-        "retile, tile_order, epilogues, pipeline, invariant_loads, forward, direct_copies), 'none' for "
-        "none; default: all, none at -O0",
+        "retile, tile_order, epilogues, pipeline, invariant_loads, forward, direct_copies, act_operands), "
+        "'none' for none; default: all, none at -O0",
     )
     parser.add_argument(
         "--num-stages", type=_stage_count, default=0, metavar="N",

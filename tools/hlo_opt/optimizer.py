@@ -15,7 +15,9 @@ loop); `invariant_loads` runs a load that reads the same bytes at every step of 
 broadcast bias or norm weight), or a tile the loop does not change (a dot's kept stationary and moving
 tiles), once; `forward` makes a load of an intermediate that an earlier nest stored from an SBUF
 tile read that tile (a copy, or a PE transpose); `direct_copies` makes a tile loaded from HBM only to
-be stored back one HBM-to-HBM dma; and `dce` then drops the stores nobody reads.
+be stored back one HBM-to-HBM dma; `act_operands` lets an activation take the subtract of a
+per-partition tile before it as its bias and the row sum of its output as its second output (a
+softmax's x − max and sum of exp, off DVE); and `dce` then drops the stores nobody reads.
 The default list is all of these, in that order (dce twice), at --optlevel 1 and above; -O0 runs
 none.
 A pass may take options in braces, `pipeline{widen=0,check_order=0}`. Each pass reports what it
@@ -31,6 +33,7 @@ from ncc.schemas import penguin_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.pipeline_text import split_pipeline
 from ncc.tools.hlo_opt.passes.act_functions import select_act_functions
+from ncc.tools.hlo_opt.passes.act_operands import fold_act_operands
 from ncc.tools.hlo_opt.passes.broadcast_operands import fold_broadcast_operands
 from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
@@ -56,6 +59,7 @@ PASSES: dict[str, Callable[..., object]] = {
     "pipeline": pipeline_loops,
     "invariant_loads": hoist_invariant_loads,
     "forward": forward_tiles,
+    "act_operands": fold_act_operands,
 }
 # Each pass's options and their types (a bool is written 0/1 or false/true).
 OPTIONS: dict[str, dict[str, type]] = {
@@ -70,7 +74,8 @@ OPTIONS: dict[str, dict[str, type]] = {
 MINIMUM: dict[tuple[str, str], int] = {("retile", "min_tiles"): 1, ("retile", "min_width"): 32,
                                         ("tile_order", "max_row_block"): 1}
 DEFAULT_PASSES = ("fusion", "cse", "act_functions", "broadcast_operands", "dce", "retile", "tile_order",
-                  "epilogues", "pipeline", "invariant_loads", "forward", "direct_copies", "dce")
+                  "epilogues", "pipeline", "invariant_loads", "forward", "direct_copies", "act_operands",
+                  "dce")
 
 
 def pass_list(text: str, optlevel: int) -> list[str]:

@@ -31,6 +31,8 @@ class OpSpec:
     engines: frozenset[int]
     inputs: int
     outputs: int
+    optional_inputs: int = 0  # operands it may take beyond `inputs` and `outputs`
+    optional_outputs: int = 0
 
 
 SPECS: dict[str, OpSpec] = {
@@ -39,7 +41,8 @@ SPECS: dict[str, OpSpec] = {
     "dma_scatter": OpSpec(frozenset({common_pb2.POOL}), 2, 1),  # (rows, SBUF s32 indices) -> HBM table
     "matmul": OpSpec(frozenset({common_pb2.PE}), 2, 1),
     "transpose": OpSpec(frozenset({common_pb2.PE}), 1, 1),  # PE's transpose mode: data, no arithmetic
-    "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1),
+    # (data, [per-partition bias]) -> (out, [per-partition sum of out])
+    "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1, 1, 1),
     "tensor_tensor": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 2, 1),
     "tensor_scalar": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 1, 1),
     "tensor_reduce": OpSpec(frozenset({common_pb2.DVE}), 1, 1),
@@ -83,10 +86,14 @@ def validate(op: Op, target: Target) -> None:
     if op.engine not in spec.engines:
         allowed = ", ".join(sorted(engine_name(e) for e in spec.engines))
         raise _fail(op, f"{op.op} cannot run on {engine_name(op.engine)} (allowed: {allowed})")
-    if len(op.inputs) != spec.inputs or len(op.outputs) != spec.outputs:
+    if not (
+        spec.inputs <= len(op.inputs) <= spec.inputs + spec.optional_inputs
+        and spec.outputs <= len(op.outputs) <= spec.outputs + spec.optional_outputs
+    ):
         raise _fail(
             op,
-            f"{op.op} takes {spec.inputs} inputs and {spec.outputs} outputs, "
+            f"{op.op} takes {_arity(spec.inputs, spec.optional_inputs)} inputs and "
+            f"{_arity(spec.outputs, spec.optional_outputs)} outputs, "
             f"got {len(op.inputs)} and {len(op.outputs)}",
         )
     operands = [*op.inputs, *op.outputs]
@@ -110,6 +117,16 @@ def validate(op: Op, target: Target) -> None:
     checker = _CHECKS.get(op.op)
     if checker is not None:
         checker(op, target)
+
+
+def _arity(required: int, optional: int) -> str:
+    return f"{required} to {required + optional}" if optional else str(required)
+
+
+def _per_partition(access: Access) -> bool:
+    """Whether an on-chip operand holds one element per partition, read across the free dims."""
+    walks = zip(access.counts, access.byte_strides, strict=True)
+    return all(count <= 1 or stride == 0 for count, stride in walks)
 
 
 def _check_indirect(op: Op) -> None:
@@ -177,7 +194,15 @@ def _check_transpose(op: Op, target: Target) -> None:
 def _check_activation(op: Op, _target: Target) -> None:
     if op.func not in alu.ACT_FUNCTIONS:
         raise _fail(op, f"unknown activation function {op.func!r}")
-    _check_elementwise(op, _target)
+    out = op.outputs[0]
+    if len(op.inputs) > 1 and not _per_partition(op.inputs[1]):
+        raise _fail(op, "the bias operand (input 1) must hold one element per partition (stride 0)")
+    total = op.outputs[1] if len(op.outputs) > 1 else None
+    if total is not None and (total.size != out.partitions or total.partitions != out.partitions):
+        raise _fail(op, f"the sum (output 1) has {total.size} elements for {out.partitions} partitions")
+    for index, access in enumerate(op.inputs):
+        if access.size != out.size:
+            raise _fail(op, f"input {index} has {access.size} elements but the output has {out.size}")
 
 
 def _check_binary(op: Op, _target: Target) -> None:
@@ -276,11 +301,19 @@ def _transpose(op: Op) -> None:
 
 
 def _activation(op: Op) -> None:
+    """out = func(in0 * scale + bias [+ in1]); outputs[1], when given, gets the sum of each
+    partition's written values, as tensor_reduce(add) of outputs[0] would compute it."""
     scale = np.float32(op.scalars[0]) if len(op.scalars) > 0 else np.float32(1)
     bias = np.float32(op.scalars[1]) if len(op.scalars) > 1 else np.float32(0)
+    out = op.outputs[0]
     x = np.multiply(op.inputs[0].values().astype(np.float32, copy=False), scale)  # a new, contiguous array
     x += bias
-    op.outputs[0].write_compute(alu.ACT_FUNCTIONS[op.func](x).astype(np.float32, copy=False))
+    if len(op.inputs) > 1:
+        x += _operand(op.inputs[1], np.float32, x.shape)
+    out.write_compute(alu.ACT_FUNCTIONS[op.func](x).astype(np.float32, copy=False))
+    if len(op.outputs) > 1:
+        written = _operand(out, np.float32, out.shape).reshape(out.partitions, -1)
+        op.outputs[1].write_compute(written.sum(axis=1, dtype=np.float32).reshape(op.outputs[1].shape))
 
 
 # Functions whose every element is one correctly rounded IEEE operation: numpy's contiguous (SIMD)

@@ -60,6 +60,14 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "drain": (0, 0),
     "sem_reset": (0, 0),
 }
+# op -> (inputs, outputs) it may take beyond OP_ARITY's: an activation's per-partition bias operand
+# and the per-partition sum of what it wrote (docs/ir.md).
+OPTIONAL_OPERANDS: dict[str, tuple[int, int]] = {"activation": (1, 1)}
+
+
+def per_partition(ap: bir_pb2.AccessPattern) -> bool:
+    """Whether an on-chip operand holds one element per partition (stride 0 across its free dims)."""
+    return all(d.count <= 1 or d.stride == 0 for d in ap.dims)
 
 
 _MAX_WIDTHS = 8  # row views tried per HBM tensor (hbm_widths)

@@ -252,11 +252,13 @@ def _check_instructions(ctx: PassContext, report: _Report) -> dict[str, tuple[in
             wanted = "/".join(sorted(birutil.engine_name(e) for e in allowed))
             report.fail("engine_rule", where, f"{op} runs on {wanted}, not {birutil.engine_name(engine)}")
         n_in, n_out = birutil.OP_ARITY[op]
-        if len(inputs) != n_in or len(outputs) != n_out:
+        more_in, more_out = birutil.OPTIONAL_OPERANDS.get(op, (0, 0))
+        if not (n_in <= len(inputs) <= n_in + more_in and n_out <= len(outputs) <= n_out + more_out):
             report.fail(
                 "operand_count",
                 where,
-                f"{op} takes {n_in} inputs and {n_out} outputs, "
+                f"{op} takes {n_in}{f' to {n_in + more_in}' if more_in else ''} inputs and "
+                f"{n_out}{f' to {n_out + more_out}' if more_out else ''} outputs, "
                 f"has {len(inputs)} and {len(outputs)}",
             )
             continue
@@ -500,6 +502,13 @@ def _check_op_shapes(
             )
     elif op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select"):
         out_count, out_partitions = count(out), out.partition_count
+        if op == "activation" and len(inputs) > 1 and not birutil.per_partition(inputs[1]):
+            report.fail("element_count", where,
+                        f"bias operand {inputs[1].tensor!r} is not one element per partition")
+        total = outputs[1] if len(outputs) > 1 else None
+        if total is not None and (count(total) != out_partitions or total.partition_count != out_partitions):
+            report.fail("element_count", where,
+                        f"sum {total.tensor!r} has {count(total)} elements for {out_partitions} partitions")
         for ap in inputs:
             if count(ap) != out_count or ap.partition_count != out_partitions:
                 report.fail(

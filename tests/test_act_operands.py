@@ -1,0 +1,248 @@
+"""ACT's per-partition bias operand and row sum: the activation's semantics in the simulator and the
+verifier, and the Penguin pass `act_operands` that gives a softmax's x − max and sum of exp to it,
+checked on lowered programs and end to end from the CLI (the same outputs bit for bit, less time)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import run_ncc
+from sim_builders import ACT, DVE, SP, hbm_2d, onchip
+from test_penguin_opt import MASKED_SOFTMAX, lowered
+from walrus_builders import Bir, run_passes
+
+from ncc.schemas import bir_pb2
+from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
+from ncc.tools.hlo_opt.optimizer import optimize, pass_list
+from ncc.tools.hlo_opt.passes.act_operands import fold_act_operands
+from ncc.tools.sim import simulate_program
+from ncc.tools.walrus_driver.pass_manager import DEFAULT_PASSES
+
+WITHOUT = [p for p in pass_list("", 2) if p != "act_operands"]
+
+
+def _exp_program(
+    fold: bool, bias_dims: list[bir_pb2.Dim] | None = None, sum_cols: int = 1
+) -> bir_pb2.Program:
+    """out0 = exp(x − m) for x [128, 64] and m [128, 1], out1 = its row sums: with `fold` one
+    activation does it all, else a DVE subtract, the exp and a DVE reduce."""
+    b = Bir("exp_of_shift")
+    b.hbm("x", [128, 64], index=0)
+    b.hbm("m", [128, 1], index=1)
+    b.hbm("e", [128, 64], role=bir_pb2.OUTPUT, index=0)
+    b.hbm("s", [128, 1], role=bir_pb2.OUTPUT, index=1)
+    for name, cols in (("sx", 64), ("sm", 1), ("neg", 2), ("shift", 64), ("se", 64), ("ss", sum_cols)):
+        b.buffer(name, cols * 4)
+    b.add("dma", SP, [onchip("sx", 128, 64)], [hbm_2d("x", 128, 64)], queue=0)
+    b.add("dma", SP, [onchip("sm", 128, 1)], [hbm_2d("m", 128, 1)], queue=1)
+    spread = bir_pb2.AccessPattern()
+    spread.CopyFrom(onchip("sm", 128, 1))
+    del spread.dims[:]
+    spread.dims.add(stride=0, count=64)
+    if fold:
+        b.add(
+            "tensor_scalar",
+            DVE,
+            [onchip("neg", 128, 1)],
+            [onchip("sm", 128, 1)],
+            func="multiply",
+            scalars=[-1],
+        )
+        bias = onchip("neg", 128, 1)
+        bias.ClearField("dims")
+        bias.dims.extend(bias_dims or [bir_pb2.Dim(stride=0, count=64)])
+        b.add(
+            "activation",
+            ACT,
+            [onchip("se", 128, 64), onchip("ss", 128, sum_cols)],
+            [onchip("sx", 128, 64), bias],
+            name="exp",
+            func="exp",
+            scalars=[1, 0],
+        )
+    else:
+        b.add(
+            "tensor_tensor", DVE, [onchip("shift", 128, 64)], [onchip("sx", 128, 64), spread], func="subtract"
+        )
+        b.add(
+            "activation", ACT, [onchip("se", 128, 64)], [onchip("shift", 128, 64)], func="exp", scalars=[1, 0]
+        )
+        b.add("tensor_reduce", DVE, [onchip("ss", 128, 1)], [onchip("se", 128, 64)], func="add")
+    b.add("dma", SP, [hbm_2d("e", 128, 64)], [onchip("se", 128, 64)], queue=2)
+    b.add("dma", SP, [hbm_2d("s", 128, 1)], [onchip("ss", 128, 1)], queue=3)
+    return b.build()
+
+
+def _exp_inputs() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 3, (128, 64)).astype(np.float32)
+    x[0, :4] = [0.0, -0.0, np.inf, -np.inf]
+    return {"arg0": x, "arg1": x.max(axis=1, keepdims=True)}
+
+
+def test_the_activation_s_bias_and_sum_give_what_dve_gave_bit_for_bit() -> None:
+    """Both forms through every walrus pass (the verifier after each), then simulated."""
+    inputs = _exp_inputs()
+    results = {}
+    for fold in (True, False):
+        ctx = run_passes(_exp_program(fold), ",".join(DEFAULT_PASSES))
+        results[fold] = simulate_program(ctx.program, inputs)
+        assert results[fold].races == [] and results[fold].deadlock is None
+    folded, apart = results[True], results[False]
+    for name in ("out0", "out1"):
+        assert np.array_equal(folded.outputs[name], apart.outputs[name], equal_nan=True)
+    with np.errstate(invalid="ignore"):
+        expected = np.exp(inputs["arg0"] - inputs["arg1"])
+    assert np.array_equal(folded.outputs["out0"][1:], expected[1:])
+    assert np.isnan(folded.outputs["out0"][0, 2]) and folded.outputs["out0"][0, 3] == 0
+    assert folded.engine_busy_ns["DVE"] < 0.5 * apart.engine_busy_ns["DVE"]
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("bias_walks", "one element per partition"),
+        ("sum_too_wide", "the sum (output 1)"),
+    ],
+)
+def test_a_malformed_bias_or_sum_is_refused_by_the_simulator_and_the_verifier(
+    case: str, message: str
+) -> None:
+    if case == "bias_walks":
+        program = _exp_program(
+            True, bias_dims=[bir_pb2.Dim(stride=0, count=32), bir_pb2.Dim(stride=1, count=2)]
+        )
+    else:
+        program = _exp_program(True, sum_cols=2)
+    with pytest.raises(CompileError) as err:
+        simulate_program(program, _exp_inputs(), check_races=False)
+    assert err.value.code == "E603" and message in err.value.message and "'exp'" in err.value.message
+    _refused_by_the_verifier(program, "element_count: exp")
+
+
+def _refused_by_the_verifier(program: bir_pb2.Program, what: str) -> None:
+    run_passes(_exp_program(True), "birverifier", verify_each=False)  # the well-formed one passes
+    with pytest.raises(CompileError) as err:
+        run_passes(program, "birverifier", verify_each=False)
+    assert err.value.code == "E410" and err.value.message.startswith(f"birverifier: {what}"), (
+        err.value.message
+    )
+
+
+def test_a_third_input_is_an_operand_count_error() -> None:
+    program = _exp_program(True)
+    exp = next(i for i in program.instructions if i.name == "exp")
+    exp.inputs.append(exp.inputs[0])
+    with pytest.raises(CompileError, match="activation takes 1 to 2 inputs"):
+        simulate_program(program, _exp_inputs(), check_races=False)
+    _refused_by_the_verifier(program, "operand_count: exp: activation takes 1 to 2 inputs")
+
+
+def _softmax_nest(program):
+    return next(n for n in program.nests if any(st.op == "activation" for st in n.statements))
+
+
+def test_a_softmax_s_shift_and_sum_join_its_exp() -> None:
+    program = lowered(MASKED_SOFTMAX)
+    optimize(program, pass_list("", 2))
+    nest = _softmax_nest(program)
+    ops = [(st.op, st.func) for st in nest.statements]
+    assert ("tensor_tensor", "subtract") not in ops and ops.count(("tensor_reduce", "add")) == 0
+    assert ("tensor_scalar", "multiply") in ops  # the [P, 1] tile's negation
+    exp = next(st for st in nest.statements if st.op == "activation")
+    assert len(exp.inputs) == 2 and len(exp.outputs) == 2 and exp.attributes["broadcast"] == "1"
+    bir = lower_to_bir(program)
+    act = next(i for i in bir.instructions if i.op == "activation")
+    assert [(d.stride, d.count) for d in act.inputs[1].dims] == [(0, 512)]
+    assert act.outputs[1].partition_count == 128 and [d.count for d in act.outputs[1].dims] == [1]
+
+
+LAYER_NORM = """HloModule norm
+ADD { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+ENTRY main {
+  x = f32[256,512] parameter(0)
+  zero = f32[] constant(0)
+  sum = f32[256] reduce(x, zero), dimensions={1}, to_apply=ADD
+  n = f32[] constant(0.001953125)
+  nb = f32[256] broadcast(n), dimensions={}
+  mean = f32[256] multiply(sum, nb)
+  meanb = f32[256,512] broadcast(mean), dimensions={0}
+  d = f32[256,512] subtract(x, meanb)
+  sq = f32[256,512] multiply(d, d)
+  ss = f32[256] reduce(sq, zero), dimensions={1}, to_apply=ADD
+  var = f32[256] multiply(ss, nb)
+  eps = f32[] constant(1e-5)
+  epsb = f32[256] broadcast(eps), dimensions={}
+  ve = f32[256] add(var, epsb)
+  r = f32[256] rsqrt(ve)
+  rb = f32[256,512] broadcast(r), dimensions={0}
+  ROOT y = f32[256,512] multiply(d, rb)
+}
+"""
+
+
+def test_a_shift_that_another_statement_reads_stays_on_dve() -> None:
+    """A norm's x − mean feeds the square and the scaling: the subtract stays; nothing folds into
+    a square that is a DVE multiply."""
+    program = lowered(LAYER_NORM)
+    optimize(program, WITHOUT)
+    stats = fold_act_operands(program)
+    assert stats.biases_folded == 0
+    assert any(
+        st.op == "tensor_tensor" and st.func == "subtract" for n in program.nests for st in n.statements
+    )
+
+
+def test_an_exp_with_a_scale_keeps_its_shift() -> None:
+    """exp(2·(x − m)) is not exp(2·x − 2·m) bit for bit: the subtract stays; the sum still folds."""
+    program = lowered(MASKED_SOFTMAX)
+    optimize(program, WITHOUT)
+    exp = next(st for st in _softmax_nest(program).statements if st.op == "activation")
+    del exp.scalars[:]
+    exp.scalars.extend([2.0, 0.0])
+    stats = fold_act_operands(program)
+    assert (stats.biases_folded, stats.sums_folded) == (0, 1)
+    assert any(st.op == "tensor_tensor" and st.func == "subtract" for st in _softmax_nest(program).statements)
+
+
+@pytest.mark.slow
+def test_folded_softmax_verifies_from_the_cli_with_the_same_outputs_in_less_time(tmp_path: Path) -> None:
+    model = tmp_path / "softmax.hlo"
+    model.write_text(MASKED_SOFTMAX)
+    inputs = tmp_path / "in.npz"
+    rng = np.random.default_rng(9)
+    np.savez(
+        inputs,
+        arg0=rng.normal(0, 2, (8, 256, 512)).astype(np.float32),
+        arg1=rng.integers(0, 2, 512).astype(np.int32),
+    )
+    times, outputs, dve = {}, {}, {}
+    for name, flags in {"folded": [], "apart": [f"--penguin-passes={','.join(WITHOUT)}"]}.items():
+        neff = tmp_path / f"{name}.neff"
+        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
+        assert compiled.returncode == 0, compiled.stderr
+        out, report = tmp_path / f"{name}.npz", tmp_path / f"{name}.json"
+        ran = run_ncc(
+            "run",
+            str(neff),
+            "--inputs",
+            str(inputs),
+            "--output",
+            str(out),
+            "--report",
+            str(report),
+            timeout=300,
+        )
+        assert ran.returncode == 0, ran.stderr
+        data = json.loads(report.read_text())
+        assert data["races"] == [] and data["deadlock"] is None
+        times[name] = data["simulated_ns"]
+        outputs[name] = np.load(out)["out0"]
+        dve[name] = data["engine_busy_ns"]["DVE"]
+    assert np.array_equal(outputs["folded"], outputs["apart"])
+    assert dve["folded"] < 0.8 * dve["apart"]
+    assert times["folded"] < times["apart"]

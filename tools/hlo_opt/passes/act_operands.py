@@ -1,0 +1,240 @@
+"""Activation operands: ACT's per-partition bias and its row sum take work off DVE.
+
+ACT computes func(in·scale + bias) where the bias may be a [P, 1] tile (NKI's `activation` takes a
+vector bias), and it can add up along each partition what it writes (NKI's `activation_reduce`),
+at no cost beyond the activation's own (docs/ir.md, activation). A softmax spends two DVE passes
+over every score tile on exactly these: x − max before the exp, and the row sum of the exp after
+it (BERT's layer: 49 of its 170 µs of softmax DVE work). Within one nest this pass
+
+  * folds a `tensor_tensor` subtract (or add) of a per-partition operand into the activation
+    that alone reads its result: exp(x − m) becomes exp(x + (−m)), the activation reading x and a
+    [P, 1] tile −m that a one-element-per-partition `tensor_scalar` computes where the subtract was;
+  * folds a `tensor_reduce` add of an activation's output into the activation, as its second
+    output.
+
+Both give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
+once, ACT's scale of 1 and bias of 0 change no value (a −0 becomes +0, as the activation's bias
+of 0 already made it), and the sum adds the written values in the order tensor_reduce does. So
+the fold applies only where those hold: the subtract writes f32 from float operands, the
+activation has scale 1 and bias 0, the two run under the same predicates and nothing between them
+writes what the activation now reads (or, for the sum, touches the reduce's output).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common.dtypes import is_float
+from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
+from ncc.tools.hlo_opt.passes.broadcast_operands import BROADCAST, broadcast_inputs
+
+_IDENTITY_SCALARS = ([], [1.0], [1.0, 0.0])  # scale 1, bias 0: the activation changes no input value
+_PLACEMENT = ("stage", "stage_id", "execution_order")  # statement attributes that place it in a pipeline
+
+
+@dataclass
+class ActOperandStats:
+    biases_folded: int = 0
+    sums_folded: int = 0
+
+
+def fold_act_operands(program: penguin_pb2.Program) -> ActOperandStats:
+    """Give activations the per-partition bias and the row sum that DVE computed for them."""
+    stats = ActOperandStats()
+    tensors = {t.name: t for t in program.tensors}
+    nests_of = nests_naming(program)
+    for index, nest in enumerate(program.nests):
+        folder = _NestFolder(program, nest, index, tensors, nests_of)
+        for k, st in enumerate(nest.statements):
+            if st.op == "activation" and len(st.inputs) == 1 and len(st.outputs) == 1:
+                stats.biases_folded += folder.fold_bias(k)
+                stats.sums_folded += folder.fold_sum(k)
+        folder.finish()
+    return stats
+
+
+class _NestFolder:
+    """One nest's statements, who writes and reads each tensor (kept current as folds change
+    them), and the statements a fold made redundant."""
+
+    def __init__(
+        self,
+        program: penguin_pb2.Program,
+        nest: penguin_pb2.LoopNest,
+        index: int,
+        tensors: dict[str, penguin_pb2.TensorDecl],
+        nests_of: dict[str, set[int]],
+    ) -> None:
+        self.program, self.nest, self.index = program, nest, index
+        self.statements = nest.statements
+        self.tensors, self.nests_of = tensors, nests_of
+        self.writers, self.readers = writers_and_readers(nest)
+        self.dropped: set[int] = set()
+
+    def fold_bias(self, k: int) -> int:
+        """Fold the subtract (or add) of a [P, 1] tile that feeds activation k alone into it."""
+        act = self.statements[k]
+        tile = act.inputs[0]
+        j = self._only_writer(tile.tensor, before=k)
+        if j is None or self.readers[tile.tensor] != [k] or list(act.scalars) not in _IDENTITY_SCALARS:
+            return 0
+        shift = self.statements[j]
+        if not (
+            shift.op == "tensor_tensor"
+            and len(shift.inputs) == 2
+            and len(shift.outputs) == 1
+            and same_box(shift.outputs[0], tile)
+            and list(shift.outputs[0].extents) == list(act.outputs[0].extents)
+            and self._same_place(shift, act)
+        ):
+            return 0
+        positions = broadcast_inputs(shift)
+        if shift.func == "subtract" and positions == [1]:
+            data, column = _copy(shift.inputs[0]), _copy(shift.inputs[1])
+        elif shift.func == "add" and positions in ([0], [1]):
+            data, column = _copy(shift.inputs[1 - positions[0]]), _copy(shift.inputs[positions[0]])
+        else:
+            return 0
+        if not (
+            self.tensors[tile.tensor].dtype == common_pb2.F32
+            and is_float(self.tensors[data.tensor].dtype)
+            and is_float(self.tensors[column.tensor].dtype)
+        ):
+            return 0
+        if self._written_between(data.tensor, j, k) or self._written_between(column.tensor, j, k):
+            return 0
+        self._unlink(k)
+        self._unlink(j)
+        if shift.func == "subtract":
+            bias = self._negate(j, column)
+            self._link(j)
+        else:
+            bias = column
+            self.dropped.add(j)
+        del act.inputs[:]
+        act.inputs.extend([data, bias])
+        act.attributes[BROADCAST] = "1"
+        self._link(k)
+        return 1
+
+    def fold_sum(self, k: int) -> int:
+        """Fold the add-reduction of activation k's output into it, as its second output."""
+        act = self.statements[k]
+        out = act.outputs[0]
+        r = next(
+            (r for r in self.readers[out.tensor] if r > k and self._is_sum_of(self.statements[r], out)), None
+        )
+        if r is None or self._written_between(out.tensor, k, r):
+            return 0
+        reduce = self.statements[r]
+        total = reduce.outputs[0]
+        if not (
+            self._same_place(act, reduce)
+            and is_float(self.tensors[total.tensor].dtype)
+            and is_float(self.tensors[out.tensor].dtype)
+        ):
+            return 0
+        if any(k < i < r for i in (*self.writers[total.tensor], *self.readers[total.tensor])):
+            return 0
+        self._unlink(k)
+        self._unlink(r)
+        act.outputs.append(total)
+        self.dropped.add(r)
+        self._link(k)
+        return 1
+
+    def finish(self) -> None:
+        if self.dropped:
+            kept = [st for i, st in enumerate(self.statements) if i not in self.dropped]
+            del self.statements[:]
+            self.statements.extend(kept)
+
+    def _only_writer(self, tensor: str, before: int) -> int | None:
+        """The one statement of this nest that writes on-chip `tensor`, if it comes before `before`
+        and no other nest names the tensor."""
+        writers = self.writers[tensor]
+        if (
+            len(writers) != 1
+            or writers[0] >= before
+            or self.nests_of[tensor] != {self.index}
+            or self.tensors[tensor].memory == common_pb2.HBM
+        ):
+            return None
+        return writers[0]
+
+    def _is_sum_of(self, st: penguin_pb2.Statement, out: penguin_pb2.Access) -> bool:
+        return (
+            st.op == "tensor_reduce"
+            and st.func == "add"
+            and len(st.inputs) == 1
+            and len(st.outputs) == 1
+            and st.inputs[0].tensor == out.tensor
+            and same_box(st.inputs[0], out)
+        )
+
+    def _written_between(self, tensor: str, first: int, last: int) -> bool:
+        return any(first < w < last for w in self.writers[tensor])
+
+    @staticmethod
+    def _same_place(a: penguin_pb2.Statement, b: penguin_pb2.Statement) -> bool:
+        """Whether two statements run at the same iterations and pipeline stage."""
+        return list(a.predicates) == list(b.predicates) and all(
+            a.attributes.get(key) == b.attributes.get(key) for key in _PLACEMENT
+        )
+
+    def _negate(self, j: int, column: penguin_pb2.Access) -> penguin_pb2.Access:
+        """Turn statement j into column × −1, written to a new tile like the column's."""
+        shift = self.statements[j]
+        decl = penguin_pb2.TensorDecl()
+        decl.CopyFrom(self.tensors[column.tensor])
+        decl.name = self._fresh(column.tensor + ".neg")
+        for field in ("view_of", "view_offset", "view_strides"):
+            decl.ClearField(field)
+        decl.role = penguin_pb2.INTERNAL
+        self.program.tensors.append(decl)
+        self.tensors[decl.name] = decl
+        self.nests_of[decl.name] = {self.index}
+        negated = _copy(column)
+        negated.tensor = decl.name
+        shift.op, shift.func, shift.name = "tensor_scalar", "multiply", shift.name + ".neg"
+        shift.engine = common_pb2.DVE
+        del shift.scalars[:]
+        shift.scalars.append(-1.0)
+        shift.attributes.pop(BROADCAST, None)
+        shift.attributes.pop("reverse", None)
+        del shift.inputs[:]
+        shift.inputs.append(column)
+        del shift.outputs[:]
+        shift.outputs.append(negated)
+        return negated
+
+    def _fresh(self, name: str) -> str:
+        candidate, n = name, 1
+        while candidate in self.tensors:
+            n += 1
+            candidate = f"{name}{n}"
+        return candidate
+
+    def _unlink(self, i: int) -> None:
+        """Take statement i out of the writers and readers (before it changes or goes)."""
+        st = self.statements[i]
+        for access in st.inputs:
+            self.readers[access.tensor] = [x for x in self.readers[access.tensor] if x != i]
+        for access in st.outputs:
+            self.writers[access.tensor] = [x for x in self.writers[access.tensor] if x != i]
+
+    def _link(self, i: int) -> None:
+        """Enter statement i's operands in the writers and readers, keeping each list in order."""
+        st = self.statements[i]
+        for access in st.inputs:
+            self.readers[access.tensor] = sorted({*self.readers[access.tensor], i})
+        for access in st.outputs:
+            self.writers[access.tensor] = sorted({*self.writers[access.tensor], i})
+
+
+def _copy(access: penguin_pb2.Access) -> penguin_pb2.Access:
+    """A detached copy of an access (the statement it came from is about to change)."""
+    copy = penguin_pb2.Access()
+    copy.CopyFrom(access)
+    return copy
