@@ -342,3 +342,13 @@ def test_a_queue_timeline_finds_the_first_idle_stretch_that_holds_a_transfer():
         timeline.occupy(got, got + length, index)
         busy.append((got, got + length))
     assert len(timeline.coarse_starts) < len(timeline.starts)
+
+
+def test_psum_buffers_count_the_bytes_the_bank_rule_keeps_from_others():
+    """pre_sched's live-bytes model counts a PSUM buffer as allocation will place it: whole banks
+    past one bank, else the power of two that holds it (a 1,536-byte group keeps a 2 KiB bank)."""
+    from ncc.tools.walrus_driver.passes.pre_sched import psum_footprint
+
+    bank = 2048
+    sizes = (512, 1536, 2048, 3000, 4096)
+    assert [psum_footprint(size, bank) for size in sizes] == [512, 2048, 2048, 4096, 4096]

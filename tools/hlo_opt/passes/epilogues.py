@@ -23,10 +23,11 @@ whole matmul. Here such a consumer C joins the dot's nest D when
         its boxes and tiles all become S's box, whatever C's tile was (a GELU over whole rows
         after a matmul of 512-column tiles).
     A C that is not elementwise (a softmax whose rows are one tile of attention scores) joins
-    only with the option `row_wise`: measured, it made BERT's layer slower (782.6 -> 818.8 us;
-    ViT's block 288.5 -> 303.8): the list scheduler runs the cheap score matmuls of every head
-    ahead, their tiles wait on chip for the DVE-bound softmax, and allocation spills 18 KiB a
-    partition. Apart, the scores go to HBM and the softmax reads them as it gets to them.
+    too, unless the option `row_wise` is off: the scores then never go to HBM. It was off by
+    default while the softmax was DVE-bound (BERT's layer 782.6 -> 818.8 us joined: the score
+    matmuls of every head ran ahead and their tiles waited on chip); with act_operands taking
+    the softmax's shift and sum to ACT, joined is faster (BERT 760.8 -> 638.3 us, ViT 270.2 ->
+    264.7).
 
 C's statements then follow S in D's body under S's predicates, reading T where they read L's
 tile. When no other nest reads the output, S goes, and a statement of C on ACT or DVE that alone
@@ -62,9 +63,10 @@ class EpilogueStats:
     refused: Counter = field(default_factory=Counter)  # reason -> consumers of a dot nest left apart
 
 
-def fuse_epilogues(program: penguin_pb2.Program, row_wise: bool = False) -> EpilogueStats:
+def fuse_epilogues(program: penguin_pb2.Program, row_wise: bool = True) -> EpilogueStats:
     """Join each dot nest's consumer nest into it where that is safe (module docstring), in place;
-    a consumer that is not elementwise (a softmax over rows of one tile) only with `row_wise`.
+    a consumer that is not elementwise (a softmax over rows of one tile) only with `row_wise`
+    (the default).
     Nests between the two that the dot nest does not touch (BERT's mask, computed from an input
     between the scores and their softmax) move before the dot nest, MAX_MOVED at most."""
     tensors = {t.name: t for t in program.tensors}
@@ -285,8 +287,12 @@ def _the_store(dot: penguin_pb2.LoopNest, writers: list[int],
 
 
 def _plain_load(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
+    """A dma into SBUF that moves the values as they are: one between element types of one width
+    reinterprets the bits (a bitcast-convert: MoE's top-k reads the router's probabilities as
+    integers), which reading the product's tile in place would not."""
     return (st.op == "dma" and not st.predicates and len(st.inputs) == 1 and len(st.outputs) == 1
-            and tensors[st.outputs[0].tensor].memory == common_pb2.SBUF)
+            and tensors[st.outputs[0].tensor].memory == common_pb2.SBUF
+            and tensors[st.outputs[0].tensor].dtype == tensors[st.inputs[0].tensor].dtype)
 
 
 def _hbm(tensors: dict[str, penguin_pb2.TensorDecl], access: penguin_pb2.Access) -> bool:
