@@ -4,14 +4,12 @@ checked on lowered programs and end to end from the CLI (the same outputs bit fo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_ncc
 from sim_builders import ACT, DVE, SP, hbm_2d, onchip
-from test_penguin_opt import MASKED_SOFTMAX, lowered
+from test_penguin_opt import MASKED_SOFTMAX, lowered, masked_softmax_runs
 from walrus_builders import Bir, run_passes
 
 from ncc.schemas import bir_pb2
@@ -211,38 +209,8 @@ def test_an_exp_with_a_scale_keeps_its_shift() -> None:
 
 @pytest.mark.slow
 def test_folded_softmax_verifies_from_the_cli_with_the_same_outputs_in_less_time(tmp_path: Path) -> None:
-    model = tmp_path / "softmax.hlo"
-    model.write_text(MASKED_SOFTMAX)
-    inputs = tmp_path / "in.npz"
-    rng = np.random.default_rng(9)
-    np.savez(
-        inputs,
-        arg0=rng.normal(0, 2, (8, 256, 512)).astype(np.float32),
-        arg1=rng.integers(0, 2, 512).astype(np.int32),
-    )
-    times, outputs, dve = {}, {}, {}
-    for name, flags in {"folded": [], "apart": [f"--penguin-passes={','.join(WITHOUT)}"]}.items():
-        neff = tmp_path / f"{name}.neff"
-        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
-        assert compiled.returncode == 0, compiled.stderr
-        out, report = tmp_path / f"{name}.npz", tmp_path / f"{name}.json"
-        ran = run_ncc(
-            "run",
-            str(neff),
-            "--inputs",
-            str(inputs),
-            "--output",
-            str(out),
-            "--report",
-            str(report),
-            timeout=300,
-        )
-        assert ran.returncode == 0, ran.stderr
-        data = json.loads(report.read_text())
-        assert data["races"] == [] and data["deadlock"] is None
-        times[name] = data["simulated_ns"]
-        outputs[name] = np.load(out)["out0"]
-        dve[name] = data["engine_busy_ns"]["DVE"]
-    assert np.array_equal(outputs["folded"], outputs["apart"])
-    assert dve["folded"] < 0.8 * dve["apart"]
-    assert times["folded"] < times["apart"]
+    runs = masked_softmax_runs(tmp_path, "act_operands", seed=9)
+    folded, apart = runs["with"], runs["without"]
+    assert np.array_equal(folded["out0"], apart["out0"])
+    assert folded["engine_busy_ns"]["DVE"] < 0.8 * apart["engine_busy_ns"]["DVE"]
+    assert folded["simulated_ns"] < apart["simulated_ns"]
