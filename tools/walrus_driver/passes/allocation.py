@@ -29,11 +29,8 @@ private to a loop gets `rotation` copies (`slots`) side by side, which the loop'
 in turn (address rotation: iteration r uses copy r mod slots), so that an iteration's writes need
 not wait for the previous iteration's readers of the same buffer; in PSUM only when the copies
 keep the bank rule. When the buffers do not fit with their copies, the scan starts again with one
-copy each in PSUM (SBUF's copies are what keep iterations overlapping, PSUM's fill it fastest:
-GPT-2's rolled dots, four 2 KiB accumulation groups with two copies each), then with one copy
-each everywhere, and only then in the order pre_sched received. A buffer used inside a loop is
-never spilled (its store and reload would run at every iteration); the others are, at the top
-level.
+copy each. A buffer used inside a loop is never spilled (its store and reload would run at every
+iteration); the others are, at the top level.
 Recently freed bytes. A buffer first used in a top-level loop B (or between loops, after B) is
 placed, where it can be, away from the bytes of the (at most MAX_AVOIDED) buffers that died most
 recently since the loop before B began (`_Layout.avoid_from`): that loop's buffers, and those of
@@ -216,29 +213,24 @@ def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest)
     """A program that keeps loops: its private buffers with `rotation` copies, else with one;
     and if neither fits (a buffer used in a loop is never spilled), the same again in the order
     pre_sched received, whose live buffers the frontend's order bounds."""
-    # (copies, copies in PSUM, back to the frontend's order, keep off recently freed bytes): the
-    # last is a preference only, so it is dropped first (scattered buffers can leave no hole large
-    # enough); a schedule that PSUM cannot hold with its copies may fit with one copy there
-    # (GPT-2: a rolled dot's four accumulation groups of 2 KiB, two copies each, filled PSUM)
-    # before the frontend's order is taken back
-    rotation = options.rotation
-    attempts = [(rotation, rotation, False, True), (rotation, rotation, False, False),
-                (rotation, 1, False, False), (1, 1, False, False), (rotation, rotation, True, False),
-                (1, 1, True, False)]
+    # (copies, back to the frontend's order, keep off recently freed bytes): the last is a
+    # preference only, so it is dropped first (scattered buffers can leave no hole large enough)
+    attempts = [(options.rotation, False, True), (options.rotation, False, False), (1, False, False),
+                (options.rotation, True, False), (1, True, False)]
     before = bir_pb2.Program()
     before.CopyFrom(ctx.program)  # what an attempt that fails leaves behind is undone from this
-    for number, (copies, psum_copies, restore, avoid) in enumerate(attempts):
+    for number, (copies, restore, avoid) in enumerate(attempts):
         if number:  # a failed attempt's spills renamed operands and added buffers and instructions
             ctx.program.CopyFrom(before)
             ctx.order_changed()
         if restore and not _restore_order_before_schedule(ctx):
             break
-        _set_slots(ctx, copies, psum_copies)
+        _set_slots(ctx, copies)
         for buffer in ctx.program.buffers:
             if buffer.memory in birutil.ONCHIP:
                 buffer.address = -1
         try:
-            layout = _allocate(ctx, options, ctx.loops() if restore else nest, avoid, fall_back=False)
+            layout = _allocate(ctx, options, ctx.loops() if restore else nest, avoid)
         except CompileError as err:
             if err.code != "E403" or number == len(attempts) - 1:
                 raise
@@ -249,20 +241,19 @@ def _allocate_loops(ctx: PassContext, options: Options, nest: loopnest.LoopNest)
     raise last
 
 
-def _set_slots(ctx: PassContext, copies: int, psum_copies: int | None = None) -> int:
-    """Give every buffer private to a loop up to `copies` slots (`psum_copies` in PSUM, when given):
-    the most that divide the loop's trip count, so that the copies an iteration takes follow on
-    across the iterations of the loops around it (loop_deps: then the loop's own rotation waits
-    order those too); in PSUM only where each copy keeps the bank rule. Returns the most given."""
+def _set_slots(ctx: PassContext, copies: int) -> int:
+    """Give every buffer private to a loop up to `copies` slots: the most that divide the loop's
+    trip count, so that the copies an iteration takes follow on across the iterations of the
+    loops around it (loop_deps: then the loop's own rotation waits order those too); in PSUM
+    only where each copy keeps the bank rule. Returns the most given to any."""
     bank = ctx.target.psum_bank_bytes
     loops = {loop_id: int(entry.trip_count) for loop_id, entry in ctx.loop_entries.items()}
     most = 0
     for buffer in ctx.program.buffers:
         if not buffer.HasField("private_to") or buffer.memory not in birutil.ONCHIP:
             continue
-        wanted = copies if psum_copies is None or buffer.memory != birutil.PSUM else psum_copies
         trip = loops.get(buffer.private_to, 1)
-        slots = next((n for n in range(wanted, 1, -1) if trip % n == 0), 1)
+        slots = next((n for n in range(copies, 1, -1) if trip % n == 0), 1)
         size = buffer.bytes_per_partition
         if buffer.memory == birutil.PSUM and size and not (size % bank == 0 or bank % size == 0):
             slots = 1
@@ -273,12 +264,9 @@ def _set_slots(ctx: PassContext, copies: int, psum_copies: int | None = None) ->
     return most
 
 
-def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest, avoid: bool = False,
-              fall_back: bool = True) -> _Layout:
+def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest, avoid: bool = False) -> _Layout:
     """PSUM, then SBUF (with spills); the layout of the order it allocated. `avoid`: keep a
-    loop's buffers off recently freed bytes where they fit elsewhere (module docstring);
-    `fall_back`: when PSUM cannot hold the schedule, allocate the order pre_sched received
-    (else raise, for a caller with other attempts to make first)."""
+    loop's buffers off recently freed bytes where they fit elsewhere (module docstring)."""
     program = ctx.program
     layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache, nest)
     if not avoid:
@@ -289,7 +277,7 @@ def _allocate(ctx: PassContext, options: Options, nest: loopnest.LoopNest, avoid
         # The scheduler interleaved more accumulation groups than PSUM holds. The order it was
         # given (the frontend's, one group at a time) is a valid order of the same program:
         # fall back to it rather than refuse the program.
-        if not fall_back or not _restore_order_before_schedule(ctx):
+        if not _restore_order_before_schedule(ctx):
             raise
         ctx.set_stat("psum_fallback_to_program_order", 1)
         layout = _Layout.of(program, ctx.costs(), ctx.footprint_cache, nest)

@@ -648,8 +648,7 @@ def _list_schedule(
 def _live_bytes(ctx: PassContext, buffer: bir_pb2.Buffer) -> int:
     """The bytes per partition a live buffer takes as allocation will place it: in PSUM what the
     bank rule keeps from others. (Counting the copies a buffer private to a loop rotates through
-    too was tried: it changed the LLaMA prefill's schedules, 28.6 -> 29.6 ms, and GPT-2 still
-    needed allocation's one copy in PSUM.)"""
+    too was tried: it changed the LLaMA prefill's schedules, 28.6 -> 29.6 ms.)"""
     if buffer.memory != birutil.PSUM:
         return buffer.bytes_per_partition
     return psum_footprint(buffer.bytes_per_partition, ctx.target.psum_bank_bytes)
