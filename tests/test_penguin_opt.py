@@ -319,6 +319,41 @@ def test_hoisted_bias_verifies_from_the_cli(tmp_path: Path) -> None:
     assert moved["hoisted"] == x_and_out + 640 * 4  # once, for every row tile
 
 
+# A select against a constant (GPT-2's causal mask fills -1e9 into every masked score)
+MASKED_FILL = """HloModule masked
+ENTRY main {
+  x = f32[4,256,128] parameter(0)
+  zero = f32[] constant(0)
+  zb = f32[4,256,128] broadcast(zero), dimensions={}
+  keep = pred[4,256,128] compare(x, zb), direction=GT
+  big = f32[] constant(-1e9)
+  bigb = f32[4,256,128] broadcast(big), dimensions={}
+  ROOT y = f32[4,256,128] select(keep, x, bigb)
+}
+"""
+
+
+def test_a_constant_fill_runs_once_not_once_per_tile(tmp_path: Path) -> None:
+    """The select's -1e9 tile, filled at every (head, row tile) point, is filled at the first and
+    read by all: the fill is an invariant 'load' with no source (GPT-2's causal mask: 85 us of
+    POOL a layer)."""
+    program = lowered(MASKED_FILL)
+    passes = pass_list("", 2)
+    optimize(program, passes[: passes.index("invariant_loads")])
+    (nest,) = program.nests
+    (fill,) = [st for st in nest.statements if st.op == "iota"]
+    before = sum(1 for i in lower_to_bir(program).instructions if i.op == "iota")
+    assert before == 8 and not fill.predicates  # 4 heads x 2 row tiles
+    assert hoist_invariant_loads(program).loads_hoisted == 1
+    assert sorted(t.var for q in fill.predicates for t in q.expr.terms) == sorted(
+        a.name for a in nest.axes if a.extent > 1)
+    assert sum(1 for i in lower_to_bir(program).instructions if i.op == "iota") == 1
+    model = tmp_path / "masked.hlo"
+    model.write_text(MASKED_FILL)
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), "--verify", timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+
+
 def test_the_first_budget_check_counts_only_what_fusion_cannot_remove() -> None:
     """HLOToTensorizer checks the budget by what survives the Penguin optimizer (a long chain fuses
     to a fraction of its unfused size); the Frontend checks the exact count after the passes."""

@@ -1,4 +1,6 @@
-"""Loop-invariant loads: a tile load that reads the same HBM bytes at every step of an axis runs once.
+"""Loop-invariant loads: a tile load that reads the same HBM bytes at every step of an axis runs once
+(and so does a fill of a tile with one value, which reads nothing: the first case below applies
+to it with no source to check).
 
 A broadcast operand (a norm's gamma and beta, a dense layer's bias) reaches a nest as a load
 through an HBM view whose stride is 0 along the rows, so every row tile loads the same bytes
@@ -84,20 +86,31 @@ def hoist_invariant_loads(program: penguin_pb2.Program) -> InvariantLoadStats:
 def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
            writers: dict[str, int], readers: dict[str, list[penguin_pb2.Access]],
            nests_of: dict[str, set[int]], index: int) -> int:
-    """Hoist `st` if it is an invariant load along some axis; the number of axes it was hoisted along."""
-    if st.predicates or not _load_into_own_tile(st, tensors, writers, nests_of, index):
+    """Hoist `st` if it is an invariant load (or a constant fill) along some axis; the number of
+    axes it was hoisted along."""
+    if st.predicates:
         return 0
-    source, tile = st.inputs[0], st.outputs[0]
-    view, dst = tensors[source.tensor], tensors[tile.tensor]
-    if not view.view_of or len(dst.block_shape) != len(dst.shape):
+    tile = st.outputs[0] if len(st.outputs) == 1 else None
+    if _constant_fill(st, tensors, writers, nests_of, index):
+        source, strides = None, []
+    elif _load_into_own_tile(st, tensors, writers, nests_of, index):
+        source = st.inputs[0]
+        view = tensors[source.tensor]
+        if not view.view_of:
+            return 0
+        strides = list(view.view_strides)
+    else:
         return 0
-    strides = list(view.view_strides)
+    dst = tensors[tile.tensor]
+    if len(dst.block_shape) != len(dst.shape):
+        return 0
     accesses = [tile, *readers[tile.tensor]]
     hoisted = 0
     for axis in list(nest.axes):
         if axis.extent <= 1:
             continue
-        if any(_uses(start, axis.name) and strides[d] != 0 for d, start in enumerate(source.starts)):
+        if source is not None and any(_uses(start, axis.name) and strides[d] != 0
+                                      for d, start in enumerate(source.starts)):
             continue  # the source box moves along the axis
         dims = [d for d, start in enumerate(tile.starts) if _uses(start, axis.name)]
         if not dims or len(dst.shape) - 1 in dims:
@@ -140,6 +153,21 @@ def _fits_across(nest: penguin_pb2.LoopNest, name: str, tile: penguin_pb2.Access
     del nest.axes[:]
     nest.axes.extend(axes)
     return True
+
+
+def _constant_fill(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
+                   writers: dict[str, int], nests_of: dict[str, set[int]], index: int) -> bool:
+    """Whether `st` fills an on-chip tile with one value (an iota whose every coefficient is 0: a
+    select's -inf, written into every score tile of GPT-2's causal softmax), the tile only `st`
+    writes and only nest `index` uses: like an invariant load, it need run once along an axis."""
+    if st.op != "iota" or st.inputs or len(st.outputs) != 1 or any(st.scalars[1:]):
+        return False
+    if "iota_dimension" in st.attributes:
+        return False
+    name = st.outputs[0].tensor
+    dst = tensors[name]
+    return (dst.memory != common_pb2.HBM and writers[name] == 1 and nests_of[name] == {index}
+            and dst.num_buffers <= 1 and not dst.replicated_dims)
 
 
 def _load_into_own_tile(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
