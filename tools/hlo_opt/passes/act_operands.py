@@ -66,7 +66,7 @@ class _NestFolder:
         tensors: dict[str, penguin_pb2.TensorDecl],
         nests_of: dict[str, set[int]],
     ) -> None:
-        self.program, self.nest, self.index = program, nest, index
+        self.program, self.index = program, index
         self.statements = nest.statements
         self.tensors, self.nests_of = tensors, nests_of
         self.writers, self.readers = writers_and_readers(nest)
@@ -189,7 +189,9 @@ class _NestFolder:
         decl = penguin_pb2.TensorDecl()
         decl.CopyFrom(self.tensors[column.tensor])
         decl.name = self._fresh(column.tensor + ".neg")
-        for field in ("view_of", "view_offset", "view_strides"):
+        # computed where the subtract was, at every iteration: a tile of its own at each, even
+        # where the column is one tile kept across an axis (invariant_loads' replicated_dims)
+        for field in ("view_of", "view_offset", "view_strides", "replicated_dims"):
             decl.ClearField(field)
         decl.role = penguin_pb2.INTERNAL
         self.program.tensors.append(decl)
