@@ -108,7 +108,14 @@ def select_act_functions(program: penguin_pb2.Program) -> ActFunctionStats:
 
 
 def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[int]]]:
-    """(x, the statement indices of x's cone) for every tensor x whose cone is MIN_STATEMENTS long."""
+    """(x, the statement indices of x's cone) for every tensor x whose cone is MIN_STATEMENTS long.
+
+    Two things keep this linear in a long fused chain, where every tensor's cone is the rest of the
+    chain: a scan stops past the last statement that could still join (one reading a value of the
+    cone, or a constant), and tensors are taken last reader first, so that a cone which takes in
+    the first statement of a cone already found too long is too long itself (that cone is a part of
+    it: each of its statements reads only what the larger cone has, on the same tile, while x is
+    not written) and is dropped without being walked."""
     statements = nest.statements
     writers: dict[str, list[int]] = {}
     for k, st in enumerate(statements):
@@ -125,18 +132,33 @@ def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[in
             eligible[k] = (where, {a.tensor for a in st.inputs}, st.outputs[0].tensor)
     # x's cone starts at its first reader, but for the constants (input-less fills) before it
     first_reader: dict[str, int] = {}
+    last_reader: dict[str, int] = {}
     for k in eligible:
         for a in statements[k].inputs:
             first_reader.setdefault(a.tensor, k)
+            last_reader[a.tensor] = k
     constants = [k for k, (_, inputs, _) in eligible.items() if not inputs]
-    cones = []
-    for x, start in first_reader.items():
+    constant_set = set(constants)
+    last_constant = constants[-1] if constants else -1
+    # x -> (the cone's tile, the index of the statement past which it was too long)
+    too_long: dict[str, tuple[bytes, int]] = {}
+    found: dict[str, list[int]] = {}
+    for x, start in sorted(first_reader.items(), key=lambda item: -item[1]):
         if x not in f32:
             continue
+
+        def breaks_at(first: int, last: int, x: str = x, start: int = start) -> bool:
+            """Whether x is written after the cone's first statement `first`, at or before `last`."""
+            return any(w <= last and (w > first if first >= start or w >= start else
+                                      first < w and w in constant_set) for w in writers.get(x, ()))
+
         cone: list[int] = []
         values = {x}
         where = None
+        horizon = last_reader[x]
         for k in chain((c for c in constants if c < start), range(start, len(statements))):
+            if k > horizon and k > last_constant:
+                break  # nothing past here reads a value of the cone, and it is no constant
             if cone and k in writers.get(x, ()):
                 break  # x changes: what follows is a function of another x
             if k not in eligible or not eligible[k][1] <= values:
@@ -145,12 +167,20 @@ def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[in
                 where = eligible[k][0]
             if eligible[k][0] == where:
                 cone.append(k)
-                values.add(eligible[k][2])
-                if len(cone) > MAX_STATEMENTS:
+                y = eligible[k][2]
+                values.add(y)
+                horizon = max(horizon, last_reader.get(y, -1))
+                inner = too_long.get(y)
+                if (inner is not None and y != x and inner[0] == where and first_reader[y] > k
+                        and not breaks_at(cone[0], inner[1])):
+                    too_long[x] = (where, inner[1])
                     break
-        if MIN_STATEMENTS <= len(cone) <= MAX_STATEMENTS:
-            cones.append((x, cone))
-    return cones
+                if len(cone) > MAX_STATEMENTS:
+                    too_long[x] = (where, k)
+                    break
+        if x not in too_long and MIN_STATEMENTS <= len(cone):
+            found[x] = cone
+    return [(x, found[x]) for x in first_reader if x in found]
 
 
 def _elementwise(st: penguin_pb2.Statement, f32: set[str]) -> bool:
