@@ -112,17 +112,18 @@ def plan_rolling(
     INDEXED_NEST_BYTES per partition at once (`_indexed_bytes`), it is planned again without
     them (their axes then unroll, as before indexed arrays)."""
     unindexed: frozenset[str] = frozenset()
-    plan = _plan(nest, tensors, elsewhere, min_trip, max_depth, unindexed)
+    analyses: dict[tuple[str, frozenset[str]], _AxisOutcome] = {}  # each axis tested once per plan asked
+    plan = _plan(nest, tensors, elsewhere, min_trip, max_depth, unindexed, analyses)
     if plan is not None and plan.indexed and _indexed_bytes(nest, tensors, plan) > INDEXED_NEST_BYTES:
         unindexed = frozenset(plan.indexed)
-        plan = _plan(nest, tensors, elsewhere, min_trip, max_depth, unindexed)
+        plan = _plan(nest, tensors, elsewhere, min_trip, max_depth, unindexed, analyses)
     innermost = plan.axes[-1] if plan is not None else None
     if innermost is not None and len(plan.axes) > 1 and plan.copies >= innermost.trip \
             and innermost.trip == nest.axes[innermost.index].extent:
         # the innermost loop's copies are its whole extent, so it unrolls into the body of the loop
         # around it: plan that loop as the innermost, whose body then holds the copies it needs
         # (ResNet's im2col copy: three kernel rows a body kept six of the 16 queues busy)
-        shallower = _plan(nest, tensors, elsewhere, min_trip, len(plan.axes) - 1, unindexed)
+        shallower = _plan(nest, tensors, elsewhere, min_trip, len(plan.axes) - 1, unindexed, analyses)
         if shallower is not None:
             plan = shallower
     return plan
@@ -152,8 +153,19 @@ def _indexed_bytes(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.Te
     return total
 
 
+@dataclass(frozen=True)
+class _AxisOutcome:
+    """What _AxisAnalysis found for one axis: its steady range (None: not rollable), and the
+    tensors private to its iterations and indexed along it."""
+
+    steady: tuple[int, int] | None
+    private: frozenset[str]
+    indexed: dict[str, int]
+
+
 def _plan(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl], elsewhere: Container[str],
-          min_trip: int, max_depth: int, unindexed: frozenset[str]) -> RollPlan | None:
+          min_trip: int, max_depth: int, unindexed: frozenset[str],
+          analyses: dict[tuple[str, frozenset[str]], _AxisOutcome]) -> RollPlan | None:
     extents = {axis.name: int(axis.extent) for axis in nest.axes}
     if any(e <= 0 for e in extents.values()):
         return None
@@ -163,14 +175,19 @@ def _plan(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl]
             break
         if extents[axis.name] < min_trip:
             continue
-        analysis = _AxisAnalysis(nest, tensors, extents, axis.name, unindexed)
-        steady = analysis.steady_range(elsewhere)
+        outcome = analyses.get((axis.name, unindexed))
+        if outcome is None:  # a nest of 25,000 statements takes 0.7 s an axis: asked again, not redone
+            analysis = _AxisAnalysis(nest, tensors, extents, axis.name, unindexed)
+            steady = analysis.steady_range(elsewhere)
+            outcome = analyses[(axis.name, unindexed)] = _AxisOutcome(
+                steady, frozenset(analysis.private), dict(analysis.indexed))
+        steady = outcome.steady
         if steady is None or steady[1] - steady[0] < min_trip:
             continue
         plan.axes.append(RolledAxis(index, axis.name, *steady))
-        for tensor in analysis.private:
+        for tensor in outcome.private:
             plan.private.setdefault(tensor, set()).add(axis.name)
-        for tensor, dim in analysis.indexed.items():
+        for tensor, dim in outcome.indexed.items():
             plan.indexed.setdefault(tensor, set()).add(dim)
     if not plan.axes:
         return None
