@@ -37,9 +37,9 @@ ENTRY main {
 """
 
 
-def _bir(text: str, loops_mode: str = "rolled", optlevel: int = 2) -> bir_pb2.Program:
+def _bir(text: str, loops_mode: str = "rolled", optlevel: int = 2, passes: str = "") -> bir_pb2.Program:
     program = lower_module(parse_module_text(text.encode()))
-    optimize(program, pass_list("", optlevel), num_stages=0)
+    optimize(program, pass_list(passes, optlevel), num_stages=0)
     return lower_to_bir(program, loops=loops_mode)
 
 
@@ -273,14 +273,17 @@ def test_rolled_attention_keeps_off_recently_freed_bytes_and_runs_near_the_unrol
     previous iteration's last readers, and the loop ran one iteration at a time (1.23x the
     unrolled program's simulated time); placed off the bytes freed since the previous loop
     began, where SBUF has room, the rolled program runs within 1.15x of the unrolled one (1.09x
-    measured), race-free and with the same result."""
+    measured), race-free and with the same result. (The softmax is kept its own loop here, as it
+    was: joined to the scores' nest as a wide-row epilogue, the default, its row blocks of 8 KiB
+    rows leave no room for a second copy, and both programs are faster: 665.6 and 560.9 us.)"""
     text = hlo_gen.hlo_text("attention", seq=2048, d=512, layers=1)
     rng = np.random.default_rng(2)
     inputs = {"arg0": 0.1 * rng.standard_normal((2048, 512)).astype(np.float32)}
     inputs.update({f"arg{k}": 0.1 * rng.standard_normal((512, 512)).astype(np.float32) for k in (1, 2, 3)})
     results = {}
+    passes = ",".join(p if p != "epilogues" else "epilogues{row_wise=0}" for p in pass_list("", 2))
     for mode in ("rolled", "unrolled"):
-        program = _bir(text, mode)
+        program = _bir(text, mode, passes=passes)
         compile_program(program, default_pipeline(2))
         results[mode] = simulate_neff(build_neff(program), inputs)
     rolled, unrolled = results["rolled"], results["unrolled"]

@@ -59,6 +59,7 @@ from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.estimate import statement_ns
 from ncc.tools.target import dma_pieces, is_dma, load_target
@@ -462,7 +463,7 @@ class _AxisAnalysis:
         boxes = {(tuple(start.SerializeToString(deterministic=True) for start in access.starts),
                   tuple(access.extents)) for _, access in accesses}
         if len(boxes) > 1:
-            return False
+            return self._fresh_by_columns(name)
         moving = {term.var for start in accesses[0][1].starts for term in start.terms if term.coeff}
         free = [axis.name for axis in self.nest.axes[self._index + 1:] if axis.name not in moving]
         statements = list(dict.fromkeys(st.name for st, _ in accesses))
@@ -477,6 +478,46 @@ class _AxisAnalysis:
             return False  # it would not run for every block, or not in every instance of the loop
         starts = [self._first_point(by_name[st], free) for st in statements]
         return None not in starts and all(start >= starts[0] for start in starts[1:])
+
+    def _fresh_by_columns(self, name: str) -> bool:
+        """_fresh for a tile written a column slice at a time (epilogues' wide rows: a softmax over
+        rows of 1,024 scores reads the row that two 512-column PSUM tiles were evacuated into).
+        One statement, the first to touch the tile and not reading it, writes slice c of the row:
+        last start W * c, extent W, for an axis c inside this one whose W * extent is the block's
+        width; every other access reads either that slice (the same box) or the whole row (last
+        start 0) at c's last value only, under the writer's predicates too. All boxes agree in
+        the other dimensions, so each iteration writes its rows whole before reading them."""
+        accesses = self.accesses[name]
+        width = int(self.tensors[name].block_shape[-1])
+        leading = {tuple(s.SerializeToString(deterministic=True) for s in access.starts[:-1])
+                   for _, access in accesses}
+        writer, slice_ = accesses[0]
+        if len(leading) != 1 or not any(a.tensor == name for a in writer.outputs) \
+                or any(a.tensor == name for a in writer.inputs):
+            return False
+        terms = [t for t in slice_.starts[-1].terms if t.coeff]
+        if len(terms) != 1 or slice_.starts[-1].constant or terms[0].coeff != slice_.extents[-1]:
+            return False
+        column = terms[0].var
+        count = self.extents.get(column, 0)
+        position = next((k for k, axis in enumerate(self.nest.axes) if axis.name == column), -1)
+        if position <= self._index or terms[0].coeff * count != width:
+            return False
+        if any(t.var == column and t.coeff for p in writer.predicates for t in p.expr.terms):
+            return False
+        predicates = {p.SerializeToString(deterministic=True) for p in writer.predicates}
+        last = affine.equals(column, count - 1).SerializeToString(deterministic=True)
+        for st, access in accesses[1:]:
+            if st is writer or any(a.tensor == name for a in st.outputs):
+                return False  # one writer, once
+            if access.starts[-1] == slice_.starts[-1] and access.extents[-1] == slice_.extents[-1]:
+                continue
+            if access.starts[-1].terms or access.starts[-1].constant or access.extents[-1] != width:
+                return False
+            mine = {p.SerializeToString(deterministic=True) for p in st.predicates}
+            if last not in mine or not predicates <= mine:
+                return False
+        return True
 
     def _first_point(self, st: penguin_pb2.Statement, free: list[str]) -> tuple[int, ...] | None:
         """The lexicographically first values of the `free` axes at which `st` runs (None when

@@ -59,6 +59,7 @@ MAX_MOVED = 16  # nests moved before one dot nest at most
 class EpilogueStats:
     epilogues: int = 0
     retiled: int = 0
+    wide_rows: int = 0  # of them, row-wise consumers of rows several stored tiles wide
     nests_moved: int = 0
     refused: Counter = field(default_factory=Counter)  # reason -> consumers of a dot nest left apart
 
@@ -80,9 +81,10 @@ def fuse_epilogues(program: penguin_pb2.Program, row_wise: bool = True) -> Epilo
     for nest in program.nests:
         if dot is not None:
             reason = _join(dot, nest, tensors, row_wise, None if dot_rolls else users, private)
-            if reason is None or reason == "retiled":
+            if reason in (None, "retiled", "wide rows"):
                 stats.epilogues += 1
                 stats.retiled += reason == "retiled"
+                stats.wide_rows += reason == "wide rows"
                 stats.nests_moved += len(between)
                 kept += between
                 between = []
@@ -182,6 +184,7 @@ def _join(dot: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
             or _box_key(_squeezed(tensors, load.outputs[0])) != _box_key(theirs):
         return "tiles hold other boxes than they move"
     elementwise = _elementwise(consumer, load, tensors)
+    row_end: penguin_pb2.Predicate | None = None  # wide rows: the consumer runs at the row's last tile
     if [d[2] for d in ours] == [d[2] for d in theirs]:
         if not (elementwise or row_wise):
             return "row-wise consumer (row_wise=0)"
@@ -189,14 +192,23 @@ def _join(dot: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
         if mapping is None:
             return "tiles do not correspond"
         rewrite = _substituted(mapping)
-        retiled = False
-    else:
-        if not elementwise:
-            return "tiles differ and the consumer is not elementwise"
+        outcome = None
+    elif elementwise:
         rewrite = _retiled(ours, tensors)
-        retiled = True
+        outcome = "retiled"
+    else:
+        wide = _wide_rows(dot, store, consumer, ours, theirs) if row_wise else None
+        if wide is None:
+            return "tiles differ and the consumer is not elementwise"
+        mapping, column, count = wide
+        rewrite = _substituted(mapping)
+        row_end = affine.equals(column, count - 1)
+        outcome = "wide rows"
     if unrolled is not None and _rolls(consumer, tensors, unrolled):
         return "the dot's nest unrolls, its consumer's would not"
+    if row_end is not None:  # T's block holds the whole row; each tile of it is one slice
+        decl = tensors[tile.tensor]
+        decl.block_shape[-1] = decl.block_shape[-1] * count
     fixed = frozenset(axis.name for axis in dot.axes if axis.extent == 1)
     for k, st in enumerate(consumer.statements):
         if k == loads[0]:
@@ -205,6 +217,8 @@ def _join(dot: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
         fused.CopyFrom(st)
         fused.name = f"{consumer.name}.{st.name}"
         fused.predicates.extend(store.predicates)
+        if row_end is not None:
+            fused.predicates.append(row_end)
         for access in (*fused.inputs, *fused.outputs):
             if access.tensor == load.outputs[0].tensor:
                 _onto_tile(access, rewrite, tile, tensors, fixed)
@@ -214,7 +228,7 @@ def _join(dot: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
         dot.attributes.setdefault(key, value)
     if product in private:
         _read_psum(dot, store, tensors)
-    return "retiled" if retiled else None
+    return outcome
 
 
 def _read_psum(dot: penguin_pb2.LoopNest, store: penguin_pb2.Statement,
@@ -328,10 +342,12 @@ def _plain(tensors: dict[str, penguin_pb2.TensorDecl], access: penguin_pb2.Acces
 
 
 def _axis_mapping(dot: penguin_pb2.LoopNest, store: penguin_pb2.Statement, consumer: penguin_pb2.LoopNest,
-                  ours: list[Dim], theirs: list[Dim]) -> dict[str, penguin_pb2.AffineExpr] | None:
+                  ours: list[Dim], theirs: list[Dim], skip: str = ""
+                  ) -> dict[str, penguin_pb2.AffineExpr] | None:
     """Each of the consumer's moving axes as an affine expression of the dot's axes, so that the
     consumer's tile at that point is the dot's stored tile; None when there is no such map, or
-    the two do not visit as many tiles."""
+    the two do not visit as many tiles (the dot's axis `skip` left out of its count: wide rows'
+    column tiles, which one consumer tile holds all of)."""
     extents = {axis.name: axis.extent for axis in consumer.axes}
     dot_extents = {axis.name: axis.extent for axis in dot.axes}
     mapping: dict[str, penguin_pb2.AffineExpr] = {}
@@ -353,7 +369,8 @@ def _axis_mapping(dot: penguin_pb2.LoopNest, store: penguin_pb2.Statement, consu
     moving = [name for name, extent in extents.items() if extent > 1]
     if sorted(mapping) != sorted(moving):
         return None
-    stored = {t.var for s in store.outputs[0].starts for t in s.terms if t.coeff and dot_extents[t.var] > 1}
+    stored = {t.var for s in store.outputs[0].starts for t in s.terms
+              if t.coeff and dot_extents[t.var] > 1 and t.var != skip}
     tiles = 1
     for name in stored:
         tiles *= dot_extents[name]
@@ -361,6 +378,37 @@ def _axis_mapping(dot: penguin_pb2.LoopNest, store: penguin_pb2.Statement, consu
     for name in moving:
         consumer_tiles *= extents[name]
     return mapping if tiles == consumer_tiles else None
+
+
+def _wide_rows(dot: penguin_pb2.LoopNest, store: penguin_pb2.Statement, consumer: penguin_pb2.LoopNest,
+               ours: list[Dim], theirs: list[Dim]
+               ) -> tuple[dict[str, penguin_pb2.AffineExpr], str, int] | None:
+    """A row-wise consumer whose tile is a whole row of the product while the dot stores it in
+    `count` tiles side by side along one of its axes (`column`: GPT-2's scores, rows of 1,024 in
+    512-column PSUM tiles): (the axis mapping of the other dimensions, column, count), or None.
+    The row's tiles are stored at points that differ from the row's last one in `column` only,
+    so they all precede it; the consumer runs there, on the evacuated tile T widened to the row
+    (the module docstring: wide rows)."""
+    if len(ours) != len(theirs) or not ours:
+        return None
+    if [d[2] for d in ours[:-1]] != [d[2] for d in theirs[:-1]]:
+        return None
+    size, start, width = ours[-1]
+    _, their_start, their_width = theirs[-1]
+    dot_extents = {axis.name: axis.extent for axis in dot.axes}
+    terms = [t for t in start.terms if t.coeff and dot_extents[t.var] > 1]
+    if len(terms) != 1 or start.constant or terms[0].coeff != width:
+        return None
+    column, count = terms[0].var, int(dot_extents[terms[0].var])
+    if width * count != size or their_width != size:
+        return None
+    extents = {axis.name: axis.extent for axis in consumer.axes}
+    if their_start.constant or any(t.coeff and extents[t.var] > 1 for t in their_start.terms):
+        return None
+    if any(t.coeff and t.var == column for _, other, _ in ours[:-1] for t in other.terms):
+        return None
+    mapping = _axis_mapping(dot, store, consumer, ours[:-1], theirs[:-1], skip=column)
+    return None if mapping is None else (mapping, column, count)
 
 
 def _substituted(mapping: dict[str, penguin_pb2.AffineExpr]):

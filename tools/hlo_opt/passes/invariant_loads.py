@@ -87,8 +87,10 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
            writers: dict[str, int], readers: dict[str, list[penguin_pb2.Access]],
            nests_of: dict[str, set[int]], index: int) -> int:
     """Hoist `st` if it is an invariant load (or a constant fill) along some axis; the number of
-    axes it was hoisted along."""
-    if st.predicates:
+    axes it was hoisted along. A load that runs at one value of some axes only (equalities: a
+    softmax joined to the last column tile of its scores, epilogues' wide rows) is hoisted along
+    the others: it then runs at step 0 of `a` at those same values, before every reader there."""
+    if any(p.relation != penguin_pb2.EQ for p in st.predicates):
         return 0
     tile = st.outputs[0] if len(st.outputs) == 1 else None
     if _constant_fill(st, tensors, writers, nests_of, index):
@@ -106,8 +108,9 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
         return 0
     accesses = [tile, *readers[tile.tensor]]
     hoisted = 0
+    pinned = {term.var for p in st.predicates for term in p.expr.terms if term.coeff}
     for axis in list(nest.axes):
-        if axis.extent <= 1:
+        if axis.extent <= 1 or axis.name in pinned:
             continue
         if source is not None and any(_uses(start, axis.name) and strides[d] != 0
                                       for d, start in enumerate(source.starts)):
