@@ -8,8 +8,7 @@ wraps around, which spreads reuse; or first fit).
 
   SBUF  within target.sbuf_usable_bytes per partition, addresses aligned to `sbuf_align`.
   PSUM  within the PSUM bytes per partition; a buffer of at most one bank (2 KiB) never crosses a
-        bank boundary, a larger one starts on a multiple of the largest power-of-two count of
-        banks it holds (two for 4 KiB, so that four such tile PSUM).
+        bank boundary, a larger one starts on a bank boundary.
 
 Spilling. When an SBUF buffer X does not fit (too many bytes live, or no hole large enough), a
 live buffer V that the instruction starting X does not touch and whose next use is furthest away
@@ -613,7 +612,7 @@ def _search(occupied: list[tuple[int, int]], ends: list[int], blocked: list[tupl
             if size <= bank and candidate // bank != (candidate + size - 1) // bank:
                 candidate = _round_up(candidate, bank)
             elif size > bank:
-                candidate = _round_up(candidate, _span_alignment(size, bank, capacity))
+                candidate = _round_up(candidate, bank)
         if candidate + size > capacity:
             return None
         # Live buffers never share bytes, so sorted by start they are sorted by end too: the
@@ -629,17 +628,6 @@ def _search(occupied: list[tuple[int, int]], ends: list[int], blocked: list[tupl
             continue
         return candidate
     return None
-
-
-def _span_alignment(size: int, bank: int, capacity: int) -> int:
-    """Where a buffer of several banks may start: on a multiple of the largest power-of-two count
-    of banks it holds (buddy placement), so that equal ones tile the memory. Started on any bank,
-    GPT-2's four 4 KiB LM-head accumulators took banks 1-2, 3-4 and 5-6 and left the fourth no
-    two banks side by side, which sent the whole program back to the frontend's order."""
-    unit = bank
-    while unit * 2 <= size and capacity % (unit * 2) == 0:
-        unit *= 2
-    return unit
 
 
 def _round_up(value: int, unit: int) -> int:
