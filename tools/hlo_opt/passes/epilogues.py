@@ -23,17 +23,18 @@ whole matmul. Here such a consumer C joins the dot's nest D when
         its boxes and tiles all become S's box, whatever C's tile was (a GELU over whole rows
         after a matmul of 512-column tiles).
     A C that is not elementwise (a softmax whose rows are one tile of attention scores) joins
-    too, unless the option `row_wise` is off: the scores then never go to HBM. So does one whose
-    row is several of D's tiles side by side (wide rows: GPT-2's rows of 1,024 scores in 512-column
-    PSUM tiles), when those are the tiles of one axis c of D (start W * c, W times c's extent
-    the row) and the other dimensions map as in the exact case: T's block widens to the row, each
-    evacuation writes its slice, and C runs at c's last value, after every slice of its row
-    (the points that wrote them differ from it in c alone). GPT-2 30.6 -> 28.3 ms: the scores of
-    every head went to HBM and back (96 MB a layer). It was off by
+    too, unless the option `row_wise` is off: the scores then never go to HBM. It was off by
     default while the softmax was DVE-bound (BERT's layer 782.6 -> 818.8 us joined: the score
     matmuls of every head ran ahead and their tiles waited on chip); with act_operands taking
     the softmax's shift and sum to ACT, joined is faster (BERT 760.8 -> 638.3 us, ViT 270.2 ->
     264.7).
+    So does a row-wise C whose row is several of D's tiles side by side (wide rows: GPT-2's rows
+    of 1,024 scores in 512-column PSUM tiles), when those are the tiles of one axis c of D (start
+    W * c, W times c's extent the row) and the other dimensions map as in the exact case: T's
+    block widens to the row, each evacuation writes its slice, and C runs at c's last value,
+    after every slice of its row (the points that wrote them differ from it in c alone). The
+    evacuation stays (`_read_psum` finds C reading the whole row, not one PSUM tile). GPT-2
+    30.6 -> 28.3 ms: the scores of every head went to HBM and back (96 MB a layer).
 
 C's statements then follow S in D's body under S's predicates, reading T where they read L's
 tile. When no other nest reads the output, S goes, and a statement of C on ACT or DVE that alone
