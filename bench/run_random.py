@@ -16,7 +16,7 @@ job's wall (record.json), the counts, and the first modules of every bucket but 
 writes every result. Exit 1 when any compile was a mismatch, a traceback or a timeout.
 
     python bench/run_random.py [--count 500] [--first 0] [--workers 2] [--timeout 60]
-                               [--keep DIR] [--json FILE]
+                               [--loops auto|rolled|unrolled] [--keep DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -70,8 +70,9 @@ def judge(returncode: int, stderr: str) -> tuple[str, str]:
     return "traceback", code  # a failure without a diagnostic is the compiler's fault
 
 
-def compile_one(seed: int, scratch: Path, timeout: float) -> Result:
-    """Write module `seed`, compile it with --verify in its own work dir, and judge it."""
+def compile_one(seed: int, scratch: Path, timeout: float, loops: str = "auto") -> Result:
+    """Write module `seed`, compile it with --verify (and `--loops loops`) in its own work dir,
+    and judge it."""
     model = scratch / f"random_{seed}.hlo"
     model.write_text(random_hlo.random_module(seed))
     workdir = scratch / f"random_{seed}.work"
@@ -79,7 +80,7 @@ def compile_one(seed: int, scratch: Path, timeout: float) -> Result:
     try:
         proc = subprocess.run([sys.executable, "-m", "ncc.orchestrator", "compile", str(model), "--verify",
                                "-o", str(scratch / f"random_{seed}.neff"), "--workdir", str(workdir),
-                               "--timeout", str(timeout)], capture_output=True, text=True,
+                               "--timeout", str(timeout), "--loops", loops], capture_output=True, text=True,
                               timeout=4 * timeout)
     except subprocess.TimeoutExpired:
         return Result(seed, "timeout", time.monotonic() - start, message="the compile passed 4 x --timeout")
@@ -125,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="the first seed")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=60.0, help="ncc compile --timeout (per job)")
+    parser.add_argument("--loops", choices=("auto", "rolled", "unrolled"), default="auto",
+                        help="ncc compile --loops (rolled: every module keeps its loops, small as it is)")
     parser.add_argument("--keep", type=Path, help="keep modules and work dirs here")
     parser.add_argument("--json", type=Path, help="write every result here")
     args = parser.parse_args(argv)
@@ -133,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         seeds = range(args.first, args.first + args.count)
         with ThreadPoolExecutor(args.workers) as pool:
-            results = list(pool.map(lambda seed: compile_one(seed, scratch, args.timeout), seeds))
+            results = list(pool.map(lambda seed: compile_one(seed, scratch, args.timeout, args.loops), seeds))
     finally:
         if args.keep is None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -4,6 +4,7 @@ with a code), with no traceback. The full 500-module run is `make bench-random`.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -51,6 +52,17 @@ def test_a_random_module_compiles_and_matches_the_golden_evaluator(tmp_path: Pat
     bucket, code = run_random.judge(result.returncode, result.stderr)
     assert bucket in ("ok", "refused"), result.stderr
     assert bucket == "ok" or code in ("E302", "E305") or code.startswith("E2"), result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", SAMPLE[:3])
+def test_a_random_module_compiles_rolled_and_matches(tmp_path: Path, seed: int) -> None:
+    """The bench's --loops rolled: every loop of a small module stays a loop where it can, and
+    the NEFF still matches the golden evaluator (or the module is refused with a code)."""
+    result = run_random.compile_one(seed, tmp_path, 120.0, loops="rolled")
+    assert result.bucket in ("ok", "refused"), result.message
+    settings = json.loads((tmp_path / f"random_{seed}.work" / "run_settings.json").read_text())
+    assert "--loops=rolled" in settings["command"]
 
 
 def test_a_small_sort_among_many_nests_lowers_to_few_instructions() -> None:
