@@ -809,18 +809,26 @@ def _retire(entries: list[tuple], write: _Box) -> list[tuple]:
     return kept
 
 
+_SPANS = tuple((_Box._fields.index(low), _Box._fields.index(high))
+               for low, high in (("p0", "p1"), ("c0", "c1"), ("b0", "b1")))
+
+
 def _outside(box: _Box, write: _Box) -> list[_Box]:
-    """The parts of `box` outside `write` (they meet): up to two per dimension."""
+    """The parts of `box` outside `write` (they meet): up to two per dimension. (Built by field
+    position: `_replace` by keyword was a tenth of the second analysis of the 4-layer decoder.)"""
     parts = []
-    rest = box
-    for low, high in (("p0", "p1"), ("c0", "c1"), ("b0", "b1")):
-        lo, hi = getattr(rest, low), getattr(rest, high)
-        cut_lo, cut_hi = getattr(write, low), getattr(write, high)
+    rest = list(box)
+    for low, high in _SPANS:
+        lo, hi, cut_lo, cut_hi = rest[low], rest[high], write[low], write[high]
         if lo < cut_lo:
-            parts.append(rest._replace(**{high: cut_lo}))
+            part = rest.copy()
+            part[high] = cut_lo
+            parts.append(_Box._make(part))
         if cut_hi < hi:
-            parts.append(rest._replace(**{low: cut_hi}))
-        rest = rest._replace(**{low: max(lo, cut_lo), high: min(hi, cut_hi)})
+            part = rest.copy()
+            part[low] = cut_hi
+            parts.append(_Box._make(part))
+        rest[low], rest[high] = max(lo, cut_lo), min(hi, cut_hi)
     return parts
 
 
