@@ -814,8 +814,9 @@ _SPANS = tuple((_Box._fields.index(low), _Box._fields.index(high))
 
 
 def _outside(box: _Box, write: _Box) -> list[_Box]:
-    """The parts of `box` outside `write` (they meet): up to two per dimension. (Built by field
-    position: `_replace` by keyword was a tenth of the second analysis of the 4-layer decoder.)"""
+    """The parts of `box` outside `write` (they meet): up to two per dimension. Built by field
+    position: `_replace` by keyword took 19 us a call, 4x this, and the 4-layer 7B decoder's two
+    analyses make 85k calls."""
     parts = []
     rest = list(box)
     for low, high in _SPANS:
