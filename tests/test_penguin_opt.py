@@ -507,12 +507,21 @@ def masked_softmax_runs(tmp_path: Path, without: str, seed: int) -> dict[str, di
     """MASKED_SOFTMAX compiled with --verify by the default passes ("with") and without the pass
     `without` ("without"), each run on the same seeded inputs: per name, the run's report with
     its first output under "out0" (every run race- and deadlock-free)."""
-    model = tmp_path / "softmax.hlo"
-    model.write_text(MASKED_SOFTMAX)
-    inputs = tmp_path / "in.npz"
     rng = np.random.default_rng(seed)
-    np.savez(inputs, arg0=rng.normal(0, 2, (8, 256, 512)).astype(np.float32),
-             arg1=rng.integers(0, 2, 512).astype(np.int32))
+    inputs = {"arg0": rng.normal(0, 2, (8, 256, 512)).astype(np.float32),
+              "arg1": rng.integers(0, 2, 512).astype(np.int32)}
+    return runs_with_and_without(tmp_path, MASKED_SOFTMAX, inputs, without)
+
+
+def runs_with_and_without(tmp_path: Path, text: str, inputs: dict[str, np.ndarray],
+                          without: str) -> dict[str, dict]:
+    """The HLO `text` compiled with --verify by the default passes ("with") and without the pass
+    `without` ("without"), each run on `inputs`: per name, the run's report with its first output
+    under "out0" (every run race- and deadlock-free)."""
+    model = tmp_path / "model.hlo"
+    model.write_text(text)
+    arrays = tmp_path / "in.npz"
+    np.savez(arrays, **inputs)
     passes = ",".join(p for p in pass_list("", 2) if p != without)
     runs = {}
     for name, flags in {"with": [], "without": [f"--penguin-passes={passes}"]}.items():
@@ -521,7 +530,7 @@ def masked_softmax_runs(tmp_path: Path, without: str, seed: int) -> dict[str, di
         assert compiled.returncode == 0, compiled.stderr
         out = tmp_path / f"{name}.npz"
         report = tmp_path / f"{name}.json"
-        ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out),
+        ran = run_ncc("run", str(neff), "--inputs", str(arrays), "--output", str(out),
                       "--report", str(report), timeout=300)
         assert ran.returncode == 0, ran.stderr
         data = json.loads(report.read_text())
@@ -535,6 +544,54 @@ def test_folded_broadcast_operands_verify_from_the_cli_and_take_less_time(tmp_pa
     runs = masked_softmax_runs(tmp_path, "broadcast_operands", seed=3)
     assert np.array_equal(runs["with"]["out0"], runs["without"]["out0"])  # the same operations, values
     assert runs["with"]["simulated_ns"] < runs["without"]["simulated_ns"]
+
+
+# A batch norm's first half over channel-major tiles: the mean and scale are [C] vectors
+# broadcast along the positions, which the tile plan puts on the free dimension.
+CHANNEL_NORM = """HloModule channel_norm
+ENTRY main {
+  x = f32[4,28,28,64] parameter(0)
+  mean = f32[64] parameter(1)
+  scale = f32[64] parameter(2)
+  m = f32[4,28,28,64] broadcast(mean), dimensions={3}
+  s = f32[4,28,28,64] broadcast(scale), dimensions={3}
+  d = f32[4,28,28,64] subtract(x, m)
+  ROOT y = f32[4,28,28,64] multiply(d, s)
+}
+"""
+
+
+def test_a_per_channel_vector_loads_one_column_and_becomes_a_scalar_operand() -> None:
+    """The mean and scale reach the channel-major tiles through views whose free stride is 0;
+    each load brings its [P, 1] column (one element a partition from HBM, not a row) and the
+    subtract and multiply take it as their per-partition operand, read with stride 0."""
+    program = lowered(CHANNEL_NORM)
+    optimize(program, pass_list("", 2))
+    (nest,) = program.nests
+    columns = [st for st in nest.statements if st.op == "dma" and st.outputs[0].tensor.endswith(".column")]
+    assert len(columns) == 2
+    for load in columns:
+        assert load.inputs[0].extents[-1] == 1 and load.outputs[0].extents[-1] == 1
+    folded = [st for st in nest.statements if st.attributes.get("broadcast") == "1"]
+    assert {st.func for st in folded} == {"subtract", "multiply"}
+    bir = lower_to_bir(program)
+    reads = [i.inputs[1] for i in bir.instructions if i.op == "tensor_tensor"]
+    assert reads and all(ap.dims[-1].stride == 0 for ap in reads)
+    loads = [i for i in bir.instructions if i.op == "dma" and ".column" in i.outputs[0].tensor]
+    assert loads and all(i.inputs[0].dims[-1].count == 1 for i in loads)
+
+
+@pytest.mark.slow
+def test_per_channel_columns_verify_from_the_cli_move_less_and_take_less_time(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    inputs = {"arg0": rng.normal(0, 2, (4, 28, 28, 64)).astype(np.float32),
+              "arg1": rng.normal(0, 1, 64).astype(np.float32),
+              "arg2": rng.normal(1, 0.1, 64).astype(np.float32)}
+    runs = runs_with_and_without(tmp_path, CHANNEL_NORM, inputs, "broadcast_operands")
+    assert np.array_equal(runs["with"]["out0"], runs["without"]["out0"])  # the same operations, values
+    assert runs["with"]["simulated_ns"] < runs["without"]["simulated_ns"]
+    moved = 2 * 4 * 28 * 28 * 64 * 4  # x read once, y written once
+    assert runs["with"]["hbm_bytes"] < moved * 1.01 < runs["without"]["hbm_bytes"]
 
 
 # A 3x3 convolution: its im2col columns are a copy nest (a load and a store per tile).

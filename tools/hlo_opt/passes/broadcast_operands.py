@@ -11,6 +11,14 @@ box, and nothing writes the [P, 1] tile between the spread and the reader, the r
 the free dimension: BIR gives them stride 0), and the spread is left for `dce`. ACT loses the
 spread (BERT's softmax: 39 of its 77 µs of ACT), and DVE streams one operand instead of two
 (the cost model counts a per-partition scalar operand as no stream, target/costs.py).
+
+A load can hold such a column too: a batch norm over channel-major tiles (ResNet: x − mean, then
+· scale, · gamma, + beta, each a [C] vector broadcast along the positions) loads each vector
+through an HBM view whose free dimension has stride 0, into a full [P, 2048] tile that the
+`tensor_tensor` then streams. When every reader of that tile is such an operation on the same
+box, the load brings the [P, 1] column alone and the readers take it as their per-partition
+operand: the same values, the HBM traffic of one element per partition instead of a row, and one
+DVE stream instead of two (`invariant_loads` then keeps the column once per row block).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ READERS = frozenset({"tensor_tensor"})  # what takes a vector operand (NKI tenso
 @dataclass
 class BroadcastOperandStats:
     operands_folded: int = 0
+    loads_narrowed: int = 0  # loads of a stride-0 row that now bring their [P, 1] column
 
 
 def broadcast_inputs(st: penguin_pb2.Statement) -> list[int]:
@@ -39,9 +48,14 @@ def fold_broadcast_operands(program: penguin_pb2.Program) -> BroadcastOperandSta
     """Let DVE/POOL operations read the [P, 1] tiles that were spread for them only, in place."""
     stats = BroadcastOperandStats()
     nests_of = nests_naming(program)
+    tensors = {t.name: t for t in program.tensors}
     for index, nest in enumerate(program.nests):
         statements = nest.statements
         writers, readers = writers_and_readers(nest)
+        for k, load in enumerate(statements):
+            if _loads_a_column(load, tensors) and writers[load.outputs[0].tensor] == [k] \
+                    and nests_of[load.outputs[0].tensor] == {index}:
+                stats.loads_narrowed += _narrow(program, tensors, load, k, statements, writers, readers)
         for k, spread in enumerate(statements):
             if spread.op != "tensor_copy" or broadcast_inputs(spread) != [0] or len(spread.outputs) != 1:
                 continue
@@ -61,6 +75,48 @@ def fold_broadcast_operands(program: penguin_pb2.Program) -> BroadcastOperandSta
                         stats.operands_folded += 1
                 user.attributes[BROADCAST] = ",".join(map(str, sorted(positions)))
     return stats
+
+
+def _loads_a_column(load: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
+    """Whether `load` is a plain dma of an HBM view that repeats one element along the free
+    dimension (stride 0) into more than one column of an SBUF tile."""
+    if load.op != "dma" or load.predicates or len(load.inputs) != 1 or len(load.outputs) != 1:
+        return False
+    source, tile = tensors[load.inputs[0].tensor], tensors[load.outputs[0].tensor]
+    return (source.memory == common_pb2.HBM and tile.memory == common_pb2.SBUF and bool(source.view_of)
+            and source.view_strides[-1] == 0 and load.inputs[0].extents[-1] > 1
+            and load.outputs[0].extents[-1] == load.inputs[0].extents[-1])
+
+
+def _narrow(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl],
+            load: penguin_pb2.Statement, k: int, statements, writers: dict[str, list[int]],
+            readers: dict[str, list[int]]) -> int:
+    """Make `load` (statement k) bring the [P, 1] column of its tile and its readers take that
+    column as their per-partition operand, when every reader can (`_takes`); 1 if it did."""
+    tile = load.outputs[0]
+    users = readers[tile.tensor]
+    if not users or not all(_takes(statements[j], tile, load, writers, k, j) for j in users):
+        return 0
+    decl = tensors[tile.tensor]
+    column = program.tensors.add()
+    column.CopyFrom(decl)
+    column.name = f"{decl.name}.column"
+    column.shape[-1] = 1
+    column.block_shape[-1] = 1
+    tensors[column.name] = column
+    for access in (load.outputs[0], load.inputs[0]):
+        access.starts[-1].Clear()
+        access.extents[-1] = 1
+    load.outputs[0].tensor = column.name
+    for j in users:
+        user = statements[j]
+        positions = broadcast_inputs(user)
+        for position, access in enumerate(user.inputs):
+            if access.tensor == decl.name:
+                access.CopyFrom(load.outputs[0])
+                positions.append(position)
+        user.attributes[BROADCAST] = ",".join(map(str, sorted(positions)))
+    return 1
 
 
 def _takes(user: penguin_pb2.Statement, tile: penguin_pb2.Access, spread: penguin_pb2.Statement,
