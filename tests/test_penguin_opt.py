@@ -594,6 +594,26 @@ def test_per_channel_columns_verify_from_the_cli_move_less_and_take_less_time(tm
     assert runs["with"]["hbm_bytes"] < moved * 1.01 < runs["without"]["hbm_bytes"]
 
 
+def test_a_relu_walks_its_norm_s_tiles_and_joins_its_nest(tmp_path: Path) -> None:
+    """A ReLU after the channel-major norm would tile itself row-major ([128, 1024]); it follows
+    the norm's plan instead, so fusion joins the two and the norm's output never goes to HBM.
+    The compile matches the HLO evaluator under --verify."""
+    text = CHANNEL_NORM.replace("ROOT y =", "y =").removesuffix("}\n") + """  zero = f32[] constant(0)
+  zeros = f32[4,28,28,64] broadcast(zero), dimensions={}
+  ROOT r = f32[4,28,28,64] maximum(y, zeros)
+}
+"""
+    program = lowered(text)
+    optimize(program, pass_list("", 2))
+    assert len(program.nests) == 1
+    assert [t.name for t in program.tensors if t.memory == common_pb2.HBM and t.role == penguin_pb2.INTERNAL
+            and not t.view_of] == []
+    model = tmp_path / "norm_relu.hlo"
+    model.write_text(text)
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), "--verify", timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+
+
 # A 3x3 convolution: its im2col columns are a copy nest (a load and a store per tile).
 SMALL_CONV = """HloModule small_conv
 ENTRY main {

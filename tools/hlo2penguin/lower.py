@@ -53,7 +53,15 @@ from ncc.tools.hlo2penguin.nest_builder import (
 )
 from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.sorting import SortOps
-from ncc.tools.hlo2penguin.tile_plan import FEW_TILES, compact_write, kept_as_written, plan_tiling, tile_count
+from ncc.tools.hlo2penguin.tile_plan import (
+    FEW_TILES,
+    TilePlan,
+    compact_write,
+    followed_plan,
+    kept_as_written,
+    plan_tiling,
+    tile_count,
+)
 from ncc.tools.hlo2penguin.values import (
     ACT,
     DVE,
@@ -106,6 +114,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
         self.instructions = {i.id: i for c in module.computations for i in c.instructions}
         self.builder = ProgramBuilder(penguin_pb2.Program(name=module.name))
         self.produced: set[str] = set()  # HBM tensors written by a nest of this program
+        self.plans: dict[str, TilePlan] = {}  # HBM tensor -> the plan of the elementwise nest that wrote it
         self.region_shape: tuple[int, ...] = ()  # set while a reducer is applied elementwise to arrays
 
     # ---- driver -------------------------------------------------------------------------
@@ -398,8 +407,12 @@ class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
             return into
         out = into if into is not None else self._new_output(instr, shape, dtype)
         result = out
-        plan = plan_tiling(shape, [out] + [op for op in ops if isinstance(op, View)], FREE_TILE)
+        views = [out] + [op for op in ops if isinstance(op, View)]
+        producers = [self.plans[v.base] for v in views[1:] if v.base in self.plans]
+        plan = followed_plan(plan_tiling(shape, views, FREE_TILE), producers, shape, views, FREE_TILE)
         if plan is not None:  # elementwise: any walk of the elements, alike for every operand
+            if into is None:
+                self.plans[out.base] = plan
             ops = [plan.walk(op) for op in ops]
             out, shape = plan.apply(out), plan.shape
         tiling = self._tiling(shape)

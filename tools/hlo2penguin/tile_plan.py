@@ -37,6 +37,7 @@ PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as wr
 FEW_TILES = 32  # a shape as written of at most this many tiles is cheap enough to keep as it is...
 FEW_COLUMNS = 2_048  # ...when its tiles' columns (the engines' passes) add up to at most this many...
 FEW_ELEMENTS = 16_384  # ...and it has at most this many elements
+FOLLOW_COST = 2  # a nest follows its producer's plan at up to this many times its own tiles and columns
 MAX_SPREAD = 64  # a planned tile spans at most this many times its elements in the written view (_compact)
 
 
@@ -63,6 +64,11 @@ class TilePlan:
         atoms = squeezed.transpose(self.memory).reshape(self.atoms) if squeezed is not None else None
         assert atoms is not None, "a plan merges only dimensions every view strides contiguously"
         return atoms.transpose(self.order)
+
+    def fits(self, view: View) -> bool:
+        """Whether `view` (of the shape the plan was made for) walks by the plan as a re-striding."""
+        squeezed = view.reshape(self.kept)
+        return squeezed is not None and squeezed.transpose(self.memory).reshape(self.atoms) is not None
 
     def walk(self, value: Value) -> Value:
         """A view through `apply`, a constant over the plan's shape."""
@@ -110,6 +116,26 @@ def plan_tiling(shape: tuple[int, ...], views: list[View], free_tile: int) -> Ti
             column_count(plan.shape) * PLAN_GAIN > column_count(shape):
         return None  # it gains neither tiles nor engine time enough to change the nests
     return plan
+
+
+def followed_plan(own: TilePlan | None, producers: list[TilePlan], shape: tuple[int, ...],
+                  views: list[View], free_tile: int) -> TilePlan | None:
+    """The plan for an elementwise nest over `shape` whose operands were written by planned nests
+    (`producers`' plans): the first producer's plan that every view walks and that needs at most
+    FOLLOW_COST times the tiles and columns of the nest's `own` plan (or of the shape as written),
+    else `own`. Walked alike, the two nests iterate one space and `fusion` joins them: a ReLU after
+    a batch norm over channel-major tiles ([64, 2048]: the norm's vectors one per partition) took
+    its own row-major plan ([128, 1024]) and sent the norm's output through HBM to read it back."""
+    mine = own.shape if own is not None else shape
+    for plan in producers:
+        if own is not None and plan == own:
+            return own
+        if plan.kept != tuple(n for n in shape if n != 1) or not all(plan.fits(v) for v in views):
+            continue
+        if tile_count(plan.shape, free_tile) <= FOLLOW_COST * tile_count(mine, free_tile) and \
+                column_count(plan.shape) <= FOLLOW_COST * column_count(mine):
+            return plan
+    return own
 
 
 def best_plan(shape: tuple[int, ...], views: list[View], free_tile: int) -> tuple[int, TilePlan] | None:
