@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from sim_builders import ACT, DVE, SP, hbm_2d, onchip
-from test_penguin_opt import MASKED_SOFTMAX, lowered, masked_softmax_runs
+from test_penguin_opt import CHANNEL_NORM, MASKED_SOFTMAX, lowered, masked_softmax_runs, runs_with_and_without
 from walrus_builders import Bir, run_passes
 
 from ncc.schemas import bir_pb2
@@ -184,19 +184,22 @@ ENTRY main {
 
 
 def test_a_shift_that_another_statement_reads_stays_on_dve() -> None:
-    """A norm's x − mean feeds the square and the scaling: the subtract stays; nothing folds into
+    """A norm's x − mean feeds the square and the scaling: the subtract stays a statement of its
+    own (on DVE, or on ACT as an identity activation when DVE is the busier); nothing folds into
     a square that is a DVE multiply."""
     program = lowered(LAYER_NORM)
     optimize(program, WITHOUT)
     stats = fold_act_operands(program)
     assert stats.biases_folded == 0
     assert any(
-        st.op == "tensor_tensor" and st.func == "subtract" for n in program.nests for st in n.statements
+        st.func == "subtract" or st.op == "activation" and st.func == "identity" and len(st.inputs) == 2
+        for n in program.nests for st in n.statements
     )
 
 
 def test_an_exp_with_a_scale_keeps_its_shift() -> None:
-    """exp(2·(x − m)) is not exp(2·x − 2·m) bit for bit: the subtract stays; the sum still folds."""
+    """exp(2·(x − m)) is not exp(2·x − 2·m) bit for bit: the subtract stays a statement of its own
+    (the exp reads its one input); the sum still folds."""
     program = lowered(MASKED_SOFTMAX)
     optimize(program, WITHOUT)
     exp = next(st for st in _softmax_nest(program).statements if st.op == "activation")
@@ -204,7 +207,8 @@ def test_an_exp_with_a_scale_keeps_its_shift() -> None:
     exp.scalars.extend([2.0, 0.0])
     stats = fold_act_operands(program)
     assert (stats.biases_folded, stats.sums_folded) == (0, 1)
-    assert any(st.op == "tensor_tensor" and st.func == "subtract" for st in _softmax_nest(program).statements)
+    (exp,) = [st for st in _softmax_nest(program).statements if st.op == "activation" and st.func == "exp"]
+    assert len(exp.inputs) == 1 and list(exp.scalars) == [2.0, 0.0]
 
 
 @pytest.mark.slow
@@ -214,3 +218,63 @@ def test_folded_softmax_verifies_from_the_cli_with_the_same_outputs_in_less_time
     assert np.array_equal(folded["out0"], apart["out0"])
     assert folded["engine_busy_ns"]["DVE"] < 0.8 * apart["engine_busy_ns"]["DVE"]
     assert folded["simulated_ns"] < apart["simulated_ns"]
+
+
+# CHANNEL_NORM with its + beta: (x − mean) · scale + beta over channel-major tiles, each vector a
+# [P, 1] column; four DVE passes a tile as lowered.
+CHANNEL_NORM_BETA = CHANNEL_NORM.replace("ROOT y =", "y =").replace(
+    "  scale = f32[64] parameter(2)\n", "  scale = f32[64] parameter(2)\n  beta = f32[64] parameter(3)\n"
+).removesuffix("}\n") + """  b = f32[4,28,28,64] broadcast(beta), dimensions={3}
+  ROOT z = f32[4,28,28,64] add(y, b)
+}
+"""
+
+
+def test_a_norm_s_column_shifts_move_to_act_while_dve_is_busier() -> None:
+    """DVE would compute the subtract, the multiply and the add; the subtract (of the negated
+    mean) and the add go to ACT as identity activations with a [P, 1] bias, the multiply stays."""
+    program = lowered(CHANNEL_NORM_BETA)
+    optimize(program, pass_list("", 2))
+    (nest,) = program.nests
+    computes = {(st.op, st.func) for st in nest.statements if st.op != "dma"}
+    assert ("tensor_tensor", "multiply") in computes
+    shifts = [st for st in nest.statements if st.op == "activation"]
+    assert [st.func for st in shifts] == ["identity", "identity"]
+    for st in shifts:
+        assert st.attributes["broadcast"] == "1" and st.inputs[1].extents[-1] == 1
+    negations = [st for st in nest.statements if st.op == "tensor_scalar" and list(st.scalars) == [-1.0]]
+    assert len(negations) == 1 and negations[0].outputs[0].extents[-1] == 1
+
+
+CHANNEL_NORM_RELU = CHANNEL_NORM_BETA.replace("ROOT z =", "z =").removesuffix("}\n") + """
+  zero = f32[] constant(0)
+  zeros = f32[4,28,28,64] broadcast(zero), dimensions={}
+  ROOT r = f32[4,28,28,64] maximum(z, zeros)
+}
+"""
+
+
+def test_a_relu_after_a_moved_shift_becomes_its_function() -> None:
+    """The + beta moves to ACT, and the max(·, 0) that alone reads it becomes its relu."""
+    program = lowered(CHANNEL_NORM_RELU)
+    optimize(program, pass_list("", 2))
+    (nest,) = program.nests
+    assert [st.func for st in nest.statements if st.op == "activation"] == ["identity", "relu"]
+    assert not [st for st in nest.statements if st.func == "maximum"]
+    store = [st for st in nest.statements if st.op == "dma"][-1]
+    relu = next(st for st in nest.statements if st.func == "relu")
+    assert store.inputs[0].tensor == relu.outputs[0].tensor
+
+
+@pytest.mark.slow
+def test_moved_shifts_verify_from_the_cli_with_the_same_values_in_less_time(tmp_path: Path) -> None:
+    rng = np.random.default_rng(6)
+    inputs = {"arg0": rng.normal(0, 2, (4, 28, 28, 64)).astype(np.float32),
+              "arg1": rng.normal(0, 1, 64).astype(np.float32),
+              "arg2": rng.normal(1, 0.1, 64).astype(np.float32),
+              "arg3": rng.normal(0, 1, 64).astype(np.float32)}
+    runs = runs_with_and_without(tmp_path, CHANNEL_NORM_RELU, inputs, "act_operands")
+    moved, apart = runs["with"], runs["without"]
+    assert np.array_equal(moved["out0"], apart["out0"])  # equal values (a −0 may come out +0)
+    assert moved["engine_busy_ns"]["DVE"] < 0.7 * apart["engine_busy_ns"]["DVE"]
+    assert moved["simulated_ns"] < apart["simulated_ns"]

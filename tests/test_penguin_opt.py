@@ -566,7 +566,7 @@ def test_a_per_channel_vector_loads_one_column_and_becomes_a_scalar_operand() ->
     each load brings its [P, 1] column (one element a partition from HBM, not a row) and the
     subtract and multiply take it as their per-partition operand, read with stride 0."""
     program = lowered(CHANNEL_NORM)
-    optimize(program, pass_list("", 2))
+    optimize(program, [p for p in pass_list("", 2) if p != "act_operands"])  # which moves the subtract
     (nest,) = program.nests
     columns = [st for st in nest.statements if st.op == "dma" and st.outputs[0].tensor.endswith(".column")]
     assert len(columns) == 2
@@ -579,6 +579,17 @@ def test_a_per_channel_vector_loads_one_column_and_becomes_a_scalar_operand() ->
     assert reads and all(ap.dims[-1].stride == 0 for ap in reads)
     loads = [i for i in bir.instructions if i.op == "dma" and ".column" in i.outputs[0].tensor]
     assert loads and all(i.inputs[0].dims[-1].count == 1 for i in loads)
+
+
+def test_a_column_an_earlier_nest_computed_stays_a_row_load() -> None:
+    """Only inputs' and constants' columns narrow (broadcast_operands' docstring: the prefill)."""
+    text = CHANNEL_NORM.replace("  m = f32[4,28,28,64] broadcast(mean)",
+                                "  twice = f32[64] add(mean, mean)\n  m = f32[4,28,28,64] broadcast(twice)")
+    program = lowered(text)
+    optimize(program, [p for p in pass_list("", 2) if p != "act_operands"])
+    loads = {st.inputs[0].tensor.split(".")[0]: st for n in program.nests for st in n.statements
+             if st.op == "dma" and st.inputs and st.inputs[0].tensor.startswith(("twice", "scale"))}
+    assert loads["twice"].outputs[0].extents[-1] > 1 and loads["scale"].outputs[0].extents[-1] == 1
 
 
 @pytest.mark.slow

@@ -74,3 +74,17 @@ def test_few_tiles_that_leave_the_partitions_empty_are_planned(shape, columns: i
 def test_shapes_that_tile_well_keep_their_nests(shape: tuple[int, ...]) -> None:
     views = [View.whole("out", 0, shape), View.whole("x", 0, shape)]
     assert plan_tiling(shape, views, FREE_TILE) is None
+
+
+@pytest.mark.parametrize("shape,keep", [
+    ((8, 224, 224, 3), False),  # a batch of RGB images: 3,584 slivers of [128, 3] as written
+    ((8, 230, 230, 3), False),  # ResNet's padded input (its fill)
+    ((4096, 1), True),  # a column of row statistics: 32 tiles, the shape its readers tile by
+    ((64, 256, 4), True),  # 128 slivers: few enough to keep
+])
+def test_many_slivers_are_planned_though_their_rows_fill_the_partitions(shape, keep: bool) -> None:
+    views = [View.whole("out", 0, shape), View.whole("x", 0, shape)]
+    plan = plan_tiling(shape, views, FREE_TILE)
+    assert (plan is None) == keep
+    if plan is not None:
+        assert tile_count(plan.shape, FREE_TILE) * 100 < tile_count(shape, FREE_TILE)

@@ -14,7 +14,9 @@ loops. The result is the same for any order; only the number of tiles changes (t
 1, 448 and 2,904).
 
 A plan is taken only for a shape whose tiles as written leave partitions empty (fewer than 128
-rows) and that is not cheap (at most FEW_TILES tiles of at most FEW_COLUMNS columns and
+rows) or are many slivers (more than MANY_TILES tiles of fewer than NARROW_FREE columns: a batch
+of RGB images [8, 224, 224, 3] was 3,584 tiles of [128, 3], 1.5 KB a DMA, for the copy into
+ResNet's padded input), and that is not cheap (at most FEW_TILES tiles of at most FEW_COLUMNS columns and
 FEW_ELEMENTS elements in all: a decode step's attention scores [1, 8, 4, 1, 2048], 32 tiles of
 one partition, or its [1, 4096] activations, are not), and when it cuts the tile count or the
 columns at least PLAN_GAIN-fold, so modules whose shapes already fill the partitions or are
@@ -33,6 +35,8 @@ from ncc.tools.hlo2penguin.nest_builder import PARTITIONS, canonical_shape, ceil
 from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
+NARROW_FREE = 8  # a tile of fewer columns than this is a sliver...
+MANY_TILES = 1_024  # ...and more slivers than this are planned even when their rows fill the partitions
 PLAN_GAIN = 4  # a plan must need at most a quarter of the tiles the shape as written needs
 FEW_TILES = 32  # a shape as written of at most this many tiles is cheap enough to keep as it is...
 FEW_COLUMNS = 2_048  # ...when its tiles' columns (the engines' passes) add up to at most this many...
@@ -93,10 +97,11 @@ def column_count(shape: tuple[int, ...]) -> int:
 
 
 def kept_as_written(shape: tuple[int, ...], free_tile: int) -> bool:
-    """Whether a nest over `shape` keeps the shape as written: its tiles fill the partitions, or
-    it is cheap (few tiles of few columns) whatever its partitions."""
-    if canonical_shape(shape)[-2] >= PARTITIONS:
-        return True
+    """Whether a nest over `shape` keeps the shape as written: its tiles fill the partitions (and
+    are not many slivers), or it is cheap (few tiles of few columns) whatever its partitions."""
+    canon = canonical_shape(shape)
+    if canon[-2] >= PARTITIONS:
+        return canon[-1] >= NARROW_FREE or tile_count(shape, free_tile) <= MANY_TILES
     return (tile_count(shape, free_tile) <= FEW_TILES and column_count(shape) <= FEW_COLUMNS
             and math.prod(shape) <= FEW_ELEMENTS)
 

@@ -12,7 +12,17 @@ it (BERT's layer: 49 of its 170 µs of softmax DVE work). Within one nest this p
   * folds a `tensor_reduce` add of an activation's output into the activation, as its second
     output.
 
-Both give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
+  * moves a `tensor_tensor` add or subtract of a [P, 1] column that DVE computes on its own
+    (a batch norm's − mean and + beta over channel-major tiles, a norm's − mean over rows) to
+    ACT as an identity activation with that bias, while the nest's DVE work (DVE and POOL share
+    a port) exceeds ACT's: ResNet's batch norms were four DVE passes a tile and one on ACT.
+    A subtract takes the negated column, computed in a one-element-per-partition `tensor_scalar`
+    before it. The values are the subtract's and add's, except that a sum of −0 and −0 (the
+    only one whose zero is negative) comes out +0: the activation adds its scalar bias of 0 first.
+    When the moved statement's result only feeds a max(·, 0) on DVE (a ReLU after the norm), the
+    activation computes the relu itself (ACT's relu is that maximum), and the max goes.
+
+The first two give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
 once, ACT's scale of 1 and bias of 0 change no value (a −0 becomes +0, as the activation's bias
 of 0 already made it), and the sum adds the written values in the order tensor_reduce does. So
 the fold applies only where those hold: the subtract writes f32 from float operands, the
@@ -37,6 +47,8 @@ _PLACEMENT = ("stage", "stage_id", "execution_order")  # statement attributes th
 class ActOperandStats:
     biases_folded: int = 0
     sums_folded: int = 0
+    shifts_moved: int = 0  # column adds and subtracts moved from DVE to ACT
+    relus_folded: int = 0  # of them, those whose max(·, 0) after them became their function
 
 
 def fold_act_operands(program: penguin_pb2.Program) -> ActOperandStats:
@@ -51,6 +63,9 @@ def fold_act_operands(program: penguin_pb2.Program) -> ActOperandStats:
                 stats.biases_folded += folder.fold_bias(k)
                 stats.sums_folded += folder.fold_sum(k)
         folder.finish()
+        moved = _balance_shifts(program, nest, tensors)
+        stats.shifts_moved += len(moved)
+        stats.relus_folded += _fold_relus(nest, moved, tensors, nests_of, index)
     return stats
 
 
@@ -186,19 +201,8 @@ class _NestFolder:
     def _negate(self, j: int, column: penguin_pb2.Access) -> penguin_pb2.Access:
         """Turn statement j into column × −1, written to a new tile like the column's."""
         shift = self.statements[j]
-        decl = penguin_pb2.TensorDecl()
-        decl.CopyFrom(self.tensors[column.tensor])
-        decl.name = self._fresh(column.tensor + ".neg")
-        # computed where the subtract was, at every iteration: a tile of its own at each, even
-        # where the column is one tile kept across an axis (invariant_loads' replicated_dims)
-        for field in ("view_of", "view_offset", "view_strides", "replicated_dims"):
-            decl.ClearField(field)
-        decl.role = penguin_pb2.INTERNAL
-        self.program.tensors.append(decl)
-        self.tensors[decl.name] = decl
-        self.nests_of[decl.name] = {self.index}
-        negated = _copy(column)
-        negated.tensor = decl.name
+        negated = _negated_tile(self.program, self.tensors, column)
+        self.nests_of[negated.tensor] = {self.index}
         shift.op, shift.func, shift.name = "tensor_scalar", "multiply", shift.name + ".neg"
         shift.engine = common_pb2.DVE
         del shift.scalars[:]
@@ -210,13 +214,6 @@ class _NestFolder:
         del shift.outputs[:]
         shift.outputs.append(negated)
         return negated
-
-    def _fresh(self, name: str) -> str:
-        candidate, n = name, 1
-        while candidate in self.tensors:
-            n += 1
-            candidate = f"{name}{n}"
-        return candidate
 
     def _unlink(self, i: int) -> None:
         """Take statement i out of the writers and readers (before it changes or goes)."""
@@ -233,6 +230,145 @@ class _NestFolder:
             self.readers[access.tensor] = sorted({*self.readers[access.tensor], i})
         for access in st.outputs:
             self.writers[access.tensor] = sorted({*self.writers[access.tensor], i})
+
+
+ACT_GHZ, DVE_GHZ = 1.4, 1.12  # target/trn1.json: the engines' clocks, one element a cycle a stream
+
+
+def _balance_shifts(program: penguin_pb2.Program, nest: penguin_pb2.LoopNest,
+                    tensors: dict[str, penguin_pb2.TensorDecl]) -> list[str]:
+    """Move column adds and subtracts from DVE to ACT (module docstring) while that lowers the
+    larger of the two engines' work in one iteration of the nest; the names of those moved."""
+    work = {common_pb2.ACT: 0.0, common_pb2.DVE: 0.0}
+    for st in nest.statements:
+        if st.engine in (common_pb2.DVE, common_pb2.POOL) and st.outputs:
+            work[common_pb2.DVE] += _free(st) * max(1, len(st.inputs) - len(broadcast_inputs(st))) / DVE_GHZ
+        elif st.engine == common_pb2.ACT and st.op != "dma" and st.outputs:
+            work[common_pb2.ACT] += _free(st) / ACT_GHZ
+    negations: dict[int, penguin_pb2.Statement] = {}
+    moved: list[str] = []
+    for k, st in enumerate(nest.statements):
+        column = _shift_column(st, tensors)
+        if column is None:
+            continue
+        on_dve, on_act = _free(st) / DVE_GHZ, _free(st) / ACT_GHZ
+        if max(work[common_pb2.DVE] - on_dve, work[common_pb2.ACT] + on_act) >= \
+                max(work[common_pb2.DVE], work[common_pb2.ACT]):
+            continue
+        moved.append(st.name)
+        work[common_pb2.DVE] -= on_dve
+        work[common_pb2.ACT] += on_act
+        data, bias = _copy(st.inputs[1 - column]), _copy(st.inputs[column])
+        if st.func == "subtract":
+            negations[k], bias = _negation(program, tensors, st, bias)
+        st.op, st.engine, st.func = "activation", common_pb2.ACT, "identity"
+        del st.scalars[:]
+        st.scalars.extend([1.0, 0.0])
+        del st.inputs[:]
+        st.inputs.extend([data, bias])
+        st.attributes[BROADCAST] = "1"
+    if negations:
+        statements = []
+        for k, st in enumerate(nest.statements):
+            statements += [negations[k], st] if k in negations else [st]
+        del nest.statements[:]
+        nest.statements.extend(statements)
+    return moved
+
+
+def _fold_relus(nest: penguin_pb2.LoopNest, moved: list[str], tensors: dict[str, penguin_pb2.TensorDecl],
+                nests_of: dict[str, set[int]], index: int) -> int:
+    """Let each moved activation compute the max(·, 0) that alone reads its result (module
+    docstring); the number folded."""
+    statements = nest.statements
+    writers, readers = writers_and_readers(nest)
+    dropped: set[int] = set()
+    for k, act in enumerate(statements):
+        if act.name not in moved or act.op != "activation" or len(act.outputs) != 1:
+            continue
+        tile = act.outputs[0]
+        users = readers[tile.tensor]
+        if len(users) != 1 or nests_of.get(tile.tensor, {index}) != {index} or writers[tile.tensor] != [k]:
+            continue
+        relu = statements[users[0]]
+        if not (relu.op == "tensor_scalar" and relu.func == "maximum" and list(relu.scalars) == [0.0]
+                and relu.engine == common_pb2.DVE and "reverse" not in relu.attributes
+                and len(relu.outputs) == 1 and same_box(relu.inputs[0], tile)
+                and list(relu.outputs[0].extents) == list(tile.extents)
+                and tensors[relu.outputs[0].tensor].dtype == common_pb2.F32
+                and _NestFolder._same_place(act, relu)):
+            continue
+        j = users[0]
+        out = relu.outputs[0]
+        if any(k < i < j for i in (*writers[out.tensor], *readers[out.tensor])) or \
+                any(k < w < j for a in act.inputs for w in writers[a.tensor]):
+            continue
+        act.func = "relu"
+        act.outputs[0].CopyFrom(out)
+        dropped.add(j)
+    if dropped:
+        kept = [st for i, st in enumerate(statements) if i not in dropped]
+        del statements[:]
+        statements.extend(kept)
+    return len(dropped)
+
+
+def _shift_column(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> int | None:
+    """The position of the [P, 1] column that DVE statement `st` adds (either side) or subtracts
+    (right side) from f32 data, if that is what it does; else None."""
+    if st.op != "tensor_tensor" or st.engine != common_pb2.DVE or len(st.inputs) != 2 or len(st.outputs) != 1:
+        return None
+    positions = broadcast_inputs(st)
+    if not (st.func == "subtract" and positions == [1] or st.func == "add" and positions in ([0], [1])):
+        return None
+    if tensors[st.outputs[0].tensor].dtype != common_pb2.F32 or \
+            not all(is_float(tensors[a.tensor].dtype) for a in st.inputs):
+        return None
+    return positions[0]
+
+
+def _negation(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl],
+              st: penguin_pb2.Statement,
+              column: penguin_pb2.Access) -> tuple[penguin_pb2.Statement, penguin_pb2.Access]:
+    """A statement computing column × −1 into a new tile like the column's, under st's
+    predicates and placement, and the access that reads it."""
+    negated = _negated_tile(program, tensors, column)
+    negate = penguin_pb2.Statement(name=st.name + ".neg", op="tensor_scalar", engine=common_pb2.DVE,
+                                   func="multiply", scalars=[-1.0], source=st.source)
+    negate.inputs.append(column)
+    negate.outputs.append(negated)
+    negate.predicates.extend(st.predicates)
+    for key in _PLACEMENT:
+        if key in st.attributes:
+            negate.attributes[key] = st.attributes[key]
+    return negate, negated
+
+
+def _negated_tile(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl],
+                  column: penguin_pb2.Access) -> penguin_pb2.Access:
+    """A new on-chip tile like `column`'s for its negation, declared in the program, and the
+    access to it that mirrors `column`."""
+    decl = program.tensors.add()
+    decl.CopyFrom(tensors[column.tensor])
+    name, n = column.tensor + ".neg", 1
+    while name in tensors:
+        n += 1
+        name = f"{column.tensor}.neg{n}"
+    decl.name = name
+    # computed where the subtract was, at every iteration: a tile of its own at each, even where
+    # the column is one tile kept across an axis (invariant_loads' replicated_dims)
+    for field in ("view_of", "view_offset", "view_strides", "replicated_dims"):
+        decl.ClearField(field)
+    decl.role = penguin_pb2.INTERNAL
+    tensors[name] = decl
+    negated = _copy(column)
+    negated.tensor = name
+    return negated
+
+
+def _free(st: penguin_pb2.Statement) -> int:
+    """Elements per partition a statement writes: its first output's last extent."""
+    return st.outputs[0].extents[-1] if st.outputs[0].extents else 1
 
 
 def _copy(access: penguin_pb2.Access) -> penguin_pb2.Access:

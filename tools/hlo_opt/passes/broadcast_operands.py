@@ -18,7 +18,11 @@ through an HBM view whose free dimension has stride 0, into a full [P, 2048] til
 `tensor_tensor` then streams. When every reader of that tile is such an operation on the same
 box, the load brings the [P, 1] column alone and the readers take it as their per-partition
 operand: the same values, the HBM traffic of one element per partition instead of a row, and one
-DVE stream instead of two (`invariant_loads` then keeps the column once per row block).
+DVE stream instead of two (`invariant_loads` then keeps the column once per row block). Only for
+a column of the module's inputs or constants (a norm's parameters): a column an earlier nest
+computed (the LLaMA prefill's RMSNorm scale, its causal mask's row index) narrowed too made the
+prefill slower, 26.3 -> 30.4 ms with the same engine work: the second dependence analysis then
+aligns another pair of loops and the nests after them wait longer (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -78,12 +82,14 @@ def fold_broadcast_operands(program: penguin_pb2.Program) -> BroadcastOperandSta
 
 
 def _loads_a_column(load: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
-    """Whether `load` is a plain dma of an HBM view that repeats one element along the free
-    dimension (stride 0) into more than one column of an SBUF tile."""
+    """Whether `load` is a plain dma of an HBM view of a module input or constant that repeats one
+    element along the free dimension (stride 0) into more than one column of an SBUF tile."""
     if load.op != "dma" or load.predicates or len(load.inputs) != 1 or len(load.outputs) != 1:
         return False
     source, tile = tensors[load.inputs[0].tensor], tensors[load.outputs[0].tensor]
-    return (source.memory == common_pb2.HBM and tile.memory == common_pb2.SBUF and bool(source.view_of)
+    if not source.view_of or tensors[source.view_of].role not in (penguin_pb2.INPUT, penguin_pb2.CONSTANT):
+        return False
+    return (source.memory == common_pb2.HBM and tile.memory == common_pb2.SBUF
             and source.view_strides[-1] == 0 and load.inputs[0].extents[-1] > 1
             and load.outputs[0].extents[-1] == load.inputs[0].extents[-1])
 
