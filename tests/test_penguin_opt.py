@@ -667,6 +667,30 @@ def test_direct_copies_verify_from_the_cli_with_half_the_transfers(tmp_path: Pat
     assert counts["direct"] < counts["staged"]
 
 
+WIDER_CONV = SMALL_CONV.replace("2,12,12,16", "4,40,40,16").replace("2,12,12,8", "4,40,40,8")
+
+
+def test_a_direct_copy_takes_its_kernel_rows_into_one_dma(tmp_path: Path) -> None:
+    """The im2col copy of a 3x3 convolution over 40x40 images moved one [40, 48] box per kernel
+    row; its kernel-row loop joins the box ([3, 40, 48], 23 KiB), 160 dmas left for 16 queues.
+    In BIR the destination's kernel rows and columns merge into one contiguous run of 144, so
+    the dma is [40, 144] there and [40, 3, 48] in the padded input. The compile matches under
+    --verify."""
+    program = lowered(WIDER_CONV)
+    optimize(program, pass_list("", 2))
+    im2col = next(n for n in program.nests if len(n.statements) == 1 and n.statements[0].op == "dma"
+                  and 3 in n.statements[0].outputs[0].extents)
+    assert sorted(int(a.extent) for a in im2col.axes if a.extent > 1) == [4, 40]
+    bir = lower_to_bir(program)
+    (dma, *_) = [i for i in bir.instructions if i.name.startswith(im2col.name + "/")]
+    assert [d.count for d in dma.outputs[0].dims] == [40, 144]
+    assert [d.count for d in dma.inputs[0].dims] == [40, 3, 48]
+    model = tmp_path / "conv.hlo"
+    model.write_text(WIDER_CONV)
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "c.neff"), "--verify", timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+
+
 def test_a_copy_whose_source_is_written_between_its_load_and_store_stays_staged() -> None:
     from ncc.tools.hlo_opt.passes.direct_copies import copy_directly
 

@@ -280,6 +280,8 @@ class BirCodeGenLoop:
             self._iota_scalars(instr, st, outputs[0][1])
         if st.op == "dma" and _partition_broadcast(instr):
             self._broadcast_on_chip(instr)
+        if st.op == "dma" and _hbm_to_hbm(instr) and len(instr.outputs[0].dims) > 2:
+            _merge_copy_dims(instr)
 
     def _loop_steps(self, operands, plans: list[_AccessPlan]) -> None:
         """An HBM operand inside loops moves by its step per iteration of each, and so does an
@@ -552,6 +554,33 @@ def _label(axis: str, value: int, symbolic: dict[str, int]) -> str:
     if first is None:
         return f"{axis}{value}"
     return f"{axis}*" if value == first else f"{axis}*+{value - first}"
+
+
+def _hbm_to_hbm(dma: bir_pb2.Instruction) -> bool:
+    return (len(dma.inputs) == 1 and len(dma.outputs) == 1 and dma.inputs[0].memory == common_pb2.HBM
+            and dma.outputs[0].memory == common_pb2.HBM)
+
+
+def _merge_copy_dims(dma: bir_pb2.Instruction) -> None:
+    """An HBM-to-HBM dma of several dimensions (a direct copy whose loops joined its box) walks both
+    sides in the destination's order (largest stride first: the same permutation on both, so the
+    same element pairs), then each side merges neighbours that are contiguous (stride of the outer
+    = stride x count of the inner). A dma pairs its sides' elements in order, whatever their dims."""
+    src, dst = dma.inputs[0], dma.outputs[0]
+    if [d.count for d in src.dims] != [d.count for d in dst.dims]:
+        return
+    order = sorted(range(len(dst.dims)), key=lambda d: -abs(dst.dims[d].stride))
+    for side in (src, dst):
+        dims = [(side.dims[d].stride, side.dims[d].count) for d in order]
+        merged = [dims[0]]
+        for stride, count in dims[1:]:
+            outer_stride, outer_count = merged[-1]
+            if outer_stride == stride * count:
+                merged[-1] = (stride, outer_count * count)
+            else:
+                merged.append((stride, count))
+        del side.dims[:]
+        side.dims.extend(bir_pb2.Dim(stride=stride, count=count) for stride, count in merged)
 
 
 def _partition_broadcast(load: bir_pb2.Instruction) -> bool:
