@@ -192,3 +192,35 @@ ENTRY main {{
 
     assert adds(4000, "0") == 12 and adds(4096, "0") == 12 and adds(2, "0") == 1
     assert adds(40, "1") >= 40  # an init that is not add's identity folds every offset
+
+
+def _pool_ops(reducer: str, window: str) -> int:
+    """The reducer's elementwise operations a 2-D pool over f32[2, 24, 24, 8] lowers to."""
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+
+    init = "-inf" if reducer == "maximum" else "0"
+    text = f"""HloModule pool
+red {{
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] {reducer}(a, b)
+}}
+ENTRY main {{
+  x = f32[2,24,24,8] parameter(0)
+  z = f32[] constant({init})
+  ROOT p = f32[2,12,12,8] reduce-window(x, z),
+    window={{size=1x{window}x1 stride=1x2x2x1 pad=0_0x1_1x1_1x0_0}}, to_apply=red
+}}
+"""
+    program = lower_module(parse_hlo_text(text))
+    return sum(st.func == reducer for nest in program.nests for st in nest.statements)
+
+
+def test_a_3x3_max_pool_runs_one_dimension_at_a_time_and_a_3x3_sum_does_not() -> None:
+    """Max and min take their window's elements in any grouping with the same values, so a 3x3
+    max pool is 3 + 3 offsets: two maxima a pass (the first offset of each meets the init, -inf,
+    which is no operation), not the eight of all nine offsets; a sum regrouped may round
+    differently, so a 3x3 sum still folds its 9 offsets in order (x + 0.0 is an operation); a
+    2x2 max folds as it is."""
+    assert _pool_ops("maximum", "3x3") == 4 and _pool_ops("add", "3x3") == 9
+    assert _pool_ops("maximum", "2x2") == 3

@@ -38,6 +38,7 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
 from ncc.tools.hlo_opt.passes.broadcast_operands import BROADCAST, broadcast_inputs
+from ncc.tools.target import load_target
 
 _IDENTITY_SCALARS = ([], [1.0], [1.0, 0.0])  # scale 1, bias 0: the activation changes no input value
 _PLACEMENT = ("stage", "stage_id", "execution_order")  # statement attributes that place it in a pipeline
@@ -232,26 +233,26 @@ class _NestFolder:
             self.writers[access.tensor] = sorted({*self.writers[access.tensor], i})
 
 
-ACT_GHZ, DVE_GHZ = 1.4, 1.12  # target/trn1.json: the engines' clocks, one element a cycle a stream
-
-
 def _balance_shifts(program: penguin_pb2.Program, nest: penguin_pb2.LoopNest,
                     tensors: dict[str, penguin_pb2.TensorDecl]) -> list[str]:
     """Move column adds and subtracts from DVE to ACT (module docstring) while that lowers the
-    larger of the two engines' work in one iteration of the nest; the names of those moved."""
+    larger of the two engines' work in one iteration of the nest (one element a cycle a stream at
+    each engine's clock); the names of those moved."""
+    clock = load_target().clock_ghz
+    act_ghz, dve_ghz = clock[common_pb2.ACT], clock[common_pb2.DVE]
     work = {common_pb2.ACT: 0.0, common_pb2.DVE: 0.0}
     for st in nest.statements:
         if st.engine in (common_pb2.DVE, common_pb2.POOL) and st.outputs:
-            work[common_pb2.DVE] += _free(st) * max(1, len(st.inputs) - len(broadcast_inputs(st))) / DVE_GHZ
+            work[common_pb2.DVE] += _free(st) * max(1, len(st.inputs) - len(broadcast_inputs(st))) / dve_ghz
         elif st.engine == common_pb2.ACT and st.op != "dma" and st.outputs:
-            work[common_pb2.ACT] += _free(st) / ACT_GHZ
+            work[common_pb2.ACT] += _free(st) / act_ghz
     negations: dict[int, penguin_pb2.Statement] = {}
     moved: list[str] = []
     for k, st in enumerate(nest.statements):
         column = _shift_column(st, tensors)
         if column is None:
             continue
-        on_dve, on_act = _free(st) / DVE_GHZ, _free(st) / ACT_GHZ
+        on_dve, on_act = _free(st) / dve_ghz, _free(st) / act_ghz
         if max(work[common_pb2.DVE] - on_dve, work[common_pb2.ACT] + on_act) >= \
                 max(work[common_pb2.DVE], work[common_pb2.ACT]):
             continue
@@ -291,8 +292,9 @@ def _fold_relus(nest: penguin_pb2.LoopNest, moved: list[str], tensors: dict[str,
         if len(users) != 1 or nests_of.get(tile.tensor, {index}) != {index} or writers[tile.tensor] != [k]:
             continue
         relu = statements[users[0]]
-        if not (relu.op == "tensor_scalar" and relu.func == "maximum" and list(relu.scalars) == [0.0]
-                and relu.engine == common_pb2.DVE and "reverse" not in relu.attributes
+        if not (users[0] > k and relu.op == "tensor_scalar" and relu.func == "maximum"
+                and list(relu.scalars) == [0.0] and relu.engine == common_pb2.DVE
+                and "reverse" not in relu.attributes
                 and len(relu.outputs) == 1 and same_box(relu.inputs[0], tile)
                 and list(relu.outputs[0].extents) == list(tile.extents)
                 and tensors[relu.outputs[0].tensor].dtype == common_pb2.F32
