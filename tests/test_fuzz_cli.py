@@ -392,12 +392,13 @@ def test_front_end_fuzz_never_crashes(fmt: str, shard: int) -> None:
 
 
 def test_budget_refuses_a_program_that_would_unroll_to_millions_of_instructions() -> None:
-    """A legal 100M×1 array (400 MB) is 781,250 tiles of 128×1 per op: refused before unrolling."""
+    """A legal 100M×8 array (3.2 GB) is 781,250 tiles of 128×8 per op: refused before unrolling.
+    (A 100M×1 one is planned as 382 tiles of 128×2048 since tile plans take many slivers.)"""
     module = parse_module_text(b"""HloModule huge
 ENTRY main {
-  x = f32[100000000,1] parameter(0)
-  e = f32[100000000,1] exponential(x)
-  ROOT t = f32[100000000,1] tanh(e)
+  x = f32[100000000,8] parameter(0)
+  e = f32[100000000,8] exponential(x)
+  ROOT t = f32[100000000,8] tanh(e)
 }""")
     verify_module(module)
     program = lower_module(module)
@@ -448,12 +449,12 @@ def test_malformed_predicates_are_compile_errors() -> None:
 def test_cli_refuses_a_program_over_the_budget(tmp_path: Path) -> None:
     """Through `ncc compile --loops unrolled --verify`: exit 1, one line naming E302, the first job
     and the HLO instruction. The first job refuses it, so the golden evaluator never tries to
-    evaluate 100M elements. (Its loops kept rolled, the same module is 44 NEFF instructions:
+    evaluate 800M elements. (Its loops kept rolled, the same module is 44 NEFF instructions:
     tests/test_rolled_loops.py.)"""
     model = tmp_path / "huge.hlo"
     model.write_text(
-        "HloModule huge\nENTRY main {\n  x = f32[100000000,1] parameter(0)\n"
-        "  ROOT e = f32[100000000,1] exponential(x)\n}\n"
+        "HloModule huge\nENTRY main {\n  x = f32[100000000,8] parameter(0)\n"
+        "  ROOT e = f32[100000000,8] exponential(x)\n}\n"
     )
     proc = run_ncc("compile", str(model), "--loops", "unrolled", "--output", str(tmp_path / "huge.neff"),
                    "--verify", timeout=60)

@@ -225,9 +225,9 @@ def test_a_dropped_rotation_wait_of_a_frontend_loop_is_a_race_between_iterations
 
 
 def test_a_program_too_large_to_unroll_compiles_rolled(tmp_path):
-    model = tmp_path / "huge.hlo"  # 100M elements: 2.3M instructions unrolled, refused so (test_fuzz_cli)
-    model.write_text("HloModule huge\nENTRY main {\n  x = f32[100000000,1] parameter(0)\n"
-                     "  ROOT e = f32[100000000,1] exponential(x)\n}\n")
+    model = tmp_path / "huge.hlo"  # 800M elements: 2.3M instructions unrolled, refused so (test_fuzz_cli)
+    model.write_text("HloModule huge\nENTRY main {\n  x = f32[100000000,8] parameter(0)\n"
+                     "  ROOT e = f32[100000000,8] exponential(x)\n}\n")
     rolled = ncc("compile", model, "-o", tmp_path / "r.neff", "--workdir", tmp_path / "r")
     assert rolled.returncode == 0, rolled.stderr
     inspect = ncc("inspect", tmp_path / "r.neff")
@@ -360,11 +360,11 @@ ENTRY main {
 
 
 def test_a_copy_loop_of_three_kernel_rows_holds_its_copies_in_the_loop_around_it():
-    """The innermost rolled axis (three kernel rows) needs three copies in a body, which is its
-    whole trip: the loop around it (the output rows) is the innermost instead, its body holds
-    the three kernel rows and several of its own iterations, so that its transfers spread over
-    the 16 queues (a body of six kept six busy: ResNet stage 1's im2col copies, 1.9 ms each). The
-    pieces a transfer is cut in count the rows the tile holds (56), not the tile's 128."""
+    """The three kernel rows would be an innermost rolled axis needing three copies in a body,
+    its whole trip (a body of six transfers kept six queues busy: ResNet stage 1's im2col copies,
+    1.9 ms each); direct_copies now takes them into each dma's box, so the loop of output rows is
+    the innermost and its body holds several of its own iterations, its transfers spread over
+    the queues. The pieces a transfer is cut in count the rows the tile holds (56), not 128."""
     program = lower_module(parse_module_text(CONV3X3.encode()))
     optimize(program, pass_list("", 2), num_stages=0)
     tensors = {t.name: t for t in program.tensors}
@@ -377,5 +377,7 @@ def test_a_copy_loop_of_three_kernel_rows_holds_its_copies_in_the_loop_around_it
     bir = lower_to_bir(program, loops="rolled")
     (rows,) = [i for i in _entries(bir) if i.name.endswith(".copy_4/loop.b1")]
     body = [i for i in bir.instructions if i.op == "dma" and i.HasField("in_loop") and i.in_loop == rows.id]
-    # copies of the output row, each of three kernel rows (one HBM-to-HBM dma each: direct_copies)
-    assert len(body) == plan.copies * 3 * len(nest.statements)
+    # copies of the output row, each one HBM-to-HBM dma of its three kernel rows (direct_copies
+    # takes the kernel-row loop into the dma's box)
+    assert len(body) == plan.copies * len(nest.statements)
+    assert all(3 in [d.count for d in dma.inputs[0].dims] for dma in body)
