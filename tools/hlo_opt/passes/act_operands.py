@@ -102,7 +102,7 @@ class _NestFolder:
             and len(shift.outputs) == 1
             and same_box(shift.outputs[0], tile)
             and list(shift.outputs[0].extents) == list(act.outputs[0].extents)
-            and self._same_place(shift, act)
+            and _same_place(shift, act)
         ):
             return 0
         positions = broadcast_inputs(shift)
@@ -146,7 +146,7 @@ class _NestFolder:
         reduce = self.statements[r]
         total = reduce.outputs[0]
         if not (
-            self._same_place(act, reduce)
+            _same_place(act, reduce)
             and is_float(self.tensors[total.tensor].dtype)
             and is_float(self.tensors[out.tensor].dtype)
         ):
@@ -191,13 +191,6 @@ class _NestFolder:
 
     def _written_between(self, tensor: str, first: int, last: int) -> bool:
         return any(first < w < last for w in self.writers[tensor])
-
-    @staticmethod
-    def _same_place(a: penguin_pb2.Statement, b: penguin_pb2.Statement) -> bool:
-        """Whether two statements run at the same iterations and pipeline stage."""
-        return list(a.predicates) == list(b.predicates) and all(
-            a.attributes.get(key) == b.attributes.get(key) for key in _PLACEMENT
-        )
 
     def _negate(self, j: int, column: penguin_pb2.Access) -> penguin_pb2.Access:
         """Turn statement j into column × −1, written to a new tile like the column's."""
@@ -298,7 +291,7 @@ def _fold_relus(nest: penguin_pb2.LoopNest, moved: list[str], tensors: dict[str,
                 and len(relu.outputs) == 1 and same_box(relu.inputs[0], tile)
                 and list(relu.outputs[0].extents) == list(tile.extents)
                 and tensors[relu.outputs[0].tensor].dtype == common_pb2.F32
-                and _NestFolder._same_place(act, relu)):
+                and _same_place(act, relu)):
             continue
         j = users[0]
         out = relu.outputs[0]
@@ -344,6 +337,13 @@ def _negation(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.Tenso
         if key in st.attributes:
             negate.attributes[key] = st.attributes[key]
     return negate, negated
+
+
+def _same_place(a: penguin_pb2.Statement, b: penguin_pb2.Statement) -> bool:
+    """Whether two statements run at the same iterations and pipeline stage."""
+    return list(a.predicates) == list(b.predicates) and all(
+        a.attributes.get(key) == b.attributes.get(key) for key in _PLACEMENT
+    )
 
 
 def _negated_tile(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl],
