@@ -193,6 +193,48 @@ ENTRY main {
     assert select_act_functions(program).activations == 0
 
 
+NAN_GUARD = """HloModule nan_guard
+ENTRY main {
+  x = f32[128,40] parameter(0)
+  y = f32[128,40] log(x)
+  is_nan = pred[128,40] compare(y, y), direction=NE
+  zero = f32[] constant(0)
+  zeros = f32[128,40] broadcast(zero), dimensions={}
+  ROOT out = f32[128,40] select(is_nan, zeros, y)
+}
+"""
+
+
+@pytest.mark.parametrize("guard", ["compare(y, y), direction=NE", "is-finite(y)"], ids=["isnan", "isfinite"])
+def test_a_chain_that_only_differs_at_nan_or_infinity_is_not_the_identity(guard: str) -> None:
+    """where(isnan(y), 0, y) (jnp.where(jnp.isnan(y), ...), as JAX writes isnan: y != y) equals y at
+    every finite y; so does where(isfinite(y), y, 0). Neither is ACT's identity."""
+    text = NAN_GUARD.replace("compare(y, y), direction=NE", guard)
+    if guard.startswith("is-finite"):
+        text = text.replace("select(is_nan, zeros, y)", "select(is_nan, y, zeros)")
+    program = lower_module(parse_hlo_text(text))
+    optimize(program, ["fusion", "cse"], num_stages=None)
+    assert select_act_functions(program).activations == 0
+
+
+def test_a_nan_guard_compiles_to_what_it_says(tmp_path: Path) -> None:
+    """From the CLI, on inputs whose log is NaN: the NaNs come out as zeros (the guard was once
+    folded into an identity activation, and every NaN came through)."""
+    model = tmp_path / "nan_guard.hlo"
+    model.write_text(NAN_GUARD)
+    x = np.random.default_rng(3).normal(0, 1, (128, 40)).astype(np.float32)
+    inputs, out, neff = tmp_path / "in.npz", tmp_path / "out.npz", tmp_path / "g.neff"
+    np.savez(inputs, arg0=x)
+    done = run_ncc("compile", str(model), "--output", str(neff), "--verify")
+    assert done.returncode == 0, done.stderr
+    assert run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out)).returncode == 0
+    with np.errstate(invalid="ignore"):
+        expected = np.where(x < 0, np.float32(0), np.log(x))
+    got = np.load(out)["out0"]
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
 def test_a_long_fused_chain_is_searched_in_windows_of_bounded_cones(monkeypatch) -> None:
     """A fused chain of N elementwise ops makes every tensor's cone the rest of the chain; cones past
     MAX_STATEMENTS are not searched, so the statements evaluated grow with N, not N² (the scale

@@ -14,7 +14,7 @@ elementwise statements (tensor_tensor, tensor_scalar, activation, select, a floa
 constant's fill), each the only writer of its output, all on x's tile under the same predicates,
 with x not written in between. Each statement of the cone computes a function of x alone, so
 evaluating the cone on a fixed sample of float32 values (SAMPLES: a dense grid over [−12, 12],
-powers of ten up to 1e30 with both signs, and zeros: finite values only, see below) gives that
+powers of ten up to 1e30 with both signs, zeros, and NaN and both infinities last) gives that
 function's values, with the simulator's own ALU semantics (tools/common/alu.py). A statement
 whose value takes at least MIN_STATEMENTS of the cone's, and whose output the cone does not
 consume alone (another statement or nest reads it), is compared with every function of ACT's
@@ -25,8 +25,11 @@ it no longer needs are left for `dce`, which runs after this pass.
 Exactness. `gelu_apprx_tanh` is the nine float32 operations in jax's order, so that chain gives
 the same bits either way. Others agree within TOLERANCE relative, or ABS_FLOOR where the function
 is below it in magnitude: the erfc approximation XLA writes is within 6.3e-6 (53 ulp) of the exact
-gelu where that is above 1e-20, and ACT's `gelu` is the exact one rounded once. Infinite inputs
-are not compared: there jax's gelu gives NaN at −inf (−inf · erfc(inf) = −inf · 0) and ACT's −0.
+gelu where that is above 1e-20, and ACT's `gelu` is the exact one rounded once. At the non-finite
+inputs a function must agree too, NaN included (so `where(isnan(y), 0, y)`, which is y at every
+finite input, is not the identity), with one allowance: at ±inf the chain may give NaN where the
+function gives its limit, since a written-out formula overflows there (jax's gelu gives NaN at −inf,
+−inf · erfc(inf) = −inf · 0, and ACT's −0).
 Every tensor of a cone is float32 but a comparison's output (0 or 1 in any type): a bf16 chain
 rounds after every step, which no ACT function does.
 Cones whose statements are the same operations (a model's layers) are evaluated once, and a cone
@@ -58,10 +61,13 @@ COMPARISONS = frozenset({"eq", "ne", "lt", "le", "gt", "ge"})
 def _samples() -> np.ndarray:
     powers = 10.0 ** np.arange(-30, 31, 1, dtype=np.float64)
     special = np.array([0.0, -0.0], dtype=np.float64)
-    return np.concatenate([np.linspace(-12.0, 12.0, 24_001), powers, -powers, special]).astype(np.float32)
+    finite = np.concatenate([np.linspace(-12.0, 12.0, 24_001), powers, -powers, special])
+    return np.concatenate([finite, NON_FINITE]).astype(np.float32)
 
 
+NON_FINITE = np.array([np.nan, np.inf, -np.inf])  # the last samples
 SAMPLES = _samples()
+_FINITE = slice(0, len(SAMPLES) - len(NON_FINITE))
 
 
 @dataclass
@@ -251,7 +257,7 @@ def _evaluate(structure: tuple) -> list[np.ndarray]:
 _EXPECTED: dict[str, np.ndarray] = {}  # each ACT function at SAMPLES, computed when first asked
 # A few samples spread over SAMPLES, tried first: a function that disagrees anywhere there is out
 # without the whole comparison (most are: a long fused chain asks about hundreds of cones).
-_PROBE = np.linspace(0, len(SAMPLES) - 1, 257).astype(np.int64)
+_PROBE = np.linspace(0, _FINITE.stop - 1, 257).astype(np.int64)
 
 
 def _matching_function(values: np.ndarray) -> str | None:
@@ -261,9 +267,20 @@ def _matching_function(values: np.ndarray) -> str | None:
             if func not in _EXPECTED:
                 _EXPECTED[func] = np.asarray(compute(SAMPLES), dtype=np.float32)
             expected = _EXPECTED[func]
-            if _agrees(values[_PROBE], expected[_PROBE]) and _agrees(values, expected):
+            if _agrees(values[_PROBE], expected[_PROBE]) and _agrees(values[_FINITE], expected[_FINITE]) \
+                    and _agrees_beyond(values[_FINITE.stop:], expected[_FINITE.stop:]):
                 return func
     return None
+
+
+def _agrees_beyond(values: np.ndarray, expected: np.ndarray) -> bool:
+    """At NaN, +inf and -inf: NaN where `expected` is NaN and the same value elsewhere, or, at
+    an infinity, NaN where `expected` is a number (the formula overflowed where ACT gives the limit)."""
+    for position, (value, limit) in enumerate(zip(values, expected)):
+        overflowed = position > 0 and np.isnan(value)
+        if not (overflowed or _agrees(value[None], limit[None])):
+            return False
+    return True
 
 
 def _agrees(values: np.ndarray, expected: np.ndarray) -> bool:
