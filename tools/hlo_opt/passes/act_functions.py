@@ -276,7 +276,7 @@ def _matching_function(values: np.ndarray) -> str | None:
 def _agrees_beyond(values: np.ndarray, expected: np.ndarray) -> bool:
     """At NaN, +inf and -inf: NaN where `expected` is NaN and the same value elsewhere, or, at
     an infinity, NaN where `expected` is a number (the formula overflowed where ACT gives the limit)."""
-    for position, (value, limit) in enumerate(zip(values, expected)):
+    for position, (value, limit) in enumerate(zip(values, expected, strict=True)):
         overflowed = position > 0 and np.isnan(value)
         if not (overflowed or _agrees(value[None], limit[None])):
             return False
