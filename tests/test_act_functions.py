@@ -235,6 +235,37 @@ def test_a_nan_guard_compiles_to_what_it_says(tmp_path: Path) -> None:
     np.testing.assert_allclose(got, expected, rtol=1e-5)
 
 
+def test_constants_after_a_reader_of_x_are_not_a_cone_of_x() -> None:
+    """x's only reader also reads w (so it is not of x's cone), and constant fills follow it: they
+    are no function of x to replace (jax.random.normal's erf_inv, whose coefficients are selects of
+    constants, once stopped the Frontend with an internal error here)."""
+    text = """HloModule constants_after_a_reader
+ENTRY main {
+  x = f32[128,64] parameter(0)
+  w = f32[128,64] parameter(1)
+  a = f32[128,64] multiply(x, w)
+  zero = f32[] constant(0)
+  zeros = f32[128,64] broadcast(zero), dimensions={}
+  positive = pred[128,64] compare(a, zeros), direction=GT
+  c1 = f32[] constant(1.5)
+  c2 = f32[] constant(-2.5)
+  c3 = f32[] constant(3.25)
+  c4 = f32[] constant(-4.75)
+  b1 = f32[128,64] broadcast(c1), dimensions={}
+  b2 = f32[128,64] broadcast(c2), dimensions={}
+  b3 = f32[128,64] broadcast(c3), dimensions={}
+  b4 = f32[128,64] broadcast(c4), dimensions={}
+  s1 = f32[128,64] select(positive, b1, b2)
+  s2 = f32[128,64] select(positive, b3, b4)
+  m = f32[128,64] multiply(s1, a)
+  ROOT out = f32[128,64] add(m, s2)
+}
+"""
+    program = lower_module(parse_hlo_text(text))
+    optimize(program, ["fusion", "cse"], num_stages=None)
+    assert select_act_functions(program).activations == 0
+
+
 def test_a_long_fused_chain_is_searched_in_windows_of_bounded_cones(monkeypatch) -> None:
     """A fused chain of N elementwise ops makes every tensor's cone the rest of the chain; cones past
     MAX_STATEMENTS are not searched, so the statements evaluated grow with N, not N² (the scale

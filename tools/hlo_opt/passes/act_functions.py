@@ -184,7 +184,8 @@ def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[in
                 if len(cone) > MAX_STATEMENTS:
                     too_long[x] = (where, k)
                     break
-        if x not in too_long and MIN_STATEMENTS <= len(cone):
+        reads_x = any(x in eligible[k][1] for k in cone)  # not only constants that follow x's reader
+        if x not in too_long and MIN_STATEMENTS <= len(cone) and reads_x:
             found[x] = cone
     return [(x, found[x]) for x in first_reader if x in found]
 
