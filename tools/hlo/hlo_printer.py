@@ -210,6 +210,9 @@ def _attributes(instr: Instr, scope: _Scope) -> list[str]:
     if instr.exponent_bits or instr.mantissa_bits:
         attrs.append(f"exponent_bits={instr.exponent_bits}")
         attrs.append(f"mantissa_bits={instr.mantissa_bits}")
+    if opcode.startswith("batch-norm-"):
+        attrs.append(f"epsilon={instr.epsilon!r}")
+        attrs.append(f"feature_index={instr.feature_index}")
     if opcode == "rng-bit-generator":
         attrs.append(f"algorithm={_RNG_NAMES.get(instr.rng_algorithm, 'rng_default')}")
     if instr.fusion_kind:

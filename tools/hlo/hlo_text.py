@@ -262,6 +262,17 @@ class _Parser:
         self.pos += 1
         return value
 
+    def real(self, what: str) -> float:
+        tok = self.peek()
+        try:
+            value = float(tok.text) if tok.kind == "w" and len(tok.text) <= _MAX_NUMBER_CHARS else None
+        except ValueError:
+            value = None
+        if value is None:
+            raise self.error(f"expected {what}, found {_describe(tok)}", tok)
+        self.pos += 1
+        return value
+
     def int_list(self) -> list[int]:
         self.expect("{", "to open a list of integers")
         values: list[int] = []
@@ -590,6 +601,10 @@ class _Parser:
             self.frontend_attributes(instr.frontend_attributes)
         elif key in ("exponent_bits", "mantissa_bits"):
             setattr(instr, key, self.integer(*_INT32))
+        elif key == "feature_index":
+            instr.feature_index = self.integer(0, _INT64[1], "a feature_index")
+        elif key == "epsilon":
+            instr.epsilon = self.real("an epsilon")
         elif key in ("is_stable", "largest"):
             setattr(instr, key, self.boolean())
         elif key == "custom_call_target":

@@ -12,6 +12,8 @@ E206 unsupported element type.
 
 from __future__ import annotations
 
+import math
+
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.elementwise import (
@@ -42,12 +44,14 @@ from ncc.tools.hlo.hlo_types import (
 from ncc.tools.hlo.index_math import gather_batch_shape, gather_output_order, window_output_size
 from ncc.tools.hlo.rng_bits import ALGORITHM_NAMES, state_sizes
 
+BATCH_NORMS = ("batch-norm-inference", "batch-norm-training", "batch-norm-grad")
 SUPPORTED_OPCODES = frozenset({
     "parameter", "constant", "broadcast", "reshape", "transpose", "dot", "reduce", "compare", "select",
     "iota", "call", "convert", "slice", "concatenate", "tuple", "get-tuple-element", "clamp", "copy",
     "is-finite", "fusion", "bitcast", "reverse", "pad", "while", "conditional", "dynamic-slice",
     "dynamic-update-slice", "convolution", "reduce-window", "gather", "scatter", "sort", "topk",
     "bitcast-convert", "select-and-scatter", "rng-bit-generator", "opt-barrier",
+    "reduce-precision", *BATCH_NORMS,
 }) | UNARY_OPCODES | BINARY_OPCODES
 COMPARISON_DIRECTIONS = frozenset({"EQ", "NE", "LT", "LE", "GT", "GE"})
 INTEGER_TYPES = SIGNED_TYPES | UNSIGNED_TYPES
@@ -256,6 +260,45 @@ class _Verifier:
         _same_dims(instr, [a], instr.shape)
         if a.element_type not in FLOAT_TYPES or instr.shape.element_type != T.PRED:
             raise _bad(instr, f"is-finite maps a floating-point array to pred, not {shape_str(a)} to "
+                              f"{shape_str(instr.shape)}")
+
+    def _reduce_precision(self, instr: Instr, ops: list[Instr]) -> None:
+        self._unary(instr, ops)
+        if instr.shape.element_type not in FLOAT_TYPES:
+            raise _bad(instr, f"reduce-precision rounds floating-point values, not "
+                              f"{type_name(instr.shape.element_type)}")
+        if instr.exponent_bits < 1 or instr.mantissa_bits < 0:
+            raise _bad(instr, f"reduce-precision needs exponent_bits >= 1 and mantissa_bits >= 0, has "
+                              f"{instr.exponent_bits} and {instr.mantissa_bits}")
+
+    def _batch_norm(self, instr: Instr, ops: list[Instr]) -> None:
+        """batch-norm-inference (x, scale, offset, mean, variance) -> y; batch-norm-training (x, scale,
+        offset) -> (y, mean, variance); batch-norm-grad (x, scale, mean, variance, dy) -> (dx, dscale,
+        doffset): vectors of x's feature dimension, all of x's floating-point type."""
+        training, inference = instr.opcode == "batch-norm-training", instr.opcode == "batch-norm-inference"
+        _count(instr, ops, 3 if training else 5)
+        shapes = _arrays(instr, ops, result_too=inference)
+        x = shapes[0]
+        if x.element_type not in FLOAT_TYPES:
+            raise _bad(instr, f"batch norm takes a floating-point operand, not {shape_str(x)}")
+        if not 0 <= instr.feature_index < len(x.dimensions):
+            raise _bad(instr, f"feature_index {instr.feature_index} is not a dimension of {shape_str(x)}")
+        if not math.isfinite(instr.epsilon):
+            raise _bad(instr, f"epsilon {instr.epsilon} is not finite")
+        features = x.dimensions[instr.feature_index]
+        vector = hlo_pb2.ShapeProto(element_type=x.element_type, dimensions=[features])
+        vectors = shapes[1:] if not instr.opcode == "batch-norm-grad" else shapes[1:4]
+        for shape in vectors:
+            if not same_shape(shape, vector):
+                raise _bad(instr, f"operand {shape_str(shape)} must be {shape_str(vector)}, one value per "
+                                  f"feature of {shape_str(x)}")
+        if instr.opcode == "batch-norm-grad" and not same_shape(shapes[4], x):
+            raise _bad(instr, f"the output gradient {shape_str(shapes[4])} must be {shape_str(x)}")
+        results = [x] if inference else [x, vector, vector]
+        produced = [instr.shape] if inference else list(instr.shape.tuple_shapes)
+        if len(produced) != len(results) or not all(map(same_shape, produced, results)):
+            wanted = shape_str(x) if inference else f"({', '.join(shape_str(r) for r in results)})"
+            raise _bad(instr, f"{instr.opcode} of {shape_str(x)} produces {wanted}, not "
                               f"{shape_str(instr.shape)}")
 
     def _clamp(self, instr: Instr, ops: list[Instr]) -> None:
@@ -975,7 +1018,8 @@ _CHECKS = {
     "dot": _Verifier._dot, "reduce": _Verifier._reduce, "iota": _Verifier._iota, "slice": _Verifier._slice,
     "concatenate": _Verifier._concatenate, "tuple": _Verifier._tuple,
     "get-tuple-element": _Verifier._get_tuple_element, "call": _Verifier._call,
-    "opt-barrier": _Verifier._opt_barrier,
+    "opt-barrier": _Verifier._opt_barrier, "reduce-precision": _Verifier._reduce_precision,
+    **{op: _Verifier._batch_norm for op in BATCH_NORMS},
     "parameter": _Verifier._parameter, "constant": _Verifier._constant,
 }
 assert set(_CHECKS) == SUPPORTED_OPCODES

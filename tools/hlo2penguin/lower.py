@@ -39,6 +39,7 @@ from ncc.tools.hlo.index_math import (
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
+from ncc.tools.hlo2penguin.expand import expand_composites
 from ncc.tools.hlo2penguin.identities import identity_operand
 from ncc.tools.hlo2penguin.indexed import IndexedOps
 from ncc.tools.hlo2penguin.nest_builder import (
@@ -809,6 +810,6 @@ def _size(view: View, dims: list[int]) -> int:
 
 
 def lower_module(module: hlo_pb2.HloModuleProto) -> penguin_pb2.Program:
-    """Lower a verified module to a Penguin program."""
-    return Lowering(module).run()
+    """Lower a verified module to a Penguin program (composite ops expanded first: expand.py)."""
+    return Lowering(expand_composites(module)).run()
 

@@ -18,6 +18,7 @@ import numpy as np
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.dtypes import float_to_int, from_compute, storage_dtype, to_compute
 from ncc.tools.common.errors import CompileError
+from ncc.tools.hlo import composite_ops
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply, round_to
 from ncc.tools.hlo.hlo_types import (
     FLOAT_TYPES,
@@ -28,6 +29,7 @@ from ncc.tools.hlo.hlo_types import (
     dims,
     entry_computation,
     is_tuple,
+    leaf_shapes,
     ncc_dtype,
     parameters,
     shape_str,
@@ -678,7 +680,28 @@ def _convert(values: np.ndarray, kind: int) -> np.ndarray:
     return float_to_int(values, np.dtype(dtype))
 
 
+def _reduce_precision(_: _Evaluator, instr: Instr, ops: list) -> np.ndarray:
+    rounded = composite_ops.reduce_precision(ops[0], instr.exponent_bits, instr.mantissa_bits)
+    return round_to(rounded, instr.shape.element_type)
+
+
+def _batch_norm(_: _Evaluator, instr: Instr, ops: list) -> object:
+    """The three batch norms (composite_ops.py), each result rounded to the operand's type."""
+    compute = {"batch-norm-inference": composite_ops.batch_norm_inference,
+               "batch-norm-training": composite_ops.batch_norm_training,
+               "batch-norm-grad": composite_ops.batch_norm_grad}[instr.opcode]
+    kind = leaf_shapes(instr.shape)[0].element_type
+    result = compute(*ops, instr.epsilon, instr.feature_index)
+    if isinstance(result, tuple):
+        return tuple(round_to(part, kind) for part in result)
+    return round_to(result, kind)
+
+
 _OPS: dict[str, Callable[[_Evaluator, Instr, list], object]] = {
+    "reduce-precision": _reduce_precision,
+    "batch-norm-inference": _batch_norm,
+    "batch-norm-training": _batch_norm,
+    "batch-norm-grad": _batch_norm,
     "constant": _Evaluator._constant,
     "broadcast": _Evaluator._broadcast,
     "reshape": _Evaluator._reshape,

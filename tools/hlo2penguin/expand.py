@@ -1,0 +1,199 @@
+"""Composite HLO ops rewritten into the elementwise, reduce and bit ops the lowering knows, before it
+runs: batch-norm-inference, batch-norm-training and batch-norm-grad (what PyTorch/XLA's BatchNorm
+emits) by XLA's BatchNormExpander formulas, and reduce-precision by the bit arithmetic XLA's
+elemental emitter uses (round the mantissa to nearest even, then clamp the exponent's range).
+
+Each op becomes a run of new instructions in its place; the last of them takes over the op's id and
+name, so its users and the computation's root need no change. The golden evaluator computes the
+same ops directly (tools/hlo/composite_ops.py), which is what `--verify` holds the expansion to.
+"""
+
+from __future__ import annotations
+
+from ncc.schemas import hlo_pb2
+from ncc.tools.hlo.composite_ops import F32_EXPONENT_BITS, F32_EXPONENT_MASK, F32_MANTISSA_BITS, F32_SIGN_MASK
+from ncc.tools.hlo.hlo_types import T, dims
+
+Instr = hlo_pb2.HloInstructionProto
+Shape = hlo_pb2.ShapeProto
+EXPANDED = frozenset({"batch-norm-inference", "batch-norm-training", "batch-norm-grad", "reduce-precision"})
+
+
+def expand_composites(module: hlo_pb2.HloModuleProto) -> hlo_pb2.HloModuleProto:
+    """`module` itself when it holds none of EXPANDED, else a copy with each of them expanded."""
+    if not any(i.opcode in EXPANDED for c in module.computations for i in c.instructions):
+        return module
+    expanded = hlo_pb2.HloModuleProto()
+    expanded.CopyFrom(module)
+    _Expander(expanded).run()
+    return expanded
+
+
+def _array(kind: int, sizes: list[int] | tuple[int, ...]) -> Shape:
+    return Shape(element_type=kind, dimensions=list(sizes),
+                 layout=hlo_pb2.LayoutProto(minor_to_major=list(reversed(range(len(sizes))))))
+
+
+class _Expander:
+    def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
+        self.module = module
+        self.next_id = 1 + max((i.id for c in module.computations for i in c.instructions), default=0)
+        self.next_computation = 1 + max((c.id for c in module.computations), default=0)
+        self.names = {i.name for c in module.computations for i in c.instructions}
+        self.adders: dict[int, int] = {}  # element type -> id of a scalar add computation
+        self.out: list[Instr] = []
+        self.base = ""
+
+    def run(self) -> None:
+        for comp in list(self.module.computations):
+            if not any(i.opcode in EXPANDED for i in comp.instructions):
+                continue
+            rewritten: list[Instr] = []
+            by_id: dict[int, Instr] = {}
+            for instr in comp.instructions:
+                if instr.opcode not in EXPANDED:
+                    rewritten.append(instr)
+                    by_id[instr.id] = instr
+                    continue
+                self.out, self.base = rewritten, instr.name
+                operands = [by_id[o] for o in instr.operand_ids]
+                last = self._reduce_precision(instr, operands[0]) if instr.opcode == "reduce-precision" \
+                    else self._batch_norm(instr, operands)
+                last.id, last.name = instr.id, instr.name  # users and the root keep pointing at it
+                by_id[instr.id] = last
+            del comp.instructions[:]
+            comp.instructions.extend(rewritten)
+
+    # ---- building instructions -------------------------------------------------------------------
+    def emit(self, opcode: str, shape: Shape, operands: list[Instr], **fields) -> Instr:
+        name = f"{self.base}.{opcode}"
+        k = 1
+        while f"{name}.{k}" in self.names:
+            k += 1
+        self.names.add(f"{name}.{k}")
+        instr = Instr(name=f"{name}.{k}", opcode=opcode, shape=shape, id=self.next_id,
+                      operand_ids=[o.id for o in operands], **fields)
+        self.next_id += 1
+        self.out.append(instr)
+        return instr
+
+    def constant(self, value: float, kind: int, shape: tuple[int, ...] | list[int] = ()) -> Instr:
+        """`value` of type `kind` over `shape`: an f32 or u32 scalar constant, converted, broadcast."""
+        source = T.U32 if kind == T.U32 else T.F32
+        literal = hlo_pb2.LiteralProto(shape=_array(source, []))
+        (literal.u32s if source == T.U32 else literal.f32s).append(int(value) if source == T.U32 else value)
+        scalar = self.emit("constant", _array(source, []), [], literal=literal)
+        if kind != source:
+            scalar = self.emit("convert", _array(kind, []), [scalar])
+        return self.emit("broadcast", _array(kind, shape), [scalar]) if shape else scalar
+
+    def binary(self, opcode: str, a: Instr, b: Instr, **fields) -> Instr:
+        kind = T.PRED if opcode == "compare" else a.shape.element_type
+        return self.emit(opcode, _array(kind, dims(a.shape)), [a, b], **fields)
+
+    def unary(self, opcode: str, a: Instr, kind: int | None = None) -> Instr:
+        return self.emit(opcode, _array(a.shape.element_type if kind is None else kind, dims(a.shape)), [a])
+
+    def select(self, pred: Instr, on_true: Instr, on_false: Instr) -> Instr:
+        return self.emit("select", on_true.shape, [pred, on_true, on_false])
+
+    def sum_over(self, x: Instr, axes: list[int]) -> Instr:
+        kind = x.shape.element_type
+        kept = [size for d, size in enumerate(dims(x.shape)) if d not in axes]
+        return self.emit("reduce", _array(kind, kept), [x, self.constant(0.0, kind)], dimensions=axes,
+                         called_computation_ids=[self._adder(kind)])
+
+    def _adder(self, kind: int) -> int:
+        """A computation adding two scalars of `kind`, made once per type."""
+        if kind not in self.adders:
+            scalar = _array(kind, [])
+            ids = [self.next_id, self.next_id + 1, self.next_id + 2]
+            self.next_id += 3
+            params = [Instr(name=f"add.{kind}.expand.p{n}", opcode="parameter", shape=scalar, id=ids[n],
+                            parameter_number=n) for n in (0, 1)]
+            root = Instr(name=f"add.{kind}.expand.sum", opcode="add", shape=scalar, id=ids[2],
+                         operand_ids=ids[:2])
+            comp = hlo_pb2.HloComputationProto(
+                name=f"add.{kind}.expand", id=self.next_computation, root_id=ids[2],
+                instructions=[*params, root],
+                program_shape=hlo_pb2.ProgramShapeProto(parameters=[scalar, scalar], result=scalar))
+            self.next_computation += 1
+            self.module.computations.insert(0, comp)  # callees before their callers
+            self.adders[kind] = comp.id
+        return self.adders[kind]
+
+    # ---- the ops ---------------------------------------------------------------------------------
+    def _reduce_precision(self, instr: Instr, x: Instr) -> Instr:
+        """The mantissa rounded to nearest even (a carry may round up into the exponent, or to inf),
+        then values beyond the smaller exponent's range made ±inf or ±0; NaN kept."""
+        kind = x.shape.element_type
+        wide = x if kind == T.F32 else self.unary("convert", x, T.F32)
+        shape = dims(x.shape)
+        bits = self.unary("bitcast-convert", wide, T.U32)
+        mantissa_bits, exponent_bits = instr.mantissa_bits, instr.exponent_bits
+        if mantissa_bits < F32_MANTISSA_BITS:
+            dropped = F32_MANTISSA_BITS - mantissa_bits
+            last_kept = self.binary("and", self.binary("shift-right-logical", bits,
+                                                       self.constant(dropped, T.U32, shape)),
+                                    self.constant(1, T.U32, shape))
+            bias = self.binary("add", last_kept, self.constant((1 << (dropped - 1)) - 1, T.U32, shape))
+            kept = ~((1 << dropped) - 1) & 0xFFFFFFFF
+            bits = self.binary("and", self.binary("add", bits, bias), self.constant(kept, T.U32, shape))
+        if exponent_bits < F32_EXPONENT_BITS:
+            reduced_bias = (1 << (exponent_bits - 1)) - 1
+            exponent = self.binary("and", bits, self.constant(F32_EXPONENT_MASK, T.U32, shape))
+            sign = self.binary("and", bits, self.constant(F32_SIGN_MASK, T.U32, shape))
+            highest = self.constant((127 + reduced_bias) << F32_MANTISSA_BITS, T.U32, shape)
+            lowest = self.constant((127 - reduced_bias) << F32_MANTISSA_BITS, T.U32, shape)
+            infinity = self.binary("or", sign, self.constant(F32_EXPONENT_MASK, T.U32, shape))
+            overflows = self.binary("compare", exponent, highest, comparison_direction="GT")
+            underflows = self.binary("compare", exponent, lowest, comparison_direction="LE")
+            bits = self.select(overflows, infinity, self.select(underflows, sign, bits))
+        rounded = self.unary("bitcast-convert", bits, T.F32)
+        rounded = self.select(self.binary("compare", wide, wide, comparison_direction="NE"), wide, rounded)
+        return rounded if kind == T.F32 else self.unary("convert", rounded, kind)
+
+    def _batch_norm(self, instr: Instr, ops: list[Instr]) -> Instr:
+        x = ops[0]
+        kind, shape, feature = x.shape.element_type, dims(x.shape), instr.feature_index
+        axes = [d for d in range(len(shape)) if d != feature]
+        count = 1
+        for d in axes:
+            count *= shape[d]
+
+        def spread(vector: Instr) -> Instr:  # a feature vector broadcast over x
+            return self.emit("broadcast", _array(kind, shape), [vector], dimensions=[feature])
+
+        def plus_epsilon(v: Instr) -> Instr:
+            return self.binary("add", v, self.constant(instr.epsilon, kind, dims(v.shape)))
+
+        def mean(total: Instr) -> Instr:
+            return self.binary("divide", total, self.constant(float(count), kind, dims(total.shape)))
+
+        if instr.opcode == "batch-norm-inference":
+            scale, offset, mu, variance = ops[1:]
+            true_scale = self.binary("multiply", scale, self.unary("rsqrt", plus_epsilon(variance)))
+            true_shift = self.binary("subtract", offset, self.binary("multiply", mu, true_scale))
+            return self.binary("add", self.binary("multiply", x, spread(true_scale)), spread(true_shift))
+        if instr.opcode == "batch-norm-training":
+            scale, offset = ops[1:]
+            mu = mean(self.sum_over(x, axes))
+            variance = self.binary("subtract", mean(self.sum_over(self.binary("multiply", x, x), axes)),
+                                   self.binary("multiply", mu, mu))
+            inverse = self.unary("rsqrt", plus_epsilon(spread(variance)))
+            normalized = self.binary("multiply", self.binary("subtract", x, spread(mu)), inverse)
+            y = self.binary("add", self.binary("multiply", normalized, spread(scale)), spread(offset))
+            return self.emit("tuple", instr.shape, [y, mu, variance])
+        scale, mu, variance, grad_y = ops[1:]
+        centered = self.binary("subtract", x, spread(mu))
+        projected = self.sum_over(self.binary("multiply", grad_y, centered), axes)
+        grad_offset = self.sum_over(grad_y, axes)
+        grad_scale = self.binary("multiply", projected, self.unary("rsqrt", plus_epsilon(variance)))
+        inverse = self.unary("rsqrt", plus_epsilon(spread(variance)))
+        scaled = mean(self.binary("multiply", spread(scale), inverse))  # scale * rsqrt(var + eps) / N
+        counted = self.binary("multiply", grad_y, self.constant(float(count), kind, shape))
+        along = self.binary("divide", self.binary("multiply", spread(projected), centered),
+                            plus_epsilon(spread(variance)))
+        inner = self.binary("subtract", self.binary("subtract", counted, spread(grad_offset)), along)
+        grad_x = self.binary("multiply", scaled, inner)
+        return self.emit("tuple", instr.shape, [grad_x, grad_scale, grad_offset])
