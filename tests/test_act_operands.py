@@ -278,3 +278,30 @@ def test_moved_shifts_verify_from_the_cli_with_the_same_values_in_less_time(tmp_
     assert np.array_equal(moved["out0"], apart["out0"])  # equal values (a −0 may come out +0)
     assert moved["engine_busy_ns"]["DVE"] < 0.7 * apart["engine_busy_ns"]["DVE"]
     assert moved["simulated_ns"] < apart["simulated_ns"]
+
+
+SCALED_PRODUCT = """HloModule scaled_product
+ENTRY main {
+  x = f32[256,512] parameter(0)
+  z = f32[256,512] parameter(1)
+  c = f32[] constant(8)
+  cb = f32[256,512] broadcast(c), dimensions={}
+  s = f32[256,512] divide(x, cb)
+  p = f32[256,512] multiply(s, z)
+  ROOT out = (f32[256,512], f32[256,512]) tuple(s, p)
+}
+"""
+
+
+@pytest.mark.slow
+def test_a_scaling_gives_its_bits_on_whichever_engine_runs_it(tmp_path: Path) -> None:
+    """x / 8 beside a product on DVE: the backend may run the divide on ACT as x * 0.125 + (-0)
+    (engine_choice), which gives the divide's bits, -0 and subnormals included (its bias was +0
+    once, and a -0 came out +0)."""
+    rng = np.random.default_rng(12)
+    x = rng.normal(0, 1e3, (256, 512)).astype(np.float32)
+    x.flat[:8] = [0.0, -0.0, 1e-40, -1e-40, 3e-38, -3e-38, 3.4e38, -np.inf]
+    inputs = {"arg0": x, "arg1": rng.normal(0, 1, (256, 512)).astype(np.float32)}
+    runs = runs_with_and_without(tmp_path, SCALED_PRODUCT, inputs, "act_operands")
+    for run in runs.values():
+        assert np.array_equal(run["out0"].view(np.uint32), (x / np.float32(8)).view(np.uint32))

@@ -12,6 +12,7 @@ from walrus_builders import HBM, PSUM, SP, Bir, chain_program, random_program, r
 from ncc.schemas import bir_pb2
 from ncc.schemas.common_pb2 import ACT as ACT_ENGINE
 from ncc.schemas.common_pb2 import DVE, F32, S32
+from ncc.tools.common.alu import ACT_FUNCTIONS
 from ncc.tools.common.errors import CompileError
 from ncc.tools.walrus_driver.analysis.engine_choice import act_equivalent
 from ncc.tools.walrus_driver.pass_manager import default_pipeline
@@ -295,9 +296,12 @@ def test_integer_and_semaphored_instructions_stay_on_dve():
     divide = b.ts("b", "a", 128, 64, scalar=3.0, func="divide")  # x / 3 is not x * (1 / 3)
     assert act_equivalent(divide) is None
     halve = act_equivalent(b.ts("b", "a", 128, 64, scalar=8.0, func="divide"))  # x / 8 is x * 0.125
-    assert (halve.op, halve.func, list(halve.scalars)) == ("activation", "identity", [0.125, 0.0])
+    assert (halve.op, halve.func, list(halve.scalars)) == ("activation", "identity", [0.125, -0.0])
+    assert np.signbit(halve.scalars[1])  # a bias of -0: x * 0.125 + (-0) keeps a -0 result -0
     x = np.random.default_rng(0).normal(0, 1e3, 10_000).astype(np.float32)
-    assert np.array_equal(x / np.float32(8.0), x * np.float32(0.125))
+    x[:4] = [0.0, -0.0, 1e-40, -1e-40]
+    as_act = ACT_FUNCTIONS["identity"](x * np.float32(halve.scalars[0]) + np.float32(halve.scalars[1]))
+    assert np.array_equal((x / np.float32(8.0)).view(np.uint32), as_act.view(np.uint32))
     synced = b.ts("b", "a", 128, 64, scalar=2.0)
     synced.waits.add(semaphore=0, value=1)
     assert act_equivalent(synced) is None

@@ -8,11 +8,11 @@ Compute: which DVE instructions have an exact equivalent on ACT (`act_form`, `ac
 
 The frontend puts every elementwise instruction on DVE. ACT computes func(in·scale + bias) in
 fp32 (docs/ir.md), so these DVE instructions give bit for bit the same result there:
-  * tensor_scalar multiplying, adding or subtracting a float scalar: x·s + 0 = x·s,
-    x·1 + s = x + s, x + (−s) = x − s and (−1)·x + s = s − x are exact in IEEE arithmetic (up to
-    the sign of a zero result, which compares equal); maximum with 0 is relu; dividing by a
-    power of two 2^k (|k| < 126) is multiplying by 2^-k, the same real number rounded once
-    (BERT's scores / 8); other divisors give another rounding and stay;
+  * tensor_scalar multiplying, adding or subtracting a float scalar: x·s + (−0) = x·s,
+    x·1 + s = x + s, x + (−s) = x − s and (−1)·x + s = s − x are exact in IEEE arithmetic, the
+    sign of a zero result included (a bias of +0 would turn x·s = −0 into +0); maximum with 0 is
+    relu; dividing by a power of two 2^k (|k| < 126) is multiplying by 2^-k, the same real number
+    rounded once (BERT's scores / 8); other divisors give another rounding and stay;
   * tensor_tensor multiplying an operand by itself is square (x·x);
   * tensor_copy is allowed on ACT as it is.
 pre_sched offers such an instruction to both engines and keeps the one that finishes it first,
@@ -114,13 +114,13 @@ def act_form(instr: bir_pb2.Instruction) -> ActForm | None:
     if func == "maximum":
         return _RELU if scalar == 0.0 else None
     if func == "multiply":
-        scale_bias = (scalar, 0.0)
+        scale_bias = (scalar, -0.0)  # adding −0 keeps every value, −0 included
     elif func == "add":
         scale_bias = (1.0, scalar)
     elif func == "divide":  # x / 2^k is x · 2^-k, the same real number rounded once; other divisors differ
         if instr.attributes.get("reverse") == "1" or not _exact_reciprocal(scalar):
             return None
-        scale_bias = (1.0 / scalar, 0.0)
+        scale_bias = (1.0 / scalar, -0.0)
     elif instr.attributes.get("reverse") == "1":  # subtract, s − x
         scale_bias = (-1.0, scalar)
     else:
