@@ -605,6 +605,44 @@ def test_per_channel_columns_verify_from_the_cli_move_less_and_take_less_time(tm
     assert runs["with"]["hbm_bytes"] < moved * 1.01 < runs["without"]["hbm_bytes"]
 
 
+CAUSAL_FILL = """HloModule causal_fill
+ENTRY main {
+  s = f32[4,256,512] parameter(0)
+  row = s32[256,512] iota(), iota_dimension=0
+  col = s32[256,512] iota(), iota_dimension=1
+  keep = pred[256,512] compare(row, col), direction=GE
+  keeps = pred[4,256,512] broadcast(keep), dimensions={1,2}
+  big = f32[] constant(-1e+09)
+  bigs = f32[4,256,512] broadcast(big), dimensions={}
+  ROOT masked = f32[4,256,512] select(keeps, s, bigs)
+}
+"""
+
+
+def test_a_constant_fill_read_by_a_select_becomes_its_column_operand() -> None:
+    """where(causal, s, -1e9): the -1e9 the select streamed from a full [P, 512] fill is one
+    element per partition, read with stride 0; POOL streams two operands instead of three."""
+    program = lowered(CAUSAL_FILL)
+    optimize(program, pass_list("", 2))
+    select = next(st for n in program.nests for st in n.statements if st.op == "select")
+    assert select.attributes.get("broadcast") == "2"
+    fill = next(st for n in program.nests for st in n.statements
+                if st.op == "iota" and st.outputs[0].tensor == select.inputs[2].tensor)
+    assert fill.outputs[0].extents[-1] == 1 and fill.outputs[0].tensor.endswith(".column")
+    bir = lower_to_bir(program)
+    (selects,) = {tuple(d.stride for d in i.inputs[2].dims) for i in bir.instructions if i.op == "select"}
+    assert selects[-1] == 0
+
+
+@pytest.mark.slow
+def test_a_narrowed_fill_verifies_from_the_cli_with_the_same_values_in_less_time(tmp_path: Path) -> None:
+    inputs = {"arg0": np.random.default_rng(8).normal(0, 1, (4, 256, 512)).astype(np.float32)}
+    runs = runs_with_and_without(tmp_path, CAUSAL_FILL, inputs, "broadcast_operands")
+    assert np.array_equal(runs["with"]["out0"], runs["without"]["out0"])
+    assert runs["with"]["engine_busy_ns"]["POOL"] < 0.8 * runs["without"]["engine_busy_ns"]["POOL"]
+    assert runs["with"]["simulated_ns"] < runs["without"]["simulated_ns"]
+
+
 def test_a_relu_walks_its_norm_s_tiles_and_joins_its_nest(tmp_path: Path) -> None:
     """A ReLU after the channel-major norm would tile itself row-major ([128, 1024]); it follows
     the norm's plan instead, so fusion joins the two and the norm's output never goes to HBM.

@@ -23,6 +23,11 @@ a column of the module's inputs or constants (a norm's parameters): a column an 
 computed (the LLaMA prefill's RMSNorm scale, its causal mask's row index) narrowed too made the
 prefill slower, 26.3 -> 30.4 ms with the same engine work: the second dependence analysis then
 aligns another pair of loops and the nests after them wait longer (docs/performance.md).
+
+A constant fill (an `iota` with no step: a `where(mask, x, -1e9)`'s -1e9, the frontend's
+materialized splat) read only by such operations, `select` included, is narrowed the same way:
+one element per partition, read across the row. GPT-2's causal-mask select streamed three
+[128, 1024] operands on POOL per score tile, one of them all -1e9.
 """
 
 from __future__ import annotations
@@ -33,13 +38,14 @@ from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
 
 BROADCAST = "broadcast"  # statement attribute: comma-separated positions of inputs read across the free dim
-READERS = frozenset({"tensor_tensor"})  # what takes a vector operand (NKI tensor_scalar's)
+READERS = frozenset({"tensor_tensor", "select"})  # what takes a vector operand (NKI tensor_scalar's)
 
 
 @dataclass
 class BroadcastOperandStats:
     operands_folded: int = 0
     loads_narrowed: int = 0  # loads of a stride-0 row that now bring their [P, 1] column
+    fills_narrowed: int = 0  # constant fills that now write their [P, 1] column
 
 
 def broadcast_inputs(st: penguin_pb2.Statement) -> list[int]:
@@ -60,6 +66,9 @@ def fold_broadcast_operands(program: penguin_pb2.Program) -> BroadcastOperandSta
             if _loads_a_column(load, tensors) and writers[load.outputs[0].tensor] == [k] \
                     and nests_of[load.outputs[0].tensor] == {index}:
                 stats.loads_narrowed += _narrow(program, tensors, load, k, statements, writers, readers)
+            elif _fills_a_constant(load, tensors) and writers[load.outputs[0].tensor] == [k] \
+                    and nests_of[load.outputs[0].tensor] == {index}:
+                stats.fills_narrowed += _narrow(program, tensors, load, k, statements, writers, readers)
         for k, spread in enumerate(statements):
             if spread.op != "tensor_copy" or broadcast_inputs(spread) != [0] or len(spread.outputs) != 1:
                 continue
@@ -94,11 +103,20 @@ def _loads_a_column(load: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.
             and load.outputs[0].extents[-1] == load.inputs[0].extents[-1])
 
 
+def _fills_a_constant(fill: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
+    """Whether `fill` writes one value (an iota with no step) into more than one column of an SBUF
+    tile."""
+    if fill.op != "iota" or fill.inputs or len(fill.outputs) != 1 or any(fill.scalars[1:]):
+        return False
+    return tensors[fill.outputs[0].tensor].memory == common_pb2.SBUF and fill.outputs[0].extents[-1] > 1
+
+
 def _narrow(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl],
             load: penguin_pb2.Statement, k: int, statements, writers: dict[str, list[int]],
             readers: dict[str, list[int]]) -> int:
-    """Make `load` (statement k) bring the [P, 1] column of its tile and its readers take that
-    column as their per-partition operand, when every reader can (`_takes`); 1 if it did."""
+    """Make `load` (statement k: a load or a constant fill) bring the [P, 1] column of its tile and
+    its readers take that column as their per-partition operand, when every reader can
+    (`_takes`); 1 if it did."""
     tile = load.outputs[0]
     users = readers[tile.tensor]
     if not users or not all(_takes(statements[j], tile, load, writers, k, j) for j in users):
@@ -110,7 +128,7 @@ def _narrow(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorD
     column.shape[-1] = 1
     column.block_shape[-1] = 1
     tensors[column.name] = column
-    for access in (load.outputs[0], load.inputs[0]):
+    for access in (load.outputs[0], *load.inputs):
         access.starts[-1].Clear()
         access.extents[-1] = 1
     load.outputs[0].tensor = column.name
@@ -138,4 +156,4 @@ def _takes(user: penguin_pb2.Statement, tile: penguin_pb2.Access, spread: pengui
         return False
     if list(user.outputs[0].extents) != list(tile.extents):
         return False
-    return not any(k < w < j for w in writers[spread.inputs[0].tensor])
+    return not any(k < w < j for a in spread.inputs for w in writers[a.tensor])  # a fill reads nothing
