@@ -18,6 +18,7 @@ from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.optimizer import optimize, pass_list
+from ncc.tools.hlo_opt.passes.broadcast_operands import fold_broadcast_operands
 from ncc.tools.hlo_opt.passes.cse import eliminate_common_loads
 from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
 from ncc.tools.hlo_opt.passes.fusion import fuse_nests
@@ -632,6 +633,25 @@ def test_a_constant_fill_read_by_a_select_becomes_its_column_operand() -> None:
     bir = lower_to_bir(program)
     (selects,) = {tuple(d.stride for d in i.inputs[2].dims) for i in bir.instructions if i.op == "select"}
     assert selects[-1] == 0
+
+
+def test_an_index_along_a_dimension_is_no_constant_fill() -> None:
+    """An iota along the free dimension writes a different value in every column: it stays a full
+    tile for the add that reads it (the rng lowering emits such counters beside their add; once
+    narrowed, every column read the first, and `test_ops`' rng module came out wrong)."""
+    program = lowered("""HloModule counters
+ENTRY main {
+  s = s32[256,512] parameter(0)
+  i = s32[256,512] iota(), iota_dimension=1
+  ROOT a = s32[256,512] add(s, i)
+}
+""")
+    optimize(program, ["fusion", "dce"])  # the add reads the iota's tile, and nothing else does
+    (nest,) = program.nests
+    iota = next(st for st in nest.statements if st.op == "iota")
+    add = next(st for st in nest.statements if st.func == "add")
+    assert fold_broadcast_operands(program).fills_narrowed == 0
+    assert "broadcast" not in add.attributes and iota.outputs[0].extents[-1] == 512
 
 
 @pytest.mark.slow

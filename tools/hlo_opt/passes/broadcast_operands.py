@@ -104,9 +104,10 @@ def _loads_a_column(load: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.
 
 
 def _fills_a_constant(fill: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
-    """Whether `fill` writes one value (an iota with no step) into more than one column of an SBUF
-    tile."""
-    if fill.op != "iota" or fill.inputs or len(fill.outputs) != 1 or any(fill.scalars[1:]):
+    """Whether `fill` writes one value (an iota along no dimension, with no step) into more than one
+    column of an SBUF tile."""
+    if fill.op != "iota" or fill.inputs or len(fill.outputs) != 1 or any(fill.scalars[1:]) \
+            or "iota_dimension" in fill.attributes:  # an index along a dimension of the tensor
         return False
     return tensors[fill.outputs[0].tensor].memory == common_pb2.SBUF and fill.outputs[0].extents[-1] > 1
 
