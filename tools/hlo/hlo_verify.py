@@ -287,7 +287,7 @@ class _Verifier:
             raise _bad(instr, f"epsilon {instr.epsilon} is not finite")
         features = x.dimensions[instr.feature_index]
         vector = hlo_pb2.ShapeProto(element_type=x.element_type, dimensions=[features])
-        vectors = shapes[1:] if not instr.opcode == "batch-norm-grad" else shapes[1:4]
+        vectors = shapes[1:4] if instr.opcode == "batch-norm-grad" else shapes[1:]
         for shape in vectors:
             if not same_shape(shape, vector):
                 raise _bad(instr, f"operand {shape_str(shape)} must be {shape_str(vector)}, one value per "
