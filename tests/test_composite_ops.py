@@ -148,3 +148,40 @@ def test_reduce_precision_of_integers_is_refused() -> None:
     with pytest.raises(CompileError) as error:
         verify_module(parse_hlo_text(precision_module("s32", 5, 10)))
     assert error.value.code == "E203" and "floating-point" in str(error.value)
+
+
+BATCH_GROUPS = """HloModule batch_groups
+
+ENTRY main {
+  x = f32[6,7,7,4] parameter(0)
+  w = f32[3,3,4,6] parameter(1)
+  ROOT y = f32[2,5,5,6] convolution(x, w), window={size=3x3}, dim_labels=b01f_01io->b01f, batch_group_count=3
+}
+"""
+
+
+def test_a_batch_grouped_convolution_compiles_to_its_grouped_sums(tmp_path: Path) -> None:
+    """batch_group_count 3 (jax.grad's weight gradient of a grouped convolution): output feature
+    group g sums over the g-th run of two batch elements (g-major, as XLA's evaluator indexes)."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((6, 7, 7, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 3, 4, 6)).astype(np.float32)
+    got = compile_and_run(tmp_path, BATCH_GROUPS, {"arg0": x, "arg1": w})["out0"]
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), axis=(1, 2))
+    want = np.concatenate([np.einsum("bhwcij,ijco->bhwo", windows[2 * g:2 * g + 2], w[..., 2 * g:2 * g + 2])
+                           for g in range(3)], axis=-1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+BOTH_GROUPS = BATCH_GROUPS.replace("w = f32[3,3,4,6]", "w = f32[3,3,2,6]").replace(
+    "batch_group_count=3", "batch_group_count=3, feature_group_count=2")
+
+
+NOT_A_DIVISOR = BATCH_GROUPS.replace("batch_group_count=3", "batch_group_count=4")
+
+
+@pytest.mark.parametrize("text", [NOT_A_DIVISOR, BOTH_GROUPS], ids=["not-a-divisor", "with-feature-groups"])
+def test_batch_groups_that_do_not_divide_or_meet_feature_groups_are_refused(text: str) -> None:
+    with pytest.raises(CompileError) as error:
+        verify_module(parse_hlo_text(text))
+    assert error.value.code == "E203" and "batch_group_count" in str(error.value)

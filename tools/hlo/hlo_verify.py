@@ -675,9 +675,6 @@ class _Verifier:
         _same_types(instr, [lhs, rhs, instr.shape])
         if lhs.element_type == T.PRED:
             raise _bad(instr, "convolution is not defined on pred")
-        if instr.batch_group_count > 1:
-            raise CompileError("E207", f"convolution '{_label(instr)}' with batch_group_count="
-                               f"{instr.batch_group_count} is not supported", _label(instr))
         dn = instr.convolution_dimension_numbers
         labelled = ((lhs, [dn.input_batch_dimension, dn.input_feature_dimension,
                            *dn.input_spatial_dimensions]),
@@ -696,12 +693,17 @@ class _Verifier:
                 rhs.dimensions[dn.kernel_input_feature_dimension] * groups != features:
             raise _bad(instr, f"{features} input features, {out_features} output features and kernel "
                               f"{shape_str(rhs)} do not split into {groups} feature groups")
+        batch_groups = max(1, instr.batch_group_count)
+        batch = lhs.dimensions[dn.input_batch_dimension]
+        if batch_groups > 1 and (groups > 1 or batch % batch_groups or out_features % batch_groups):
+            raise _bad(instr, f"batch_group_count={batch_groups} needs feature_group_count=1 and divides "
+                              f"the batch ({batch}) and the output features ({out_features})")
         window = instr.window.dimensions
         if len(window) != len(dn.input_spatial_dimensions):
             raise _bad(instr, f"the window has {len(window)} dimensions, the input "
                               f"{len(dn.input_spatial_dimensions)} spatial ones")
         expected = [0] * len(lhs.dimensions)
-        expected[dn.output_batch_dimension] = lhs.dimensions[dn.input_batch_dimension]
+        expected[dn.output_batch_dimension] = batch // batch_groups
         expected[dn.output_feature_dimension] = out_features
         for i, w in enumerate(window):
             if w.size != rhs.dimensions[dn.kernel_spatial_dimensions[i]] or min(

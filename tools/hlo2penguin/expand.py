@@ -2,6 +2,10 @@
 runs: batch-norm-inference, batch-norm-training and batch-norm-grad (what PyTorch/XLA's BatchNorm
 emits) by XLA's BatchNormExpander formulas, and reduce-precision by the bit arithmetic XLA's
 elemental emitter uses (round the mantissa to nearest even, then clamp the exponent's range).
+A convolution with batch_group_count G (the weight gradient of a grouped or depthwise convolution,
+as jax.grad writes it) becomes one with feature_group_count G: output feature group g convolves
+the g-th of G runs of the input batch, so the batch's G runs move into the feature dimension
+(g-major, a reshape and a transpose) and feature group g reads run g.
 
 Each op becomes a run of new instructions in its place; the last of them takes over the op's id and
 name, so its users and the computation's root need no change. The golden evaluator computes the
@@ -19,9 +23,14 @@ Shape = hlo_pb2.ShapeProto
 EXPANDED = frozenset({"batch-norm-inference", "batch-norm-training", "batch-norm-grad", "reduce-precision"})
 
 
+def _expands(instr: Instr) -> bool:
+    return instr.opcode in EXPANDED or instr.opcode == "convolution" and instr.batch_group_count > 1
+
+
 def expand_composites(module: hlo_pb2.HloModuleProto) -> hlo_pb2.HloModuleProto:
-    """`module` itself when it holds none of EXPANDED, else a copy with each of them expanded."""
-    if not any(i.opcode in EXPANDED for c in module.computations for i in c.instructions):
+    """`module` itself when it holds none of EXPANDED (or a batch-grouped convolution), else a copy
+    with each of them expanded."""
+    if not any(_expands(i) for c in module.computations for i in c.instructions):
         return module
     expanded = hlo_pb2.HloModuleProto()
     expanded.CopyFrom(module)
@@ -46,19 +55,23 @@ class _Expander:
 
     def run(self) -> None:
         for comp in list(self.module.computations):
-            if not any(i.opcode in EXPANDED for i in comp.instructions):
+            if not any(_expands(i) for i in comp.instructions):
                 continue
             rewritten: list[Instr] = []
             by_id: dict[int, Instr] = {}
             for instr in comp.instructions:
-                if instr.opcode not in EXPANDED:
+                if not _expands(instr):
                     rewritten.append(instr)
                     by_id[instr.id] = instr
                     continue
                 self.out, self.base = rewritten, instr.name
                 operands = [by_id[o] for o in instr.operand_ids]
-                last = self._reduce_precision(instr, operands[0]) if instr.opcode == "reduce-precision" \
-                    else self._batch_norm(instr, operands)
+                if instr.opcode == "convolution":
+                    last = self._batch_groups(instr, operands)
+                elif instr.opcode == "reduce-precision":
+                    last = self._reduce_precision(instr, operands[0])
+                else:
+                    last = self._batch_norm(instr, operands)
                 last.id, last.name = instr.id, instr.name  # users and the root keep pointing at it
                 by_id[instr.id] = last
             del comp.instructions[:]
@@ -123,6 +136,31 @@ class _Expander:
         return self.adders[kind]
 
     # ---- the ops ---------------------------------------------------------------------------------
+    def _batch_groups(self, instr: Instr, ops: list[Instr]) -> Instr:
+        """The convolution with its batch's G runs moved into the feature dimension (g-major) and
+        feature_group_count G in place of batch_group_count G."""
+        lhs, rhs = ops
+        dn, groups = instr.convolution_dimension_numbers, instr.batch_group_count
+        kind, sizes = lhs.shape.element_type, dims(lhs.shape)
+        order = [dn.input_batch_dimension, dn.input_feature_dimension, *dn.input_spatial_dimensions]
+        batch, features, spatial = sizes[order[0]], sizes[order[1]], [sizes[d] for d in order[2:]]
+        canonical = self.emit("transpose", _array(kind, [sizes[d] for d in order]), [lhs], dimensions=order)
+        runs = self.emit("reshape", _array(kind, [groups, batch // groups, features, *spatial]), [canonical])
+        inner = self.emit("transpose", _array(kind, [batch // groups, groups, features, *spatial]), [runs],
+                          dimensions=[1, 0, *range(2, 3 + len(spatial))])
+        merged = self.emit("reshape", _array(kind, [batch // groups, groups * features, *spatial]), [inner])
+        back = [order.index(d) for d in range(len(sizes))]
+        regrouped = self.emit("transpose", _array(kind, [dims(merged.shape)[j] for j in back]), [merged],
+                              dimensions=back)
+        conv = Instr()
+        conv.CopyFrom(instr)
+        conv.id, conv.batch_group_count, conv.feature_group_count = self.next_id, 1, groups
+        del conv.operand_ids[:]
+        conv.operand_ids.extend([regrouped.id, rhs.id])
+        self.next_id += 1
+        self.out.append(conv)
+        return conv
+
     def _reduce_precision(self, instr: Instr, x: Instr) -> Instr:
         """The mantissa rounded to nearest even (a carry may round up into the exponent, or to inf),
         then values beyond the smaller exponent's range made ±inf or ±0; NaN kept."""

@@ -225,8 +225,25 @@ class _Evaluator:
         return pad_array(np.asarray(ops[0]), ops[1], edges)
 
     def _convolution(self, instr: Instr, ops: list) -> np.ndarray:
-        """Sum over kernel positions of (strided input window) @ (kernel slice), per feature group."""
-        dn, window = instr.convolution_dimension_numbers, instr.window.dimensions
+        """Sum over kernel positions of (strided input window) @ (kernel slice), per feature group;
+        with batch_group_count G, output feature group g convolves the g-th of G equal runs of the
+        input batch (g-major, as XLA's evaluator indexes it)."""
+        dn = instr.convolution_dimension_numbers
+        batch_groups = max(1, instr.batch_group_count)
+        if batch_groups > 1:
+            lhs, rhs = np.asarray(ops[0]), np.asarray(ops[1])
+            single = Instr()
+            single.CopyFrom(instr)
+            single.batch_group_count = 1
+            per = lhs.shape[dn.input_batch_dimension] // batch_groups
+            made = rhs.shape[dn.kernel_output_feature_dimension] // batch_groups
+            single.shape.dimensions[dn.output_feature_dimension] = made
+            parts = [self._convolution(single, [
+                np.take(lhs, range(g * per, (g + 1) * per), axis=dn.input_batch_dimension),
+                np.take(rhs, range(g * made, (g + 1) * made), axis=dn.kernel_output_feature_dimension)])
+                for g in range(batch_groups)]
+            return np.concatenate(parts, axis=dn.output_feature_dimension)
+        window = instr.window.dimensions
         kind = instr.shape.element_type
         work = np.float32 if kind in FLOAT_TYPES else np.int64
         x = np.transpose(np.asarray(ops[0]), [dn.input_batch_dimension, *dn.input_spatial_dimensions,
