@@ -269,6 +269,33 @@ ENTRY main {
 """
 
 
+DENSE_BIAS = """HloModule dense_bias
+ENTRY main {
+  x = f32[1,512,768] parameter(0)
+  w = f32[768,3072] parameter(1)
+  b = f32[3072] parameter(2)
+  y = f32[1,512,3072] dot(x, w), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+  bb = f32[1,512,3072] broadcast(b), dimensions={2}
+  z = f32[1,512,3072] add(y, bb)
+  ROOT t = f32[1,512,3072] tanh(z)
+}
+"""
+
+
+def test_a_dense_layer_s_bias_is_loaded_once_per_column_tile_in_one_row_block() -> None:
+    """tile_order splits the four row tiles into io (one block, extent 1) and ii: the bias tile's
+    rows start at 512·io + 128·ii, one block a step of ii since io is always 0, so the bias loads
+    at ii == 0 only (BERT's feed-forward bias loaded 6.3 MB where 1.6 MB carry it)."""
+    program = lowered(DENSE_BIAS)
+    optimize(program, pass_list("", 2))
+    tensors = {t.name: t for t in program.tensors}
+    nest = next(n for n in program.nests if any(st.op == "matmul" for st in n.statements))
+    assert {axis.name: axis.extent for axis in nest.axes}.get("io") == 1
+    (bias,) = [st for st in nest.statements if st.op == "dma" and tensors[st.inputs[0].tensor].view_of == "b"]
+    assert any([(t.var, t.coeff) for t in p.expr.terms] == [("ii", 1)] and p.expr.constant == 0
+               for p in bias.predicates)
+
+
 def test_a_broadcast_bias_is_loaded_once_per_column_tile_not_once_per_row_tile() -> None:
     program = lowered(BIAS)
     optimize(program, ["fusion", "cse", "dce"])

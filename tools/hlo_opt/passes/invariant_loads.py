@@ -121,7 +121,8 @@ def _hoist(nest: penguin_pb2.LoopNest, st: penguin_pb2.Statement, tensors: dict[
         if any(_uses(start, axis.name) for a in accesses for d, start in enumerate(a.starts)
                if d not in dims):
             continue  # some access moves along the axis in another dimension too
-        if not all(_one_block_per_step(a.starts[d], axis.name, dst.block_shape[d])
+        single = {other.name for other in nest.axes if other.extent == 1}  # always 0
+        if not all(_one_block_per_step(a.starts[d], axis.name, dst.block_shape[d], single)
                    for a in accesses for d in dims):
             continue
         if not _fits_across(nest, axis.name, tile, dst, tensors):
@@ -252,7 +253,9 @@ def _uses(expr: penguin_pb2.AffineExpr, var: str) -> bool:
     return any(term.var == var and term.coeff for term in expr.terms)
 
 
-def _one_block_per_step(expr: penguin_pb2.AffineExpr, var: str, block: int) -> bool:
-    """start == block * var exactly: each step of the axis is the next block, from block 0."""
-    terms = [term for term in expr.terms if term.coeff]
+def _one_block_per_step(expr: penguin_pb2.AffineExpr, var: str, block: int, single: set[str]) -> bool:
+    """start == block * var exactly: each step of the axis is the next block, from block 0. Terms of
+    axes in `single` (of extent 1, so always 0: tile_order's row-block axis `io` over a matmul of
+    one row block) do not count."""
+    terms = [term for term in expr.terms if term.coeff and term.var not in single]
     return expr.constant == 0 and len(terms) == 1 and terms[0].var == var and terms[0].coeff == block
