@@ -87,6 +87,25 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
         return (bits, lax.population_count(bits), lax.clz(bits), halves.astype(jnp.int16) // jnp.int16(-3),
                 jnp.sum(lax.population_count(halves).astype(jnp.int32), axis=-1))
 
+    def nan_guard(x):
+        y = jnp.log(x)  # NaN wherever x < 0
+        return jnp.where(jnp.isnan(y), 0.0, y), jnp.isfinite(y)
+
+    def vae_sample(mu, logvar, key):
+        eps = jax.random.normal(jax.random.wrap_key_data(key), mu.shape)
+        kl = -0.5 * jnp.sum(1 + logvar - mu ** 2 - jnp.exp(logvar))
+        return mu + jnp.exp(0.5 * logvar) * eps, kl
+
+    def depthwise_train(x, depthwise, pointwise, target):
+        def loss(depthwise, pointwise):
+            nhwc = ("NHWC", "HWIO", "NHWC")
+            y = lax.conv_general_dilated(x, depthwise, (1, 1), "SAME", feature_group_count=x.shape[-1],
+                                         dimension_numbers=nhwc)
+            y = lax.conv_general_dilated(jnp.clip(y, 0, 6), pointwise, (1, 1), "VALID",
+                                         dimension_numbers=nhwc)
+            return jnp.mean((y - target) ** 2)
+        return jax.grad(loss, argnums=(0, 1))(depthwise, pointwise)
+
     def normal(*shape):
         return lambda rng: rng.standard_normal(shape).astype(np.float32)
 
@@ -123,6 +142,15 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
                      inputs(normal(6, 40), lambda rng: rng.integers(0, 2**32, (6, 40), dtype=np.uint32)),
                      "bitcast-convert f32 to u32 and u16 halves, xorshift-multiply hashing, popcnt, clz, "
                      "s16"),
+        "nan_guard": (nan_guard, inputs(normal(128, 40)),
+                      "jnp.where(jnp.isnan(log(x)), 0, log(x)) and isfinite"),
+        "vae_sample": (vae_sample,
+                       inputs(normal(16, 32), normal(16, 32), lambda rng: np.array([0, 7], dtype=np.uint32)),
+                       "jax.random.normal (threefry bits, erf_inv) reparameterization and a KL term"),
+        "depthwise_train": (depthwise_train,
+                            inputs(normal(2, 14, 14, 16), normal(3, 3, 1, 16), normal(1, 1, 16, 32),
+                                   normal(2, 14, 14, 32)),
+                            "the weight gradients of a depthwise (ReLU6) and a pointwise convolution"),
     }
 
 
