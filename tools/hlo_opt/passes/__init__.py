@@ -36,6 +36,14 @@ def writers_and_readers(nest: penguin_pb2.LoopNest) -> tuple[dict[str, list[int]
     return writers, readers
 
 
+def fills_one_value(st: penguin_pb2.Statement) -> bool:
+    """Whether `st` writes one value into every element of its one output: an iota with no step and
+    no iota_dimension (an iota along a dimension is an index of the tensor: the rng lowering's
+    counters, a mask's row number)."""
+    return (st.op == "iota" and not st.inputs and len(st.outputs) == 1 and not any(st.scalars[1:])
+            and "iota_dimension" not in st.attributes)
+
+
 def same_box(a: penguin_pb2.Access, b: penguin_pb2.Access) -> bool:
     """Whether two accesses name the same box (starts and extents alike)."""
     return list(a.starts) == list(b.starts) and list(a.extents) == list(b.extents)

@@ -46,7 +46,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import alu
-from ncc.tools.hlo_opt.passes import ELEMENTWISE_OPS
+from ncc.tools.hlo_opt.passes import ELEMENTWISE_OPS, fills_one_value
 
 MIN_STATEMENTS = 3  # a cone this long at least: a shorter one saves little, and ACT is not free
 # A cone longer than this is not searched: the exact gelu is some 60 statements, while a fused
@@ -193,9 +193,8 @@ def _cones(nest: penguin_pb2.LoopNest, f32: set[str]) -> list[tuple[str, list[in
 def _elementwise(st: penguin_pb2.Statement, f32: set[str]) -> bool:
     """An elementwise statement of one output this pass can evaluate: float32 throughout, but a
     comparison's output (0 or 1 in any type) and a select's condition."""
-    if st.op == "iota":  # a constant (no step, no iota_dimension) is a function of x too
-        return len(st.outputs) == 1 and not any(st.scalars[1:]) and "iota_dimension" not in st.attributes \
-            and st.outputs[0].tensor in f32
+    if st.op == "iota":  # a constant is a function of x too
+        return fills_one_value(st) and st.outputs[0].tensor in f32
     if st.op not in ELEMENTWISE_OPS or len(st.outputs) != 1 or not st.inputs:
         return False
     if st.op == "activation" and st.func not in alu.ACT_FUNCTIONS:

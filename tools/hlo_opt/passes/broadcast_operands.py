@@ -35,7 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
-from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
+from ncc.tools.hlo_opt.passes import fills_one_value, nests_naming, same_box, writers_and_readers
 
 BROADCAST = "broadcast"  # statement attribute: comma-separated positions of inputs read across the free dim
 READERS = frozenset({"tensor_tensor", "select"})  # what takes a vector operand (NKI tensor_scalar's)
@@ -104,12 +104,9 @@ def _loads_a_column(load: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.
 
 
 def _fills_a_constant(fill: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl]) -> bool:
-    """Whether `fill` writes one value (an iota along no dimension, with no step) into more than one
-    column of an SBUF tile."""
-    if fill.op != "iota" or fill.inputs or len(fill.outputs) != 1 or any(fill.scalars[1:]) \
-            or "iota_dimension" in fill.attributes:  # an index along a dimension of the tensor
-        return False
-    return tensors[fill.outputs[0].tensor].memory == common_pb2.SBUF and fill.outputs[0].extents[-1] > 1
+    """Whether `fill` writes one value into more than one column of an SBUF tile."""
+    return (fills_one_value(fill) and tensors[fill.outputs[0].tensor].memory == common_pb2.SBUF
+            and fill.outputs[0].extents[-1] > 1)
 
 
 def _narrow(program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl],

@@ -45,7 +45,7 @@ from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence
-from ncc.tools.hlo_opt.passes import nests_naming
+from ncc.tools.hlo_opt.passes import fills_one_value, nests_naming
 from ncc.tools.hlo_opt.passes.pipelining import ROW_BLOCK
 
 
@@ -164,9 +164,7 @@ def _constant_fill(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.Ten
     """Whether `st` fills an on-chip tile with one value (an iota whose every coefficient is 0: a
     select's -inf, written into every score tile of GPT-2's causal softmax), the tile only `st`
     writes and only nest `index` uses: like an invariant load, it need run once along an axis."""
-    if st.op != "iota" or st.inputs or len(st.outputs) != 1 or any(st.scalars[1:]):
-        return False
-    if "iota_dimension" in st.attributes:
+    if not fills_one_value(st):
         return False
     name = st.outputs[0].tensor
     dst = tensors[name]
