@@ -17,6 +17,7 @@ from __future__ import annotations
 from ncc.schemas import hlo_pb2
 from ncc.tools.hlo.composite_ops import F32_EXPONENT_BITS, F32_EXPONENT_MASK, F32_MANTISSA_BITS, F32_SIGN_MASK
 from ncc.tools.hlo.hlo_types import T, dims
+from ncc.tools.hlo.shape_inference import array_shape
 
 Instr = hlo_pb2.HloInstructionProto
 Shape = hlo_pb2.ShapeProto
@@ -36,11 +37,6 @@ def expand_composites(module: hlo_pb2.HloModuleProto) -> hlo_pb2.HloModuleProto:
     expanded.CopyFrom(module)
     _Expander(expanded).run()
     return expanded
-
-
-def _array(kind: int, sizes: list[int] | tuple[int, ...]) -> Shape:
-    return Shape(element_type=kind, dimensions=list(sizes),
-                 layout=hlo_pb2.LayoutProto(minor_to_major=list(reversed(range(len(sizes))))))
 
 
 class _Expander:
@@ -93,19 +89,24 @@ class _Expander:
     def constant(self, value: float, kind: int, shape: tuple[int, ...] | list[int] = ()) -> Instr:
         """`value` of type `kind` over `shape`: an f32 or u32 scalar constant, converted, broadcast."""
         source = T.U32 if kind == T.U32 else T.F32
-        literal = hlo_pb2.LiteralProto(shape=_array(source, []))
+        literal = hlo_pb2.LiteralProto(shape=array_shape(source, []))
         (literal.u32s if source == T.U32 else literal.f32s).append(int(value) if source == T.U32 else value)
-        scalar = self.emit("constant", _array(source, []), [], literal=literal)
+        scalar = self.emit("constant", array_shape(source, []), [], literal=literal)
         if kind != source:
-            scalar = self.emit("convert", _array(kind, []), [scalar])
-        return self.emit("broadcast", _array(kind, shape), [scalar]) if shape else scalar
+            scalar = self.emit("convert", array_shape(kind, []), [scalar])
+        return self.array("broadcast", kind, shape, [scalar]) if shape else scalar
 
     def binary(self, opcode: str, a: Instr, b: Instr, **fields) -> Instr:
         kind = T.PRED if opcode == "compare" else a.shape.element_type
-        return self.emit(opcode, _array(kind, dims(a.shape)), [a, b], **fields)
+        return self.array(opcode, kind, dims(a.shape), [a, b], **fields)
 
     def unary(self, opcode: str, a: Instr, kind: int | None = None) -> Instr:
-        return self.emit(opcode, _array(a.shape.element_type if kind is None else kind, dims(a.shape)), [a])
+        return self.array(opcode, a.shape.element_type if kind is None else kind, dims(a.shape), [a])
+
+    def array(self, opcode: str, kind: int, sizes: list[int] | tuple[int, ...], operands: list[Instr],
+              **fields) -> Instr:
+        """`emit` of an array result of element type `kind` and `sizes`."""
+        return self.emit(opcode, array_shape(kind, sizes), operands, **fields)
 
     def select(self, pred: Instr, on_true: Instr, on_false: Instr) -> Instr:
         return self.emit("select", on_true.shape, [pred, on_true, on_false])
@@ -113,13 +114,13 @@ class _Expander:
     def sum_over(self, x: Instr, axes: list[int]) -> Instr:
         kind = x.shape.element_type
         kept = [size for d, size in enumerate(dims(x.shape)) if d not in axes]
-        return self.emit("reduce", _array(kind, kept), [x, self.constant(0.0, kind)], dimensions=axes,
-                         called_computation_ids=[self._adder(kind)])
+        return self.array("reduce", kind, kept, [x, self.constant(0.0, kind)], dimensions=axes,
+                          called_computation_ids=[self._adder(kind)])
 
     def _adder(self, kind: int) -> int:
         """A computation adding two scalars of `kind`, made once per type."""
         if kind not in self.adders:
-            scalar = _array(kind, [])
+            scalar = array_shape(kind, [])
             ids = [self.next_id, self.next_id + 1, self.next_id + 2]
             self.next_id += 3
             params = [Instr(name=f"add.{kind}.expand.p{n}", opcode="parameter", shape=scalar, id=ids[n],
@@ -144,14 +145,15 @@ class _Expander:
         kind, sizes = lhs.shape.element_type, dims(lhs.shape)
         order = [dn.input_batch_dimension, dn.input_feature_dimension, *dn.input_spatial_dimensions]
         batch, features, spatial = sizes[order[0]], sizes[order[1]], [sizes[d] for d in order[2:]]
-        canonical = self.emit("transpose", _array(kind, [sizes[d] for d in order]), [lhs], dimensions=order)
-        runs = self.emit("reshape", _array(kind, [groups, batch // groups, features, *spatial]), [canonical])
-        inner = self.emit("transpose", _array(kind, [batch // groups, groups, features, *spatial]), [runs],
-                          dimensions=[1, 0, *range(2, 3 + len(spatial))])
-        merged = self.emit("reshape", _array(kind, [batch // groups, groups * features, *spatial]), [inner])
+        per = batch // groups
+        canonical = self.array("transpose", kind, [sizes[d] for d in order], [lhs], dimensions=order)
+        runs = self.array("reshape", kind, [groups, per, features, *spatial], [canonical])
+        inner = self.array("transpose", kind, [per, groups, features, *spatial], [runs],
+                           dimensions=[1, 0, *range(2, 3 + len(spatial))])
+        merged = self.array("reshape", kind, [per, groups * features, *spatial], [inner])
         back = [order.index(d) for d in range(len(sizes))]
-        regrouped = self.emit("transpose", _array(kind, [dims(merged.shape)[j] for j in back]), [merged],
-                              dimensions=back)
+        regrouped = self.array("transpose", kind, [dims(merged.shape)[j] for j in back], [merged],
+                               dimensions=back)
         conv = Instr()
         conv.CopyFrom(instr)
         conv.id, conv.batch_group_count, conv.feature_group_count = self.next_id, 1, groups
@@ -200,7 +202,7 @@ class _Expander:
             count *= shape[d]
 
         def spread(vector: Instr) -> Instr:  # a feature vector broadcast over x
-            return self.emit("broadcast", _array(kind, shape), [vector], dimensions=[feature])
+            return self.array("broadcast", kind, shape, [vector], dimensions=[feature])
 
         def plus_epsilon(v: Instr) -> Instr:
             return self.binary("add", v, self.constant(instr.epsilon, kind, dims(v.shape)))
