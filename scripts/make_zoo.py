@@ -109,6 +109,9 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
     def normal(*shape):
         return lambda rng: rng.standard_normal(shape).astype(np.float32)
 
+    def scaled(scale, *shape):  # weights small enough that 1,000 steps of tanh do not saturate
+        return lambda rng: (scale * rng.standard_normal(shape)).astype(np.float32)
+
     def ints(low, high, *shape):
         return lambda rng: rng.integers(low, high, shape).astype(np.int32)
 
@@ -126,6 +129,9 @@ def zoo() -> dict[str, tuple[Callable, Callable[[np.random.Generator], list[np.n
                          "embedding lookup (gather), KV-cache update at a run-time position, attention read"),
         "rnn": (rnn, inputs(normal(10, 4, 32), normal(4, 32), normal(32, 32), normal(32, 32)),
                 "lax.scan tanh RNN over 10 steps (a while loop with dynamic slices)"),
+        "rnn_long": (rnn, inputs(normal(1000, 4, 32), normal(4, 32), scaled(0.2, 32, 32),
+                                 scaled(0.2, 32, 32)),
+                     "the same RNN over 1,000 steps: the while loop stays a loop (a Repeat region)"),
         "sample_head": (sample_head, inputs(quarter_steps),
                         "argmax, top-4, a sort and the top softmax probability over 1000 logits with ties"),
         "cumsum": (cumsum, inputs(normal(8, 50), ints(-9, 10, 8, 50)),

@@ -20,7 +20,7 @@ RUNS = [(name, ".hlo.pb", level) for name in ZOO for level in "0123"] + [(name, 
 
 def test_the_zoo_is_there() -> None:
     assert {"cnn", "decoder_step", "rnn", "sample_head", "cumsum", "padded_batch", "scatter_add", "cnn_train",
-            "bit_hash", "nan_guard", "vae_sample", "depthwise_train"} <= set(ZOO)
+            "bit_hash", "nan_guard", "vae_sample", "depthwise_train", "rnn_long"} <= set(ZOO)
 
 
 @pytest.mark.slow

@@ -35,6 +35,9 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.target import WAIT_VALUE_LIMIT, wait_words
 
 LOOP_OP = "loop"
+# Penguin: the nest attribute that names the Repeat region (a while loop kept as a loop) a nest
+# belongs to (penguin.proto, Repeat); bir_codegen emits the region as one `loop` entry
+REPEAT = "repeat"
 MAX_LOOP_DEPTH = 8
 MAX_ROTATION = 16
 

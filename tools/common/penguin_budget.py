@@ -33,6 +33,11 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.target import DMA_SPLIT_MAX_EXTRA, dma_pieces
 
 MAX_INSTRUCTIONS = 1_000_000  # backend instructions; E302 beyond this (the budget documented above)
+# `--loops auto` keeps loops rolled in a program (and a while loop as a loop) that would unroll to
+# at least this many backend instructions, and unrolls a smaller one: there the backend's list
+# scheduler, free to interleave every tile, is worth the compile time, which is a few seconds at
+# most (docs/architecture.md).
+AUTO_ROLL_ABOVE = 20_000
 _ENUMERATE_LIMIT = 1 << 16     # predicates coupling several axes are counted by enumeration up to this
 
 

@@ -20,7 +20,7 @@ def _body(args: argparse.Namespace) -> None:
 
     module = load_module(args.input)
     verify_module(module)
-    program = lower_module(module)
+    program = lower_module(module, args.loops)
     # Refuse a module too large to unroll before any later job runs: here by what the Penguin
     # optimizer cannot remove (a 25,000-op chain fuses from 2M to 100k instructions); the Frontend
     # job checks the exact count after its passes, before unrolling. A program whose loops may
@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--output", required=True, help="Penguin program to write")
     parser.add_argument("--module-output", help="verified HloModuleProto to write")
     parser.add_argument("--loops", choices=("auto", "rolled", "unrolled"), default="auto",
-                        help="the Frontend's --loops: only an unrolled program is refused here for its size")
+                        help="the Frontend's --loops: whether a while loop may stay a loop, and only an "
+                             "unrolled program is refused here for its size")
     exit_now(run_tool("hlo2penguin", parser, _body))
 
 

@@ -74,7 +74,8 @@ class Budget:
 
 class ControlOps:
     def _while(self, instr, state: Value) -> Value:
-        """Unroll: the condition must fold to a constant each time round (a counter that starts from
+        """Kept as a loop where repeat.py can (a region of nests that runs once per trip); else
+        unrolled: the condition must fold to a constant each time round (a counter that starts from
         a constant and steps by constants, as fori_loop and scan emit); the body is lowered once per
         iteration with that iteration's state, so a dynamic-slice by the counter becomes a static slice."""
         body, condition = (self.computations[c] for c in instr.called_computation_ids)
@@ -82,6 +83,14 @@ class ControlOps:
         if trips is not None and trips > MAX_UNROLLED_ITERATIONS:
             raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
                                        "iterations", instr.name)
+        if trips is not None and not self.in_repeat:
+            self.in_repeat = True  # a loop inside a kept loop's body unrolls: regions do not nest
+            try:
+                kept = self._repeat_while(instr, body, condition, state, trips)  # repeat.py
+            finally:
+                self.in_repeat = False
+            if kept is not None:
+                return kept
         budget = Budget(self.builder.program, instr.name, "while loop", planned=trips or 0)
         for _ in range(MAX_UNROLLED_ITERATIONS):
             verdict = self._computation(condition, [state])
@@ -98,7 +107,7 @@ class ControlOps:
     def _trip_count(self, body, condition, state: Value) -> int | None:
         """How many times the loop runs, from its compile-time scalars alone, or None when the
         condition needs more than they give (the unroller then decides, or refuses, as it goes)."""
-        folded = _constants_of(state)
+        folded = constants_of(state)
         for trips in range(MAX_UNROLLED_ITERATIONS + 1):
             verdict = self._fold_computation(condition, [folded])
             if not isinstance(verdict, np.ndarray):
@@ -109,10 +118,16 @@ class ControlOps:
         return MAX_UNROLLED_ITERATIONS + 1
 
     def _fold_computation(self, comp: hlo_pb2.HloComputationProto, args: list[Folded]) -> Folded:
+        values = self._fold_values(comp, args)
+        return values[comp.root_id if comp.root_id in values else comp.instructions[-1].id]
+
+    @staticmethod
+    def _fold_values(comp: hlo_pb2.HloComputationProto, args: list[Folded]) -> dict[int, Folded]:
+        """Every instruction of `comp` folded (None where it is not a compile-time constant)."""
         values: dict[int, Folded] = {}
         for instr in comp.instructions:
             values[instr.id] = _fold_instruction(instr, [values[i] for i in instr.operand_ids], args)
-        return values[comp.root_id if comp.root_id in values else comp.instructions[-1].id]
+        return values
 
     def _conditional(self, instr, ops: list[Value]) -> Value:
         """A constant selector lowers its branch only; a computed one lowers every branch (they have no
@@ -143,10 +158,10 @@ class ControlOps:
         return self._synthetic(instr, "select", [taken, on_true, on_false], on_true.shape, on_true.dtype)
 
 
-def _constants_of(value: Value) -> Folded:
+def constants_of(value: Value) -> Folded:
     """A lowering value as the trip counter sees it: a Splat's one value, tuples element by element."""
     if isinstance(value, tuple):
-        return tuple(_constants_of(v) for v in value)
+        return tuple(constants_of(v) for v in value)
     if isinstance(value, Splat):
         return np.asarray([value.value]).astype(compute_dtype(xla_type(value.dtype)))
     return None

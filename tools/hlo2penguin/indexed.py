@@ -208,10 +208,18 @@ class IndexedOps:
         operand, update, starts = ops[0], ops[1], ops[2:]
         d = self._runtime_dim(instr, shape, update.shape, starts)
         known = self._known_starts(shape, update.shape, starts, d)
+        limits = tuple(s + n for s, n in zip(known, update.shape, strict=True))
+        if d is None and isinstance(operand, View) and operand.base in self.inplace_carries \
+                and operand == View.whole(operand.base, operand.dtype, shape):
+            # a kept loop's carry updated in place (repeat.py checks nothing reads it again)
+            if isinstance(update, View) and update.base == operand.base:
+                update = self._materialize(update, instr.name)
+            self._copy_into(update, operand.slice(tuple(known), limits, (1,) * len(shape)), instr.name)
+            self.inplace_writes.append((operand.base, len(self.builder.program.nests)))
+            return operand
         if d is None:
             out = self._new_output(instr, shape, dtype)
             self._copy_into(operand, out, instr.name)
-            limits = tuple(s + n for s, n in zip(known, update.shape, strict=True))
             self._copy_into(update, out.slice(tuple(known), limits, (1,) * len(shape)), instr.name)
             return out
         if any(update.shape[k] != shape[k] for k in range(len(shape)) if k != d):

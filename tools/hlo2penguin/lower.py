@@ -14,7 +14,8 @@ compute on the engine that owns the op, and store the result to HBM:
   pad, concatenate, dynamic-update-slice   copies into strided views of a new tensor
   gather, scatter, run-time dynamic slices  POOL's indirect dmas over rows of a table
   sort, topk     a bitonic network of compare-and-select nests (small-k topk: k selections)
-  while          unrolled while its condition folds to a constant; conditional: both branches
+  while          kept as a loop (a Repeat region: repeat.py) or unrolled while its condition folds to
+                 a constant; conditional: both branches
   iota           POOL iota
   popcnt, clz    shift/mask/add bit tricks in the operand's own integer type
   bitcast-convert  a dma that reinterprets bytes; across widths, shifts and ors of the pieces
@@ -31,6 +32,7 @@ from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import from_compute, is_float, is_signed
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.penguin_budget import AUTO_ROLL_ABOVE
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
 from ncc.tools.hlo.index_math import (
@@ -53,6 +55,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
     unwritten_read,
 )
 from ncc.tools.hlo2penguin.random import RandomOps
+from ncc.tools.hlo2penguin.repeat import RepeatOps
 from ncc.tools.hlo2penguin.sorting import SortOps
 from ncc.tools.hlo2penguin.tile_plan import (
     FEW_TILES,
@@ -106,11 +109,17 @@ REDUCERS = {"add": ("add", 0.0), "maximum": ("maximum", -np.inf), "minimum": ("m
 
 
 
-class Lowering(IndexedOps, WindowOps, ControlOps, SortOps, BitOps, RandomOps):
+class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, RandomOps):
     """Walks the entry computation in order and emits Penguin tensors and nests."""
 
-    def __init__(self, module: hlo_pb2.HloModuleProto) -> None:
+    def __init__(self, module: hlo_pb2.HloModuleProto, loops: str = "auto",
+                 repeat_above: int = AUTO_ROLL_ABOVE) -> None:
         self.module = module
+        self.loops = loops  # --loops: whether a while loop may stay a loop (repeat.py)
+        self.repeat_above = repeat_above  # ... when unrolled it would be this many instructions
+        self.in_repeat = False  # lowering the body of a while loop kept as a loop
+        self.inplace_carries: set[str] = set()  # carries a dynamic-update-slice may write in place
+        self.inplace_writes: list[tuple[str, int]] = []  # (carry, nests when its update was emitted)
         self.computations = {c.id: c for c in module.computations}
         self.instructions = {i.id: i for c in module.computations for i in c.instructions}
         self.builder = ProgramBuilder(penguin_pb2.Program(name=module.name))
@@ -809,7 +818,10 @@ def _size(view: View, dims: list[int]) -> int:
     return int(np.prod([view.shape[d] for d in dims], dtype=np.int64))
 
 
-def lower_module(module: hlo_pb2.HloModuleProto) -> penguin_pb2.Program:
-    """Lower a verified module to a Penguin program (composite ops expanded first: expand.py)."""
-    return Lowering(expand_composites(module)).run()
+def lower_module(module: hlo_pb2.HloModuleProto, loops: str = "auto",
+                 repeat_above: int = AUTO_ROLL_ABOVE) -> penguin_pb2.Program:
+    """Lower a verified module to a Penguin program (composite ops expanded first: expand.py);
+    `loops` is --loops, and a while loop stays a loop (repeat.py) when `loops` allows and its
+    trips would unroll to at least `repeat_above` backend instructions."""
+    return Lowering(expand_composites(module), loops, repeat_above).run()
 

@@ -39,8 +39,9 @@ from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.loops import LOOP_OP
+from ncc.tools.common.loops import LOOP_OP, REPEAT
 from ncc.tools.common.penguin_budget import (
+    AUTO_ROLL_ABOVE,
     MAX_INSTRUCTIONS,
     backend_instruction_count,
     check_budget,
@@ -52,10 +53,6 @@ from ncc.tools.hlo_opt.passes.broadcast_operands import broadcast_inputs
 from ncc.tools.target import PARTITIONS
 
 LOOP_MODES = ("auto", "rolled", "unrolled")
-# `auto` keeps loops rolled in a program that would unroll to at least this many backend
-# instructions, and unrolls a smaller one: there the backend's list scheduler, free to interleave
-# every tile, is worth the compile time, which is a few seconds at most (docs/architecture.md).
-AUTO_ROLL_ABOVE = 20_000
 
 _ROLE = {
     penguin_pb2.INPUT: bir_pb2.INPUT,
@@ -84,6 +81,7 @@ class BirCodeGenLoop:
         self.loops = loops
         self.jam = jam
         self.open_loops: list[_OpenLoop] = []  # outermost first
+        self.region: penguin_pb2.Repeat | None = None  # the Repeat region being emitted
         self.roll: rolling.RollPlan | None = None  # of the nest being emitted
         self.plans: dict[int, rolling.RollPlan | None] = {}  # nest index -> its loops (rolled modes)
         self.private_axes: dict[str, set[str]] = {}  # its private tensor -> the rolled axes it is private to
@@ -98,8 +96,8 @@ class BirCodeGenLoop:
         self.layouts: dict[str, _BlockLayout] = {}  # on-chip tensor -> how its blocks are named
 
     def run(self) -> bir_pb2.Program:
-        rolled = self.loops == "rolled" or (
-            self.loops == "auto" and backend_instruction_count(self.penguin)[0] >= AUTO_ROLL_ABOVE)
+        rolled = self.loops == "rolled" or (self.loops == "auto" and (  # a Repeat region is a loop
+            bool(self.penguin.repeats) or backend_instruction_count(self.penguin)[0] >= AUTO_ROLL_ABOVE))
         if rolled:
             self.onchip_users = rolling.onchip_users(self.penguin)
             self.plans = {k: self._plan_nest(nest) for k, nest in enumerate(self.penguin.nests)}
@@ -111,9 +109,35 @@ class BirCodeGenLoop:
                 self.bir.hbm.add(name=tensor.name, dtype=tensor.dtype, shape=tensor.shape,
                                  role=_ROLE[tensor.role],
                                  index=tensor.index, data=tensor.data)
+        repeats = {repeat.name: repeat for repeat in self.penguin.repeats}
+        emitted: set[str] = set()  # the regions whose loop is closed
         for k, nest in enumerate(self.penguin.nests):
+            name = nest.attributes.get(REPEAT, "")
+            region = repeats.get(name)
+            if name and (region is None or name in emitted):
+                problem = "not declared" if region is None else "not one run of nests"
+                raise CompileError("E301", f"nest '{nest.name}' names repeat region '{name}', "
+                                   f"which is {problem}", nest.name)
+            if region is not self.region:
+                if self.region is not None:
+                    self._close_loop()
+                    emitted.add(self.region.name)
+                self.region = region
+                if region is not None:
+                    self._open_region(region)
             self._nest(nest, self.plans.get(k))
+        if self.region is not None:
+            self._close_loop()
         return self.bir
+
+    def _open_region(self, region: penguin_pb2.Repeat) -> None:
+        """The loop of a Repeat region (a while loop kept as a loop): its nests are the body."""
+        if region.trips < 1:
+            raise CompileError("E301", f"repeat region '{region.name}' runs {region.trips} times",
+                               region.name)
+        entry = self._add_instruction(name=f"{region.name}/loop", op=LOOP_OP, source=region.source)
+        entry.trip_count = region.trips
+        self.open_loops.append(_OpenLoop(_region_axis(region), entry, len(self.bir.instructions), 1, 0))
 
     def _check_static_budget(self) -> None:
         """E302 when the rolled program is still over the instruction budget: each nest counts
@@ -361,8 +385,13 @@ class BirCodeGenLoop:
 
     def _shared_in_loop(self, buffer: bir_pb2.Buffer) -> bool:
         """Inside a loop, a buffer every iteration shares keeps its one name: what an iteration
-        writes in full may still be read by the next one before it is written again."""
-        return bool(self.open_loops) and not buffer.HasField("private_to")
+        writes in full may still be read by the next one before it is written again. A buffer
+        private to a Repeat region's trips is shared by the loops of a nest inside it."""
+        if not self.open_loops:
+            return False
+        if self.region is not None and buffer.private_to == self.open_loops[0].entry.id:
+            return len(self.open_loops) > 1
+        return not buffer.HasField("private_to")
 
     @staticmethod
     def _covers(ap: bir_pb2.AccessPattern, buffer: bir_pb2.Buffer) -> bool:
@@ -414,6 +443,10 @@ class BirCodeGenLoop:
                 for term in access.starts[dim].terms:
                     if term.coeff % block[dim] == 0:
                         steps[term.var] = steps.get(term.var, 0) + term.coeff // block[dim] * stride
+        if self.region is not None and tensor.memory == common_pb2.HBM:  # moves from trip to trip
+            step = self.region.steps.get(tensor.view_of or tensor.name, 0)
+            if step:
+                steps[_region_axis(self.region)] = step
         return _AccessPlan(tensor, shape, starts, tuple(access.extents), steps)
 
     @staticmethod
@@ -493,6 +526,10 @@ class BirCodeGenLoop:
                 name=name, memory=tensor.memory, partitions=rows, bytes_per_partition=held, address=-1,
             )
             loop = self._private_loop(tensor.name)
+            if loop is None and self.region is not None:
+                # a Repeat region's trips hand values on through HBM only: every on-chip buffer
+                # of its nests is written afresh at each trip
+                loop = self.open_loops[0].entry.id
             if loop is not None:
                 buffer.private_to = loop
         return bir_pb2.AccessPattern(
@@ -545,6 +582,11 @@ def _emitted_share(nest: penguin_pb2.LoopNest, plan: rolling.RollPlan | None) ->
         emitted = extents[rolled.name] - (trip - 1) * copies if trip >= 2 else extents[rolled.name]
         share *= emitted / max(1, extents[rolled.name])
     return share
+
+
+def _region_axis(region: penguin_pb2.Repeat) -> str:
+    """The name a Repeat region's loop goes by among the open loops (no nest axis has a colon)."""
+    return f"repeat:{region.name}"
 
 
 def _label(axis: str, value: int, symbolic: dict[str, int]) -> str:

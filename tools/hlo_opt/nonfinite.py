@@ -22,6 +22,10 @@ import numpy as np
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.dtypes import is_float, storage_dtype, to_compute
 
+# A program attribute: tensors already flagged in the program a segment of it was cut from
+# (segments.py), comma-separated, which the segment alone cannot see written.
+SEEDED = "nonfinite"
+
 
 def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
     """The names of the tensors (HBM views by their base) that may hold ±inf or NaN by construction."""
@@ -33,6 +37,7 @@ def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
         return name
 
     flagged = {t.name for t in program.tensors if t.role == penguin_pb2.CONSTANT and _holds_nonfinite(t)}
+    flagged |= set(filter(None, program.attributes.get(SEEDED, "").split(",")))
     changed = True
     while changed:  # program order is producers first; a second pass settles anything else
         changed = False

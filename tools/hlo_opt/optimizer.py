@@ -45,6 +45,7 @@ from ncc.tools.hlo_opt.passes.invariant_loads import hoist_invariant_loads
 from ncc.tools.hlo_opt.passes.pipelining import pipeline_loops
 from ncc.tools.hlo_opt.passes.retile import retile_nests
 from ncc.tools.hlo_opt.passes.tile_order import order_tiles
+from ncc.tools.hlo_opt.segments import optimize_segments
 
 PASSES: dict[str, Callable[..., object]] = {
     "fusion": fuse_nests,
@@ -123,7 +124,15 @@ def parse_pass(item: str) -> tuple[str, dict[str, object]]:
 
 
 def optimize(program: penguin_pb2.Program, passes: list[str], num_stages: int = 0) -> None:
-    """Run `passes` in order; `num_stages` (--num-stages) is the pipeline pass's default."""
+    """Run `passes` in order; `num_stages` (--num-stages) is the pipeline pass's default. A program
+    with Repeat regions (while loops kept as loops) is optimized a segment at a time (segments.py)."""
+    if program.repeats and passes:
+        optimize_segments(program, lambda segment: _run_passes(segment, passes, num_stages))
+    else:
+        _run_passes(program, passes, num_stages)
+
+
+def _run_passes(program: penguin_pb2.Program, passes: list[str], num_stages: int) -> None:
     for item in passes:
         name, options = parse_pass(item)
         if name == "pipeline":
