@@ -10,6 +10,8 @@ compilers on one function in one run):
   bdot       a batched dot f32[B, M, K] x f32[B, K, N]
   fan        N elementwise ops on f32[R, C] where step i also reads step i // 2: about N / 2 values
              are live at once in every tile, more than SBUF holds for N = 100, C = 8192
+  scan       a tanh RNN `lax.scan` over T steps of f32[B, H]: one while loop (kept as a loop from
+             the Frontend on when unrolling it would cost 20,000 instructions or more)
 
 `hlo_text(family, **size)` returns the module text; `jax_function(family, **size)` returns
 (function, argument shapes) or None without JAX.
@@ -154,8 +156,39 @@ def fan(n: int, rows: int = 128, cols: int = 8192) -> str:
     return "\n".join([*lines, "}", ""])
 
 
+def scan(steps: int, batch: int = 4, hidden: int = 32) -> str:
+    """`lax.scan` of a tanh RNN over `steps`: one HLO while loop that reads xs[t] and writes ys[t]."""
+    state = f"(s32[], f32[{batch},{hidden}], f32[{steps},{batch},{hidden}], f32[{steps},{batch},{hidden}], " \
+            f"f32[{hidden},{hidden}], f32[{hidden},{hidden}])"
+    h, seq, row = f"f32[{batch},{hidden}]", f"f32[{steps},{batch},{hidden}]", f"f32[1,{batch},{hidden}]"
+    names = ("i", "h", "ys", "xs", "w", "u")
+    unpack = [f"  {name} = {kind} get-tuple-element(p), index={k}"
+              for k, (name, kind) in enumerate(zip(names, ("s32[]", h, seq, seq, f"f32[{hidden},{hidden}]",
+                                                           f"f32[{hidden},{hidden}]"), strict=True))]
+    dot = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    return "\n".join([
+        f"HloModule scan_{steps}", "", "body {", f"  p = {state} parameter(0)", *unpack,
+        "  zero = s32[] constant(0)",
+        f"  x3 = {row} dynamic-slice(xs, i, zero, zero), dynamic_slice_sizes={{1,{batch},{hidden}}}",
+        f"  x = {h} reshape(x3)", f"  xw = {h} dot(x, w), {dot}", f"  hu = {h} dot(h, u), {dot}",
+        f"  s = {h} add(xw, hu)", f"  hn = {h} tanh(s)", f"  hn3 = {row} reshape(hn)",
+        f"  ysn = {seq} dynamic-update-slice(ys, hn3, i, zero, zero)",
+        "  one = s32[] constant(1)", "  inext = s32[] add(i, one)",
+        f"  ROOT r = {state} tuple(inext, hn, ysn, xs, w, u)", "}", "",
+        "cond {", f"  p = {state} parameter(0)", "  i = s32[] get-tuple-element(p), index=0",
+        f"  n = s32[] constant({steps})", "  ROOT lt = pred[] compare(i, n), direction=LT", "}", "",
+        "ENTRY main {", f"  xs = {seq} parameter(0)", f"  h0 = {h} parameter(1)",
+        f"  w = f32[{hidden},{hidden}] parameter(2)", f"  u = f32[{hidden},{hidden}] parameter(3)",
+        "  zero = s32[] constant(0)", "  z = f32[] constant(0)",
+        f"  ys0 = {seq} broadcast(z), dimensions={{}}",
+        f"  init = {state} tuple(zero, h0, ys0, xs, w, u)",
+        f"  loop = {state} while(init), condition=cond, body=body",
+        f"  hT = {h} get-tuple-element(loop), index=1", f"  ys = {seq} get-tuple-element(loop), index=2",
+        f"  ROOT out = ({h}, {seq}) tuple(hT, ys)", "}", ""])
+
+
 FAMILIES: dict[str, Callable[..., str]] = {"chain": chain, "mlp": mlp, "attention": attention, "bdot": bdot,
-                                           "fan": fan}
+                                           "fan": fan, "scan": scan}
 
 
 def hlo_text(family: str, **size: int) -> str:
@@ -221,6 +254,19 @@ def jax_function(family: str, **size: int) -> tuple[Callable, list[tuple[int, ..
             return xs[-1]
 
         return f_fan, [(rows, cols)]
+    if family == "scan":
+        steps, batch, hidden = size["steps"], size.get("batch", 4), size.get("hidden", 32)
+
+        def f_scan(xs, h0, w, u):
+            from jax import lax
+
+            def step(h, x):
+                h = jnp.tanh(x @ w + h @ u)
+                return h, h
+
+            return lax.scan(step, h0, xs)
+
+        return f_scan, [(steps, batch, hidden), (batch, hidden), (hidden, hidden), (hidden, hidden)]
     if family == "bdot":
         batch, m, k, n = size["batch"], size["m"], size["k"], size["n"]
         return (lambda a, b: jnp.einsum("bmk,bkn->bmn", a, b)), [(batch, m, k), (batch, k, n)]

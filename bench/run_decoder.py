@@ -17,8 +17,11 @@ simulated time, races, deadlock) and the output is compared with JAX's on the sa
 as JAX computes it and in f32 (every input widened): ncc matches when its relative L2 error
 against f32 is at most TOLERANCE times bf16 JAX's own (the two differ only by rounding order).
 
+With --scan the layers are one `lax.scan` over stacked weights (Flax's nn.scan), an HLO while loop
+that the first job keeps as a loop (a Repeat region): the compile then costs about one layer.
+
     python bench/run_decoder.py [--layers 1,32] [--seq 2048] [--d 4096] [--ffn 11008] [--heads 32]
-                                [--timeout 900] [--keep DIR] [--no-run]
+                                [--timeout 900] [--keep DIR] [--no-run] [--scan]
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ TOLERANCE = 3.0  # ncc's error against f32 over bf16 JAX's, at most
 JOBS = ("HLOToTensorizer", "Frontend", "WalrusDriver", "Packager")
 
 
-def decoder(layers: int, seq: int, d: int, ffn: int, heads: int):
-    """(model function, its argument specs, the flattened argument order's names)."""
+def decoder(layers: int, seq: int, d: int, ffn: int, heads: int, scan: bool = False):
+    """(model function, its argument specs). `scan`: the layers' weights stacked and the layers one
+    `lax.scan` over them (an HLO while loop of `layers` trips), as Flax's nn.scan writes a stack."""
     import jax
     import jax.numpy as jnp
 
@@ -72,14 +76,20 @@ def decoder(layers: int, seq: int, d: int, ffn: int, heads: int):
             x = layer(x, p, cos, sin, mask)
         return x
 
+    def scanned(x, stacked, cos, sin, mask):
+        return jax.lax.scan(lambda x, p: (layer(x, p, cos, sin, mask), None), x, stacked)[0]
+
     bf16 = jnp.bfloat16
     shapes = {"g1": ((d,), jnp.float32), "g2": ((d,), jnp.float32), "w1": ((d, ffn), bf16),
               "w2": ((ffn, d), bf16), "w3": ((d, ffn), bf16), "wk": ((d, d), bf16), "wo": ((d, d), bf16),
               "wq": ((d, d), bf16), "wv": ((d, d), bf16)}  # sorted: JAX flattens a dict by its keys
     params = [{name: jax.ShapeDtypeStruct(*shape) for name, shape in shapes.items()} for _ in range(layers)]
+    if scan:
+        params = {name: jax.ShapeDtypeStruct((layers, *shape), dtype)
+                  for name, (shape, dtype) in shapes.items()}
     specs = (jax.ShapeDtypeStruct((seq, d), bf16), params, jax.ShapeDtypeStruct((seq, head // 2), bf16),
              jax.ShapeDtypeStruct((seq, head // 2), bf16), jax.ShapeDtypeStruct((seq, seq), jnp.float32))
-    return model, specs
+    return (scanned if scan else model), specs
 
 
 def seeded_inputs(specs, seq: int, d: int, ffn: int, heads: int) -> tuple:
@@ -151,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--keep", type=Path, help="keep HLO, work dirs and NEFFs here")
     parser.add_argument("--no-run", action="store_true", help="do not simulate the one-layer model")
+    parser.add_argument("--scan", action="store_true",
+                        help="the layers as one lax.scan over stacked weights (a while loop), "
+                             "not a Python loop")
     args = parser.parse_args(argv)
     try:
         import jax  # noqa: F401
@@ -160,9 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     with contextlib.ExitStack() as stack:
         scratch = run_scale.scratch_dir(stack, args.keep, "ncc-decoder-")
-        print(f"decoder S={args.seq} D={args.d} F={args.ffn} heads={args.heads} bf16; {run_scale.machine()}")
+        print(f"decoder S={args.seq} D={args.d} F={args.ffn} heads={args.heads} bf16"
+              f"{', layers as one lax.scan' if args.scan else ''}; {run_scale.machine()}")
         for layers in (int(n) for n in args.layers.split(",")):
-            model, specs = decoder(layers, args.seq, args.d, args.ffn, args.heads)
+            model, specs = decoder(layers, args.seq, args.d, args.ffn, args.heads, args.scan)
             hlo = scratch / f"decoder{layers}.hlo.pb"
             hlo.write_bytes(_lowered(model, specs).compiler_ir("hlo").as_serialized_hlo_module_proto())
             neff, workdir = scratch / f"decoder{layers}.neff", scratch / f"decoder{layers}.w"
@@ -178,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{layers} layers: compile {wall:.1f} s ({jobs}); peak RSS {peak / 2**30:.2f} GiB; "
                   f"NEFF {static:,} / executed {executed:,} instructions; "
                   f"XLA:CPU compile {xla_cpu.compile_seconds(model, specs):.2f} s")
-            if layers == 1 and not args.no_run:
+            if layers == 1 and not args.no_run and not args.scan:
                 check = check_layer(neff, model, seeded_inputs(specs, args.seq, args.d, args.ffn, args.heads),
                                     scratch)
                 matches = (check["error_ncc"] <= TOLERANCE * check["error_jax_bf16"] and not check["races"]

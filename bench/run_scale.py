@@ -33,8 +33,8 @@ on, and exits 1 at the end.
 
 --sizes (with one --family) is a ';'-separated list of sizes, each a ','-separated list of
 key=value (hlo_gen's parameters: chain n,rows,cols; mlp batch,d,layers; attention seq,d,layers;
-bdot batch,m,k,n), or a bare number for the family's main parameter (chain n, mlp batch,
-attention layers, bdot batch) on the family's default shape.
+bdot batch,m,k,n; scan steps,batch,hidden), or a bare number for the family's main parameter
+(chain n, mlp batch, attention layers, bdot batch, scan steps) on the family's default shape.
 """
 
 from __future__ import annotations
@@ -61,20 +61,22 @@ import run_bench  # noqa: E402
 import xla_cpu  # noqa: E402
 
 # The default run: about 8 minutes on 2 cores (chain n=12500, 100k BIR, and XLA compiling it are most of it).
-DEFAULT_FAMILIES = ("chain", "mlp", "attention")
+DEFAULT_FAMILIES = ("chain", "mlp", "attention", "scan")
 BASE: dict[str, dict[str, int]] = {  # the shape a bare --sizes number is applied to
     "chain": {},
     "mlp": {"d": 1024},
     "attention": {"seq": 512, "d": 512},
     "bdot": {"m": 128, "k": 128, "n": 128},
+    "scan": {},
 }
-MAIN_PARAMETER = {"chain": "n", "mlp": "batch", "attention": "layers", "bdot": "batch"}
+MAIN_PARAMETER = {"chain": "n", "mlp": "batch", "attention": "layers", "bdot": "batch", "scan": "steps"}
 DEFAULT_SIZES: dict[str, list[dict[str, int]]] = {
     # on f32[512,1024]: one fused nest, 8 BIR instructions per op (4 row tiles, each cut in two by retile)
     "chain": [{"n": n} for n in (500, 2000, 12500)],
     "mlp": [{"batch": b, "d": 1024} for b in (256, 512, 1024)] + [{"batch": 1024, "d": 2048}],
     "attention": [{"seq": 512, "d": 512, "layers": layers} for layers in (1, 2, 3, 4)],
     "bdot": [{"batch": batch, "m": 128, "k": 128, "n": 128} for batch in (4, 16, 64)],
+    "scan": [{"steps": steps} for steps in (500, 2000)],
 }
 DEFAULT_TIMEOUT_S = 900.0
 STOP_GRACE_S = 30.0  # after SIGINT, how long `ncc compile` gets to stop its job cleanly

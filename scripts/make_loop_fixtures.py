@@ -69,7 +69,8 @@ def fixtures() -> dict:
         return lax.scan(layer, x, stack)[0]
 
     square, wide, narrow = (4, 512, 512), (4, 512, 1024), (4, 1024, 512)
-    decoder_weights = {"w1": wide, "w2": narrow, "w3": wide, "wk": square, "wo": square, "wq": square, "wv": square}
+    decoder_weights = {"w1": wide, "w2": narrow, "w3": wide, "wk": square, "wo": square, "wq": square,
+                       "wv": square}
 
     return {
         "decoder_scan": (decoder_scan, [(256, 512), decoder_weights]),

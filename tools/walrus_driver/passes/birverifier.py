@@ -16,8 +16,12 @@ differences: a buffer used inside a loop it is not private to is live over the l
 body, and a rotating buffer takes every copy (`address_bounds`, `allocation_overlap`); an HBM
 operand must stay inside its tensor at its loops' last iteration too (`loop_bounds`); and the
 dynamic checks run on the expansion of the streams (codegen's, or the static order's put in
-loops as codegen would), up to `max_expanded` executed instructions, beyond which only the
-static checks run (counter `execution_checked`). A wait inside loops may start below 0 (it holds
+loops as codegen would), up to `max_expanded` executed instructions and `expanded_per_static` per
+static one (past EXPANDED_FLOOR), beyond which only the static checks run (counter
+`execution_checked`): expanding costs ~45 us an executed instruction, which made a kept 2,000-step
+scan's compile follow its trips (2.0 of 4.4 s), and the loop bodies it repeats are the ones already
+checked; `ncc run` and `--verify` still execute every iteration with the simulator's race and
+deadlock detectors. A wait inside loops may start below 0 (it holds
 at once: docs/ir.md, Loops) and its words then encode 0. The dependence coverage check reads the
 DAG of one iteration and is left to the simulator's race detector for loops (`--verify`).
 
@@ -47,6 +51,7 @@ from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "birverifier"
+EXPANDED_FLOOR = 20_000  # executed instructions the dynamic checks of a program with loops always afford
 
 
 @dataclass
@@ -56,7 +61,8 @@ class Options:
     # yes | no | auto (= from forked.MIN_INSTRUCTIONS up): the synchronization checks and the
     # abstract execution run in a forked child while this process checks instructions and buffers
     fork: str = "auto"
-    max_expanded: int = 250_000  # loops: executed instructions up to which the dynamic checks run
+    max_expanded: int = 250_000  # loops: executed instructions up to which the dynamic checks run ...
+    expanded_per_static: int = 4  # ... and at most this many per static instruction (above a floor)
 
 
 # An instruction's waits as (semaphore, value) and its updates as (semaphore, increment).
@@ -85,7 +91,8 @@ def run(ctx: PassContext) -> None:
     # in the order one process finds them, so the first one named is the same either way.
     report = _Report()
     dynamic = forked.Forked(
-        functools.partial(_check_synchronization, ctx, check_sync, report, options.max_expanded),
+        functools.partial(_check_synchronization, ctx, check_sync, report, options.max_expanded,
+                          options.expanded_per_static),
         parallel=fork,
     )
     live = _check_instructions(ctx, report)
@@ -116,7 +123,7 @@ def run(ctx: PassContext) -> None:
 
 
 def _check_synchronization(
-    ctx: PassContext, check_sync: bool, static: _Report, max_expanded: int
+    ctx: PassContext, check_sync: bool, static: _Report, max_expanded: int, per_static: int
 ) -> tuple[_Report, _Report | None]:
     """The semaphore limits and the engine streams, then, if they and the `static` rules hold,
     the abstract execution: their two reports, the second None when it did not run.
@@ -135,7 +142,8 @@ def _check_synchronization(
         return limits, None
     execution = _Report()
     try:
-        streams = _loop_execution_streams(ctx, max_expanded) if ctx.loop_entries else _streams(ctx.program)
+        streams = _loop_execution_streams(ctx, max_expanded, per_static) if ctx.loop_entries \
+            else _streams(ctx.program)
         if streams is not None:
             _check_execution(ctx, execution, check_sync and not ctx.loop_entries, sync, streams)
     except Exception as error:
@@ -163,11 +171,15 @@ def _check_loop_streams(ctx: PassContext, report: _Report) -> None:
                     f"no stream for {', '.join(birutil.engine_name(e) for e in sorted(missing))}")
 
 
-def _loop_execution_streams(ctx: PassContext, limit: int) -> dict[int, list[bir_pb2.Instruction]] | None:
+def _loop_execution_streams(ctx: PassContext, limit: int,
+                            per_static: int) -> dict[int, list[bir_pb2.Instruction]] | None:
     """The expanded streams the dynamic checks of a program with loops run on: codegen's, or the
-    static order put in loops per engine; None (and counter execution_checked 0) past `limit`."""
+    static order put in loops per engine; None (and counter execution_checked 0) past `limit` or
+    `per_static` executed instructions per static one (past EXPANDED_FLOOR)."""
     program = ctx.program
     streams = list(program.streams) or _static_streams(ctx)
+    static = sum(len(stream.instructions) for stream in streams)
+    limit = min(limit, EXPANDED_FLOOR + per_static * static)
     executed = loops.executed_instructions(streams, "E410")
     ctx.set_stat("executed_instructions", executed)
     if executed > limit:
