@@ -18,6 +18,7 @@ from ncc.tools.common import loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.hlo_reader import parse_module_text
 from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo_opt import bir_codegen
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.golden.evaluator import evaluate
 from ncc.tools.hlo_opt.optimizer import optimize, pass_list
@@ -101,6 +102,22 @@ def test_a_kept_loop_computes_what_its_unrolled_compile_computes(name):
     static = sum(len(s.instructions) for s in neff.streams)
     executed = sum(loops.check_stream(s, "E603") for s in neff.streams)
     assert static < executed
+
+
+@pytest.mark.parametrize("name", ["decoder_scan", "running_stats", "swap_carry"])
+def test_a_kept_loop_synchronized_as_a_barrier_computes_the_same(monkeypatch, name):
+    # every region a barrier loop (a 1,000-instruction body is one by default: a decoder layer)
+    monkeypatch.setattr(bir_codegen, "BARRIER_BODY", 1)
+    text = (LOOPS / f"{name}.hlo").read_text()
+    kept = _lower(text, repeat_above=0)
+    inputs = _inputs(kept)
+    neff, result = _run(kept, "rolled", inputs)
+    entries = [i for s in neff.streams for i in s.instructions if i.op == loops.LOOP_OP]
+    assert any(i.trip_count == kept.repeats[0].trips for i in entries)
+    _, reference = _run(_lower(text, "unrolled"), "unrolled", inputs)
+    assert not result.races and result.deadlock is None
+    for out in reference.outputs:
+        np.testing.assert_allclose(result.outputs[out], reference.outputs[out], rtol=2e-6, atol=1e-6)
 
 
 def test_a_carry_read_after_its_update_in_place_unrolls():

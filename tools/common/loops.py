@@ -38,6 +38,12 @@ LOOP_OP = "loop"
 # Penguin: the nest attribute that names the Repeat region (a while loop kept as a loop) a nest
 # belongs to (penguin.proto, Repeat); bir_codegen emits the region as one `loop` entry
 REPEAT = "repeat"
+# BIR: a `loop` entry with attributes[CARRIED] == BARRIER has its carried dependences synchronized
+# as a barrier between iterations (every thread's first instruction waits for every other thread's
+# last one at the iteration before) rather than pair by pair: a Repeat region's loop, one trip a
+# whole program run (docs/ir.md)
+CARRIED = "carried"
+BARRIER = "barrier"
 MAX_LOOP_DEPTH = 8
 MAX_ROTATION = 16
 

@@ -39,7 +39,7 @@ from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.loops import LOOP_OP, REPEAT
+from ncc.tools.common.loops import BARRIER, CARRIED, LOOP_OP, REPEAT
 from ncc.tools.common.penguin_budget import (
     AUTO_ROLL_ABOVE,
     MAX_INSTRUCTIONS,
@@ -71,6 +71,9 @@ class _OpenLoop:
     start: int
     copies: int  # consecutive iterations of the axis each loop iteration runs (unroll and jam)
     first: int  # the axis's value at the loop's first iteration
+
+
+BARRIER_BODY = 1_000  # a Repeat region's loop of this many instructions or more is a barrier loop
 
 
 class BirCodeGenLoop:
@@ -120,15 +123,25 @@ class BirCodeGenLoop:
                                    f"which is {problem}", nest.name)
             if region is not self.region:
                 if self.region is not None:
-                    self._close_loop()
+                    self._close_region()
                     emitted.add(self.region.name)
                 self.region = region
                 if region is not None:
                     self._open_region(region)
             self._nest(nest, self.plans.get(k))
         if self.region is not None:
-            self._close_loop()
+            self._close_region()
         return self.bir
+
+    def _close_region(self) -> None:
+        """Close a Repeat region's loop; a large one is synchronized as a barrier between trips
+        (tools/common/loops.py, CARRIED): its dependences pair by pair cost time and waits that
+        grow with the square of the body (1.5M and 118k for a 4,842-instruction decoder layer),
+        and its trips overlap little anyway."""
+        entry = self.open_loops[0].entry
+        self._close_loop()
+        if entry.body_length >= BARRIER_BODY:
+            entry.attributes[CARRIED] = BARRIER
 
     def _open_region(self, region: penguin_pb2.Repeat) -> None:
         """The loop of a Repeat region (a while loop kept as a loop): its nests are the body."""

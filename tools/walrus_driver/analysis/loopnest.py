@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
-from ncc.tools.common.loops import LOOP_OP
+from ncc.tools.common.loops import BARRIER, CARRIED, LOOP_OP
 
 ROOT = -1  # the loop id of the top level
 
@@ -38,6 +38,7 @@ class Loop:
     trip: int
     parent: int  # ROOT at the top level
     depth: int  # 1 for a top-level loop
+    barrier: bool = False  # its carried dependences are kept as a barrier between iterations (ir.md)
 
 
 def owner_of(instr: bir_pb2.Instruction) -> int:
@@ -70,7 +71,9 @@ class LoopNest:
                 depth = loop(parent).depth + 1 if parent != ROOT else 1
                 if depth > len(entries):
                     raise CompileError("E405", f"loop {entry.name!r} encloses itself", entry.name)
-                found = loops[loop_id] = Loop(loop_id, entry.name, int(entry.trip_count), parent, depth)
+                barrier = entry.attributes.get(CARRIED) == BARRIER
+                found = loops[loop_id] = Loop(loop_id, entry.name, int(entry.trip_count), parent, depth,
+                                              barrier)
             return found
 
         for loop_id in entries:
