@@ -66,11 +66,13 @@ def _bases(nests: list[penguin_pb2.LoopNest], bases: dict[str, str], inputs: boo
 
 def _carried(nests: list[penguin_pb2.LoopNest], bases: dict[str, str]) -> set[str]:
     """The tensors a region reads at or before its first write of them: one trip's value for the next."""
+    read: set[str] = set()
     written: set[str] = set()
     carried: set[str] = set()
     for nest in nests:
         writes = _bases([nest], bases, inputs=False)
-        carried |= _bases([nest], bases, inputs=True) & (writes - written)
+        read |= _bases([nest], bases, inputs=True)
+        carried |= (writes - written) & read
         written |= writes
     return carried
 
