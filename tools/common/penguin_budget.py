@@ -45,9 +45,10 @@ def instruction_count(program: penguin_pb2.Program) -> tuple[int, int, penguin_p
     """(instructions, iteration points, the nest with most instructions, its count), unrolling nothing.
 
     Exact for predicates on one axis each (all the lowering writes); for predicates that couple axes
-    over more than _ENUMERATE_LIMIT points, an upper bound. Clipped-away empty boxes count too.
+    over more than _ENUMERATE_LIMIT points, an upper bound. Clipped-away empty boxes count too. A
+    Repeat region (a while loop kept as a loop) counts its nests once and its `loop` entry.
     """
-    total = points = largest_count = 0
+    total, points, largest_count = len(program.repeats), 0, 0
     largest = None
     tensors = {t.name: t for t in program.tensors}
     for nest in program.nests:
@@ -89,7 +90,7 @@ def backend_instruction_count(program: penguin_pb2.Program, surviving: bool = Fa
         all_whole, all_extra = all_whole + whole, all_extra + extra
         if largest is None or count > largest_count:
             largest, largest_count = nest, count
-    return with_pieces(all_whole, all_extra), largest, largest_count
+    return with_pieces(all_whole + len(program.repeats), all_extra), largest, largest_count
 
 
 def nest_backend_instructions(nest: penguin_pb2.LoopNest, tensors: dict,
