@@ -93,6 +93,18 @@ class ProgramBuilder:
         self._names.add(name)
         return name
 
+    def snapshot(self) -> tuple:
+        """What `restore` needs to take back everything declared and named after this point (a
+        trial lowering: repeat.py)."""
+        counts = len(self.program.tensors), len(self.program.nests)
+        return (*counts, set(self._names), dict(self._suffix), dict(self._views))
+
+    def restore(self, mark: tuple) -> None:
+        tensors, nests, names, suffix, views = mark
+        del self.program.tensors[tensors:]
+        del self.program.nests[nests:]
+        self._names, self._suffix, self._views = set(names), dict(suffix), dict(views)
+
     def tensor(self, hint: str, **fields) -> str:
         name = self.unique(hint)
         self.program.tensors.add(name=name, **fields)

@@ -89,7 +89,7 @@ class RepeatOps:
         repeat = self.builder.program.repeats.add(name=name, trips=trips, source=instr.name)
         for base, step in sorted(steps.items()):
             repeat.steps[base] = step
-        return tuple(self._after_trip(state, folded[trips], kinds, carries, j) for j in range(len(state)))
+        return self._trip_state(state, folded[trips], kinds, carries)  # what the last trip left
 
     # ---- the state ----------------------------------------------------------------------------
     def _folded_states(self, body, state: tuple, trips: int) -> list:
@@ -121,15 +121,6 @@ class RepeatOps:
             else:
                 values.append(value)
         return tuple(values)
-
-    @staticmethod
-    def _after_trip(state: tuple, folded_last, kinds: list[str], carries: dict[int, str], j: int) -> Value:
-        value = state[j]
-        if kinds[j] == "scalar":
-            return Splat(float(folded_last[j].reshape(-1)[0]), value.dtype, value.shape)
-        if kinds[j] == "carried":
-            return View.whole(carries[j], value.dtype, value.shape)
-        return value
 
     # ---- one trip -------------------------------------------------------------------------------
     def _lower_trip(self, instr, body, state: tuple, folded: list, kinds: list[str], carries: dict[int, str],
@@ -201,16 +192,14 @@ class RepeatOps:
 
     # ---- trial lowering ---------------------------------------------------------------------------
     def _snapshot(self) -> tuple:
-        program, builder = self.builder.program, self.builder
-        return (len(program.tensors), len(program.nests), set(builder._names), dict(builder._suffix),
-                dict(builder._views), set(self.produced), dict(self.plans))
+        """(tensors, nests, the builder's and the lowering's state) to go back to after a trial."""
+        program = self.builder.program
+        return len(program.tensors), len(program.nests), self.builder.snapshot(), set(self.produced), \
+            dict(self.plans)
 
     def _restore(self, mark: tuple) -> None:
-        program, builder = self.builder.program, self.builder
-        tensors, nests, names, suffix, views, produced, plans = mark
-        del program.tensors[tensors:]
-        del program.nests[nests:]
-        builder._names, builder._suffix, builder._views = set(names), dict(suffix), dict(views)
+        _, _, builder, produced, plans = mark
+        self.builder.restore(builder)
         self.produced, self.plans = set(produced), dict(plans)
 
 
