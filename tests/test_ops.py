@@ -1233,9 +1233,10 @@ def test_zero_element_iota_of_a_huge_axis_materializes_nothing(tmp_path: Path) -
 
 
 def test_a_loop_past_the_trip_limit_is_refused_from_its_counter_alone() -> None:
-    """20,000 trips of a body that computes on an array: the trip count folds from the counter
-    without lowering the body, so the refusal (E207) comes before any trip is unrolled; a loop of
-    3 trips of the same body still unrolls and computes."""
+    """A body that computes on an array: the trip count folds from the counter without lowering
+    the body, so the refusal (E207) comes before any trip is unrolled: 20,000 trips are past the
+    unroller's limit (--loops unrolled), 2,000,000 past a kept loop's; 20,000 trips stay one loop
+    otherwise, and a loop of 3 trips of the same body still unrolls and computes."""
     from ncc.tools.common.errors import CompileError
     from ncc.tools.hlo.hlo_text import parse_hlo_text
     from ncc.tools.hlo2penguin.lower import lower_module
@@ -1264,7 +1265,10 @@ ENTRY main {{
   ROOT w = (f32[300,70], s32[]) while(init), condition=cond, body=body
 }}
 """
-    with pytest.raises(CompileError) as info:
-        lower_module(parse_hlo_text(module(20_000)))
-    assert info.value.code == "E207" and "w" in info.value.location
+    for trips, loops in ((20_000, "unrolled"), (2_000_000, "auto")):
+        with pytest.raises(CompileError) as info:
+            lower_module(parse_hlo_text(module(trips)), loops)
+        assert info.value.code == "E207" and "w" in info.value.location
+    kept = lower_module(parse_hlo_text(module(20_000)))
+    assert [repeat.trips for repeat in kept.repeats] == [20_000]
     assert sum(nest.source == "y" for nest in lower_module(parse_hlo_text(module(3))).nests) == 3

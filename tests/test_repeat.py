@@ -179,3 +179,94 @@ def test_the_1000_step_scan_of_the_zoo_compiles_to_a_loop(tmp_path):
     static, executed = (int(n.replace(",", "")) for n in
                         re.search(r"([\d,]+) instructions \(([\d,]+) executed\)", shown.stdout).groups())
     assert static < 100 and executed > 1000 * 10  # 1,000 trips of the loop, each ten or more
+
+
+def test_a_scan_past_the_unrollers_limit_stays_one_loop_and_computes():
+    # 12,000 trips: more than a loop may unroll (10,000), folded for all trips at once
+    program = _lower(_rnn(12_000))
+    assert [repeat.trips for repeat in program.repeats] == [12_000]
+    inputs = _inputs(program)
+    inputs["arg3"] *= 0.1  # h @ u contracts: rounding does not grow over 12,000 steps
+    _, result = _run(program, "rolled", inputs)
+    assert not result.races and result.deadlock is None
+    xs, h, w, u = (inputs[f"arg{k}"].astype(np.float64) for k in range(4))
+    ys = np.empty_like(xs)
+    for t in range(len(xs)):
+        h = ys[t] = np.tanh(xs[t] @ w + h @ u)
+    last, all_ys = (result.outputs[name] for name in sorted(result.outputs))
+    np.testing.assert_allclose(last, h, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(all_ys, ys, rtol=1e-4, atol=1e-5)
+
+
+def _counted_loop(start: int, step: str, stop: str, extra: str = "") -> str:
+    """A loop over an f32[8] carry whose s32 counter starts at `start`, steps by `step` (an HLO
+    instruction on i and one or two) and runs while `stop` (one on i and n = 100 or z = 0) holds;
+    `extra`: more of the body."""
+    return f"""HloModule m
+body {{
+  s = (s32[], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  x = f32[8] get-tuple-element(s), index=1
+  one = s32[] constant(1)
+  two = s32[] constant(2)
+  {extra}
+  y = f32[8] exponential(x)
+  j = s32[] {step}
+  ROOT t = (s32[], f32[8]) tuple(j, y)
+}}
+cond {{
+  s = (s32[], f32[8]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(100)
+  z = s32[] constant(0)
+  ROOT c = pred[] {stop}
+}}
+ENTRY main {{
+  x = f32[8] parameter(0)
+  c = s32[] constant({start})
+  init = (s32[], f32[8]) tuple(c, x)
+  ROOT w = (s32[], f32[8]) while(init), condition=cond, body=body
+}}
+"""
+
+
+def _fold_all_at_once(text: str, start: int):
+    """trip_fold.fold_trips on the module's loop, its counter starting at `start`."""
+    from ncc.tools.hlo2penguin.control import ControlOps
+    from ncc.tools.hlo2penguin.trip_fold import fold_trips
+
+    module = parse_module_text(text.encode())
+    body, condition = (c for c in module.computations if c.name in ("body", "cond"))
+    return fold_trips(ControlOps._fold_values, body, condition, (np.asarray([start], np.int32), None), 1_000)
+
+
+@pytest.mark.parametrize("start, step, stop, trips, stride", [
+    (5, "add(i, two)", "compare(i, n), direction=LT", 48, 2),  # 5, 7, ..., 99
+    (100, "subtract(i, one)", "compare(i, z), direction=GT", 100, -1),  # counting down to 1
+    (1, "multiply(i, two)", "compare(i, n), direction=LT", 7, None),  # doubling: trip by trip
+    (0, "add(i, one)", "compare(i, n), direction=GT", 0, 1),  # never runs
+])
+def test_the_trip_count_folds_for_all_trips_at_once_or_trip_by_trip(start, step, stop, trips, stride):
+    text = _counted_loop(start, step, stop)
+    closed = _fold_all_at_once(text, start)
+    if stride is None:
+        assert closed is None  # not affine in the trip
+    else:
+        assert closed.count == trips and closed.evenly
+        assert list(closed.series[0]) == [start + k * stride for k in range(trips + 1)]
+    # the unrolled compile agrees, whichever way the count was found
+    assert sum(nest.source == "y" for nest in _lower(text, "unrolled").nests) == trips
+
+
+def test_a_body_scalar_that_does_not_step_evenly_keeps_the_loop_unrolled():
+    # `i == 50` is true at one trip only: that trip would lower differently from those compared
+    extra = "fifty = s32[] constant(50)\n  at = pred[] compare(i, fifty), direction=EQ"
+    closed = _fold_all_at_once(_counted_loop(0, "add(i, one)", "compare(i, n), direction=LT", extra), 0)
+    assert closed.count == 100 and not closed.evenly
+
+
+def test_a_loop_that_never_ends_by_its_counter_is_refused_at_once():
+    text = _counted_loop(0, "add(i, two)", "compare(i, n), direction=NE")  # 0, 2, 4, ... never 7
+    with pytest.raises(CompileError) as info:
+        _lower(text.replace("constant(100)", "constant(7)"))
+    assert info.value.code == "E207" and "1,000,000" in str(info.value)

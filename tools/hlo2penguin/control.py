@@ -2,9 +2,10 @@
 constant, conditionals as one branch (a constant selector) or every branch and a select.
 
 Before a loop is unrolled, its trip count is found by folding only its compile-time scalars (the
-counter and what the condition reads) through condition and body, which costs microseconds a trip
-where lowering the body costs milliseconds: a loop of more trips than the limit is refused at once,
-and the instruction budget projects from the first trip over all of them.
+counter and what the condition reads) through condition and body (trip_fold.py: for all trips at
+once where they are affine in the trip, else trip by trip), which costs microseconds where lowering
+the body costs milliseconds a trip: a loop of more trips than the limit is refused at once, and the
+instruction budget projects from the first trip over all of them.
 
 A mixin of Lowering (lower.py): its methods call the rest of the lowering through `self`.
 """
@@ -21,14 +22,15 @@ from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_backend_instr
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply
 from ncc.tools.hlo.hlo_types import compute_dtype, is_tuple, xla_type
 from ncc.tools.hlo.literals import literal_to_numpy
+from ncc.tools.hlo2penguin.trip_fold import Folded, FoldedTrips, fold_trips, from_states, root_id
 from ncc.tools.hlo2penguin.values import Splat, Value
 
 # Ops a trip count can be folded through: elementwise ops on constants, and moves of a constant.
 _FOLDABLE = UNARY_OPCODES | BINARY_OPCODES | {"compare", "select", "clamp", "convert", "copy"}
 _SAME_VALUE = frozenset({"broadcast", "reshape", "bitcast", "transpose", "slice", "reverse"})
-Folded = tuple | np.ndarray | None  # a constant (one element), a tuple of them, or unknown (None)
 
 MAX_UNROLLED_ITERATIONS = 10_000  # a while loop is unrolled: 100 instructions a trip fill the budget (E302)
+MAX_KEPT_TRIPS = 1_000_000  # a loop kept as a loop (repeat.py): its trip count is a number in the NEFF
 
 
 class Budget:
@@ -79,18 +81,23 @@ class ControlOps:
         a constant and steps by constants, as fori_loop and scan emit); the body is lowered once per
         iteration with that iteration's state, so a dynamic-slice by the counter becomes a static slice."""
         body, condition = (self.computations[c] for c in instr.called_computation_ids)
-        trips = self._trip_count(body, condition, state)
-        if trips is not None and trips > MAX_UNROLLED_ITERATIONS:
-            raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
+        folded = self._fold_trips(body, condition, state)
+        trips = folded.count if folded is not None else None
+        if trips is not None and trips > MAX_KEPT_TRIPS:
+            raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_KEPT_TRIPS:,} "
                                        "iterations", instr.name)
-        if trips is not None and not self.in_repeat:
+        if folded is not None and not self.in_repeat and folded.series:
             self.in_repeat = True  # a loop inside a kept loop's body unrolls: regions do not nest
             try:
-                kept = self._repeat_while(instr, body, condition, state, trips)  # repeat.py
+                kept = self._repeat_while(instr, body, state, folded)  # repeat.py
             finally:
                 self.in_repeat = False
             if kept is not None:
                 return kept
+        if trips is not None and trips > MAX_UNROLLED_ITERATIONS:
+            raise CompileError("E207", f"while loop '{instr.name}' runs {trips:,} iterations: more than "
+                                       f"{MAX_UNROLLED_ITERATIONS:,} unrolled, and it cannot stay a loop",
+                               instr.name)
         budget = Budget(self.builder.program, instr.name, "while loop", planned=trips or 0)
         for _ in range(MAX_UNROLLED_ITERATIONS):
             verdict = self._computation(condition, [state])
@@ -104,22 +111,32 @@ class ControlOps:
         raise CompileError("E207", f"while loop '{instr.name}' runs more than {MAX_UNROLLED_ITERATIONS} "
                                    "iterations", instr.name)
 
-    def _trip_count(self, body, condition, state: Value) -> int | None:
-        """How many times the loop runs, from its compile-time scalars alone, or None when the
-        condition needs more than they give (the unroller then decides, or refuses, as it goes)."""
-        folded = constants_of(state)
+    def _fold_trips(self, body, condition, state: Value) -> FoldedTrips | None:
+        """How many times the loop runs and its compile-time scalars at every trip, from those
+        scalars alone (trip_fold.py); None when the condition needs more than they give (the
+        unroller then decides, or refuses, as it goes). Past the limit: count limit + 1."""
+        first = constants_of(state)
+        if isinstance(first, tuple):
+            folded = fold_trips(self._fold_values, body, condition, first, MAX_KEPT_TRIPS)
+            if folded is not None:
+                return folded
+        states, body_series = [first], {}  # trip by trip, as far as a loop may be unrolled
+        root = root_id(body)
         for trips in range(MAX_UNROLLED_ITERATIONS + 1):
-            verdict = self._fold_computation(condition, [folded])
+            verdict = self._fold_computation(condition, [states[-1]])
             if not isinstance(verdict, np.ndarray):
                 return None
             if not verdict.reshape(-1)[0]:
-                return trips
-            folded = self._fold_computation(body, [folded])
-        return MAX_UNROLLED_ITERATIONS + 1
+                return from_states(states, list(body_series.values()), trips)
+            values = self._fold_values(body, [states[-1]])
+            states.append(values[root])
+            for key, value in values.items():
+                if isinstance(value, np.ndarray) and value.size == 1:
+                    body_series.setdefault(key, []).append(float(value.reshape(-1)[0]))
+        return FoldedTrips(MAX_UNROLLED_ITERATIONS + 1, [], True)
 
     def _fold_computation(self, comp: hlo_pb2.HloComputationProto, args: list[Folded]) -> Folded:
-        values = self._fold_values(comp, args)
-        return values[comp.root_id if comp.root_id in values else comp.instructions[-1].id]
+        return self._fold_values(comp, args)[root_id(comp)]
 
     @staticmethod
     def _fold_values(comp: hlo_pb2.HloComputationProto, args: list[Folded]) -> dict[int, Folded]:

@@ -32,12 +32,10 @@ A mixin of Lowering (lower.py), like control.py.
 
 from __future__ import annotations
 
-import numpy as np
-
 from ncc.schemas import hlo_pb2, penguin_pb2
 from ncc.tools.common.loops import REPEAT
 from ncc.tools.common.penguin_budget import nest_backend_instructions, with_pieces
-from ncc.tools.hlo2penguin.control import constants_of
+from ncc.tools.hlo2penguin.trip_fold import FoldedTrips, steps_evenly
 from ncc.tools.hlo2penguin.values import Splat, Value
 from ncc.tools.hlo2penguin.views import View
 
@@ -49,17 +47,17 @@ class _NotRepeatable(Exception):
 
 
 class RepeatOps:
-    def _repeat_while(self, instr, body: hlo_pb2.HloComputationProto, condition: hlo_pb2.HloComputationProto,
-                      state: Value, trips: int) -> Value | None:
+    def _repeat_while(self, instr, body: hlo_pb2.HloComputationProto, state: Value,
+                      folded: FoldedTrips) -> Value | None:
         """The loop's result, its body lowered once as a region; None (nothing emitted) when it
-        does not fit one, or under --loops auto when its trips are too few to pay."""
-        if self.loops == "unrolled" or trips < MIN_TRIPS or not isinstance(state, tuple):
+        does not fit one, or under --loops auto when its trips are too few to pay. `folded`: the
+        trip count and the state's scalars at every trip (trip_fold.py). Every scalar the body
+        computes must step evenly from trip to trip: one that does not (a `t == 5`) would make
+        some trip lower differently from the trips compared."""
+        trips = folded.count
+        if self.loops == "unrolled" or trips < MIN_TRIPS or not isinstance(state, tuple) or not folded.evenly:
             return None
-        try:
-            folded = self._folded_states(body, state, trips)
-        except _NotRepeatable:
-            return None
-        kinds = _state_kinds(body, state, folded, trips)
+        kinds = _state_kinds(body, state, folded)
         if kinds is None:
             return None
         before = self._snapshot()
@@ -89,33 +87,16 @@ class RepeatOps:
         repeat = self.builder.program.repeats.add(name=name, trips=trips, source=instr.name)
         for base, step in sorted(steps.items()):
             repeat.steps[base] = step
-        return self._trip_state(state, folded[trips], kinds, carries)  # what the last trip left
+        return self._trip_state(state, folded, trips, kinds, carries)  # what the last trip left
 
     # ---- the state ----------------------------------------------------------------------------
-    def _folded_states(self, body, state: tuple, trips: int) -> list:
-        """The compile-time scalars of the state at the start of every trip and after the last.
-        Every scalar the body computes at every trip must step evenly too: one that does not (a
-        `t == 5`) would make some trip lower differently from the trips compared."""
-        ids = {i.id for i in body.instructions}
-        root = body.root_id if body.root_id in ids else body.instructions[-1].id
-        folded = [constants_of(state)]
-        series: dict[int, list[float]] = {}
-        for _ in range(trips):
-            values = self._fold_values(body, [folded[-1]])
-            folded.append(values[root])
-            for key, value in values.items():
-                if isinstance(value, np.ndarray) and value.size == 1:
-                    series.setdefault(key, []).append(float(value.reshape(-1)[0]))
-        for values in series.values():
-            if len(values) == trips and not _steps_evenly(values):
-                raise _NotRepeatable
-        return folded
-
-    def _trip_state(self, state: tuple, folded_trip, kinds: list[str], carries: dict[int, str]) -> tuple:
+    def _trip_state(self, state: tuple, folded: FoldedTrips, trip: int, kinds: list[str],
+                    carries: dict[int, str]) -> tuple:
+        """The state at the start of trip `trip` (at `folded.count`: what the last trip leaves)."""
         values = []
         for j, value in enumerate(state):
             if kinds[j] == "scalar":
-                values.append(Splat(float(folded_trip[j].reshape(-1)[0]), value.dtype, value.shape))
+                values.append(Splat(float(folded.scalar(j, trip)[0]), value.dtype, value.shape))
             elif kinds[j] == "carried":
                 values.append(View.whole(carries[j], value.dtype, value.shape))
             else:
@@ -123,12 +104,12 @@ class RepeatOps:
         return tuple(values)
 
     # ---- one trip -------------------------------------------------------------------------------
-    def _lower_trip(self, instr, body, state: tuple, folded: list, kinds: list[str], carries: dict[int, str],
-                    trip: int) -> None:
+    def _lower_trip(self, instr, body, state: tuple, folded: FoldedTrips, kinds: list[str],
+                    carries: dict[int, str], trip: int) -> None:
         """Emit trip `trip`'s nests: the body on the trip's state, then the carries written back."""
         self.inplace_carries, self.inplace_writes = set(carries.values()), []
         try:
-            out = self._computation(body, [self._trip_state(state, folded[trip], kinds, carries)])
+            out = self._computation(body, [self._trip_state(state, folded, trip, kinds, carries)])
         finally:
             self.inplace_carries = set()
         if not isinstance(out, tuple) or len(out) != len(state):
@@ -166,8 +147,8 @@ class RepeatOps:
         counts = [nest_backend_instructions(nest, tensors) for nest in program.nests[first_nest:]]
         return with_pieces(sum(w for w, _ in counts), sum(e for _, e in counts))
 
-    def _trial_steps(self, instr, body, state: tuple, folded: list, kinds: list[str], carries: dict[int, str],
-                     start: tuple, trips: int) -> dict[str, int]:
+    def _trial_steps(self, instr, body, state: tuple, folded: FoldedTrips, kinds: list[str],
+                     carries: dict[int, str], start: tuple, trips: int) -> dict[str, int]:
         """Lower trips 1, the middle one and the last on trial, compare each with trip 0, and
         return each base's step per trip (the module docstring); raise _NotRepeatable if any differs."""
         program = self.builder.program
@@ -203,8 +184,7 @@ class RepeatOps:
         self.produced, self.plans = set(produced), dict(plans)
 
 
-def _state_kinds(body: hlo_pb2.HloComputationProto, state: tuple, folded: list,
-                 trips: int) -> list[str] | None:
+def _state_kinds(body: hlo_pb2.HloComputationProto, state: tuple, folded: FoldedTrips) -> list[str] | None:
     """Per state element: "same" (the body passes it through), "scalar" (known at every trip,
     affine in the trip) or "carried"; None when the loop does not fit a region."""
     by_id = {i.id: i for i in body.instructions}
@@ -221,21 +201,14 @@ def _state_kinds(body: hlo_pb2.HloComputationProto, state: tuple, folded: list,
                 and list(source.operand_ids) == [parameter.id]:
             kinds.append("same")
             continue
-        values = [f[j] if isinstance(f, tuple) else None for f in folded]
-        if isinstance(value, Splat) and all(isinstance(v, np.ndarray) and v.size == 1 for v in values):
-            if not _steps_evenly([float(v.reshape(-1)[0]) for v in values]):
+        series = folded.series[j] if j < len(folded.series) else None
+        if isinstance(value, Splat) and series is not None:
+            if not steps_evenly(series):
                 return None  # a scalar the trips do not step evenly: each trip would differ
             kinds.append("scalar")
             continue
         kinds.append("carried")
     return kinds
-
-
-def _steps_evenly(values: list[float]) -> bool:
-    """Whether the values, one per trip, are first + t * step (NaN never is)."""
-    series = np.asarray(values)
-    return bool(np.array_equal(series, series[0] + (series[1] - series[0]) * np.arange(len(series)))) \
-        if len(series) > 1 else True
 
 
 def _trip_form(program: penguin_pb2.Program, mark: tuple) -> tuple[list[bytes], list[tuple[str, int]]]:
