@@ -42,12 +42,7 @@ of the static order whose instructions share their innermost loop (a loop body b
 loops, or the top level between loops) is scheduled on its own, over the dependences within it,
 and no instruction leaves its block, so every body stays one run of the order. Iterations
 overlap at run time through the engines' separate streams and rotating buffers, not through this
-order. A block's priorities still see the rest of the program: an instruction whose successors
-lie outside its block (in a later loop, after the loop it is in) takes their critical path, each
-instruction's latency counted once per time it runs (`_whole_program_paths`). Without that the
-value projection of a rolled attention, read only by the nest after the scores' loops, looked
-like the least urgent work of its block and went last, and PE waited for the scores' operands to
-cross HBM instead (205.9 against 185.1 µs unrolled).
+order.
 
 The new order is written to program.instructions (the input order stays when the model says it
 is faster). With `tries` > 1 (--optlevel 3) the scheduler runs again under other pressure limits
@@ -71,7 +66,7 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver.analysis import birutil, costs, engine_choice, loopnest
+from ncc.tools.walrus_driver.analysis import birutil, costs, engine_choice
 from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -339,7 +334,6 @@ def schedule_blocks(
     # scheduled alone looks no worse with its stores on SP, but there they would hold up the
     # loads SP issues for the next iterations (an engine runs its stream in order).
     in_loop = Options(**{**options.__dict__, "choose_triggers": False})
-    paths = _whole_program_paths(ctx, deps, nest)
     for block in blocks:
         if len(block) < 2:
             new_order += block
@@ -358,11 +352,7 @@ def schedule_blocks(
         for instr in block:
             preds = deps.pred_codes(instr.id)
             graph.set_predecessors(instr.id, {p: code for p, code in preds.items() if p in ids})
-        runs = nest.trips(nest.owner(block[0].id))  # in the block's own units: one iteration
-        tail = {node: max(outside) / runs for node in ids
-                if (outside := [paths[s] for s in deps.successors(node) if s not in ids])}
-        schedule(sub, in_loop if nest.owner(block[0].id) in nest.loops else options, graph, unpooled,
-                 tail=tail)
+        schedule(sub, in_loop if nest.owner(block[0].id) in nest.loops else options, graph, unpooled)
         for instr in sub.program.instructions:  # the block's order and the forms it chose
             by_id[instr.id].CopyFrom(instr)
             new_order.append(by_id[instr.id])
@@ -386,21 +376,6 @@ def schedule_blocks(
     ctx.set_stat("blocks", len(blocks))
 
 
-def _whole_program_paths(ctx: PassContext, deps: DepGraph, nest: loopnest.LoopNest) -> dict[int, float]:
-    """Each instruction's critical path to the end of a program that keeps loops, over the DAG of
-    one iteration, every latency counted once per time its instruction runs (the trips of its
-    loops): the work a block's instruction holds up beyond the block."""
-    table = ctx.costs()
-    by_id = {instr.id: instr for instr in ctx.program.instructions}
-    owners = nest.owner_map()
-    runs = {loop_id: nest.trips(loop_id) for loop_id in {*owners.values()}}
-    paths: dict[int, float] = {}
-    for node in reversed(deps.topological_order()):
-        weight = table(by_id[node]).latency_ns * runs[owners.get(node, loopnest.ROOT)]
-        paths[node] = weight + max((paths[s] for s in deps.successors(node)), default=0.0)
-    return paths
-
-
 def _copy(instr: bir_pb2.Instruction) -> bir_pb2.Instruction:
     copy = bir_pb2.Instruction()
     copy.CopyFrom(instr)
@@ -413,12 +388,10 @@ def schedule(
     deps: DepGraph,
     unpooled: set[int],
     acceptable: Callable[[list[bir_pb2.Instruction]], bool] | None = None,
-    tail: dict[int, float] | None = None,
 ) -> None:
     """Reorder ctx.program by the list scheduler over `deps` (or keep its order, if the model says
     that is faster); `unpooled`: the dmas that may take any queue. post_sched calls it too, with
-    `acceptable`: a schedule whose order it refuses is dropped, as an abandoned one is. `tail`:
-    per instruction, a critical path past the instructions `deps` holds (schedule_blocks)."""
+    `acceptable`: a schedule whose order it refuses is dropped, as an abandoned one is."""
     program = ctx.program
     instructions = list(program.instructions)
     input_order = [instr.id for instr in instructions]  # ids read once: each read is a lookup
@@ -454,8 +427,7 @@ def schedule(
     priority: dict[int, float] = {}
     for node in reversed(deps.topological_order()):
         latency = own[node].cost.latency_ns
-        beyond = tail.get(node, 0.0) if tail else 0.0
-        priority[node] = latency + max(beyond, max((priority[s] for s in deps.successors(node)), default=0.0))
+        priority[node] = latency + max((priority[s] for s in deps.successors(node)), default=0.0)
 
     # The input order's live set: a list schedule is abandoned once its own outgrows SBUF or
     # PSUM while the input order's stays within the pressure limit. Past SBUF it could only
