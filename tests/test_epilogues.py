@@ -261,3 +261,26 @@ def test_a_consumer_that_reads_the_product_s_bits_stays_apart(tmp_path: Path) ->
     neff = tmp_path / "bits.neff"
     compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", timeout=300)
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_a_vector_matrix_product_s_consumer_stays_apart_and_verifies(tmp_path: Path) -> None:
+    """h[16] @ w: the dot's tile holds the product as one [1, 16] row, its consumer's as a
+    [16, 1] column (one element a partition); joined, the multiply read the row as the column
+    (E410 in birverifier, found by compiling unseen JAX: an RNN over a 1-D state)."""
+    text = """HloModule vecmat
+ENTRY main {
+  h = f32[16] parameter(0)
+  w = f32[16,16] parameter(1)
+  d = f32[16] dot(h, w), lhs_contracting_dims={0}, rhs_contracting_dims={0}
+  c = f32[] constant(0.1)
+  cs = f32[16] broadcast(c), dimensions={}
+  ROOT m = f32[16] multiply(d, cs)
+}
+"""
+    program = lowered(text)
+    optimize(program, [p for p in _without_epilogues() if p in ("fusion", "cse", "dce", "tile_order")])
+    assert fuse_epilogues(program).refused["tiles lay the product out otherwise"] == 1
+    model = tmp_path / "vecmat.hlo"
+    model.write_text(text)
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "v.neff"), "--verify", timeout=120)
+    assert compiled.returncode == 0, compiled.stderr

@@ -15,7 +15,9 @@ whole matmul. Here such a consumer C joins the dot's nest D when
     attention output on its own, and block took 26.3 -> 29.6 us;
   * D writes that output by one store S of an SBUF tile T, from a statement with S's predicates;
   * both name the output through plain views (row-major, offset 0) whose shapes agree once
-    dimensions of size 1 are dropped, and either
+    dimensions of size 1 are dropped, their tiles lay it out alike (as many partitions by as many
+    free elements: a vector-matrix product's [1, n] row tile is not the [n, 1] column tile its
+    consumer loads), and either
       - exact: L's box is S's box (same extents), and each of C's axes is an affine function of
         D's (C's start `c * a` in a dimension where D's is `c * e(D's axes)`), as many tiles
         either way: C's statements keep their boxes, with C's axes replaced by D's; or
@@ -190,6 +192,8 @@ def _join(dot: penguin_pb2.LoopNest, consumer: penguin_pb2.LoopNest,
     if _box_key(_squeezed(tensors, tile)) != _box_key(ours) \
             or _box_key(_squeezed(tensors, load.outputs[0])) != _box_key(theirs):
         return "tiles hold other boxes than they move"
+    if _partition_dim(tensors[tile.tensor]) != _partition_dim(tensors[load.outputs[0].tensor]):
+        return "tiles lay the product out otherwise"  # a vector's [1, n] row tile against [n, 1]
     elementwise = _elementwise(consumer, load, tensors)
     row_end: penguin_pb2.Predicate | None = None  # wide rows: the consumer runs at the row's last tile
     if [d[2] for d in ours] == [d[2] for d in theirs]:
@@ -264,6 +268,16 @@ def _read_psum(dot: penguin_pb2.LoopNest, store: penguin_pb2.Statement,
     kept = [st for st in statements if st is not copy]
     del dot.statements[:]
     dot.statements.extend(kept)
+
+
+def _partition_dim(tile: penguin_pb2.TensorDecl) -> int | None:
+    """Which dimension of size > 1 (counted as _squeezed counts them) an on-chip tensor's blocks
+    put across partitions (their second-to-last dimension), or None for one of size 1."""
+    shape = list(tile.shape)
+    dim = len(shape) - 2
+    if dim < 0 or shape[dim] == 1:
+        return None
+    return sum(1 for size in shape[:dim] if size != 1)
 
 
 def _same_layout(a: penguin_pb2.TensorDecl, b: penguin_pb2.TensorDecl) -> bool:
