@@ -68,6 +68,21 @@ def fixtures() -> dict:
             return x + (jax.nn.silu(h @ p["w1"]) * (h @ p["w3"])) @ p["w2"], None
         return lax.scan(layer, x, stack)[0]
 
+    def vector_state(x, w):  # a 1-D state: h[16] @ w is a vector-matrix product every trip
+        def step(h, xt):
+            h = 0.5 * h + 0.3 * jnp.tanh(h @ w * 0.1 + xt)
+            return h, h[None, :3]
+        return lax.scan(step, jnp.zeros((16,)), x.T)
+
+    def greedy_decode(emb, wout):  # each trip looks up the row the last trip's argmax chose
+        def step(c, _):
+            token, h = c
+            h = jnp.tanh(h * 0.5 + lax.dynamic_index_in_dim(emb, token, keepdims=False))
+            logits = h @ wout
+            token = jnp.argmax(logits).astype(jnp.int32)
+            return (token, h), (token, jnp.max(logits))
+        return lax.scan(step, (jnp.int32(3), jnp.zeros((32,))), None, length=20)
+
     square, wide, narrow = (4, 512, 512), (4, 512, 1024), (4, 1024, 512)
     decoder_weights = {"w1": wide, "w2": narrow, "w3": wide, "wk": square, "wo": square, "wq": square,
                        "wv": square}
@@ -82,6 +97,8 @@ def fixtures() -> dict:
         "swap_carry": (swap_carry, [(5, 7), (5, 7)]),
         "nested_scan": (nested_scan, [(6, 5, 8, 16), (16, 16)]),
         "euler": (euler, [(16, 64), (64, 64)]),
+        "vector_state": (vector_state, [(16, 60), (16, 16)]),
+        "greedy_decode": (greedy_decode, [(40, 32), (32, 40)]),
     }
 
 
