@@ -22,7 +22,7 @@ from ncc.tools.common.penguin_budget import MAX_INSTRUCTIONS, nest_backend_instr
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply
 from ncc.tools.hlo.hlo_types import compute_dtype, is_tuple, xla_type
 from ncc.tools.hlo.literals import literal_to_numpy
-from ncc.tools.hlo2penguin.trip_fold import Folded, FoldedTrips, fold_trips, from_states, root_id
+from ncc.tools.hlo2penguin.trip_fold import Folded, FoldedTrips, fold_loop, root_id
 from ncc.tools.hlo2penguin.values import Splat, Value
 
 # Ops a trip count can be folded through: elementwise ops on constants, and moves of a constant.
@@ -115,25 +115,8 @@ class ControlOps:
         """How many times the loop runs and its compile-time scalars at every trip, from those
         scalars alone (trip_fold.py); None when the condition needs more than they give (the
         unroller then decides, or refuses, as it goes). Past the limit: count limit + 1."""
-        first = constants_of(state)
-        if isinstance(first, tuple):
-            folded = fold_trips(self._fold_values, body, condition, first, MAX_KEPT_TRIPS)
-            if folded is not None:
-                return folded
-        states, body_series = [first], {}  # trip by trip, as far as a loop may be unrolled
-        root = root_id(body)
-        for trips in range(MAX_UNROLLED_ITERATIONS + 1):
-            verdict = self._fold_computation(condition, [states[-1]])
-            if not isinstance(verdict, np.ndarray):
-                return None
-            if not verdict.reshape(-1)[0]:
-                return from_states(states, list(body_series.values()), trips)
-            values = self._fold_values(body, [states[-1]])
-            states.append(values[root])
-            for key, value in values.items():
-                if isinstance(value, np.ndarray) and value.size == 1:
-                    body_series.setdefault(key, []).append(float(value.reshape(-1)[0]))
-        return FoldedTrips(MAX_UNROLLED_ITERATIONS + 1, [], True)
+        return fold_loop(self._fold_values, body, condition, constants_of(state),
+                         MAX_KEPT_TRIPS, MAX_UNROLLED_ITERATIONS)
 
     def _fold_computation(self, comp: hlo_pb2.HloComputationProto, args: list[Folded]) -> Folded:
         return self._fold_values(comp, args)[root_id(comp)]

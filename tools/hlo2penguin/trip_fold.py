@@ -11,7 +11,8 @@ time, and condition and body are folded once on those vectors (the folding is el
 so a vector folds as a scalar does). The body's results must equal the next trip's state at every
 trip, which proves the closed form by induction from trip 1; the trip count is where the
 condition's vector first reads false. Anything else (a counter that doubles, a float counter whose
-sum rounds, a condition on data) gives None, and the caller folds trip by trip as before.
+sum rounds) is folded one trip at a time, as before, as far as a loop may be unrolled (`fold_loop`
+does both; a condition on data gives None).
 """
 
 from __future__ import annotations
@@ -51,6 +52,32 @@ def steps_evenly(values: np.ndarray) -> bool:
         return True
     series = np.asarray(values, dtype=np.float64)
     return bool(np.array_equal(series, series[0] + (series[1] - series[0]) * np.arange(len(series))))
+
+
+def fold_loop(fold_values: FoldValues, body: hlo_pb2.HloComputationProto,
+              condition: hlo_pb2.HloComputationProto, first: Folded, limit: int,
+              one_by_one_limit: int) -> FoldedTrips | None:
+    """The loop folded for all trips at once where its scalars are affine in the trip (up to
+    `limit` trips), else one trip at a time (up to `one_by_one_limit`); None when the condition
+    needs more than the scalars give. Past the limit: count limit + 1 and no series."""
+    if isinstance(first, tuple):
+        folded = fold_trips(fold_values, body, condition, first, limit)
+        if folded is not None:
+            return folded
+    cond_root, body_root = root_id(condition), root_id(body)
+    states, body_series = [first], {}
+    for trips in range(one_by_one_limit + 1):
+        verdict = fold_values(condition, [states[-1]])[cond_root]
+        if not isinstance(verdict, np.ndarray):
+            return None
+        if not verdict.reshape(-1)[0]:
+            return _from_states(states, list(body_series.values()), trips)
+        values = fold_values(body, [states[-1]])
+        states.append(values[body_root])
+        for key, value in values.items():
+            if _scalar(value):
+                body_series.setdefault(key, []).append(float(value.reshape(-1)[0]))
+    return FoldedTrips(one_by_one_limit + 1, [], True)
 
 
 def fold_trips(fold_values: FoldValues, body: hlo_pb2.HloComputationProto,
@@ -131,7 +158,7 @@ def fold_trips(fold_values: FoldValues, body: hlo_pb2.HloComputationProto,
     return FoldedTrips(count, series, evenly)
 
 
-def from_states(states: list[tuple], body_series: list[list[float]], count: int) -> FoldedTrips:
+def _from_states(states: list[Folded], body_series: list[list[float]], count: int) -> FoldedTrips:
     """A FoldedTrips from states folded one trip at a time (states[t] at the start of trip t, and
     one after the last) and the series of every scalar the body computed."""
     series: list[np.ndarray | None] = []
