@@ -49,15 +49,15 @@ class _Operand(NamedTuple):
 
 def fold_transposes(module: hlo_pb2.HloModuleProto) -> hlo_pb2.HloModuleProto:
     """`module` itself when no transpose of a dot folds, else a copy with each folded."""
-    if not any(_foldable(comp) for comp in module.computations):
+    found = [_foldable(comp) for comp in module.computations]  # by instruction id: the same in a copy
+    if not any(found):
         return module
     folded = hlo_pb2.HloModuleProto()
     folded.CopyFrom(module)
     editor = HloEditor(folded)
-    for comp in folded.computations:
-        found = _foldable(comp)
-        if found:
-            _rewrite(comp, found, editor)
+    for comp, transposes in zip(folded.computations, found, strict=True):
+        if transposes:
+            _rewrite(comp, transposes, editor)
     return folded
 
 
