@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import pytest
-from walrus_builders import ACT, PSUM, SBUF, SP, Bir, chain_program, random_program, run_passes
+from walrus_builders import (
+    ACT,
+    PSUM,
+    SBUF,
+    SP,
+    Bir,
+    chain_program,
+    loop_beside_a_held_tile,
+    random_program,
+    run_passes,
+)
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
@@ -86,6 +96,25 @@ def test_psum_buffers_do_not_cross_banks():
     run_passes(program, "allocation{policy=first_fit}")
     address = {buf.name: buf.address for buf in program.buffers}
     assert address["p0"] == 0 and address["p1"] == 2048 and address["p2"] == 4096
+
+
+def test_psum_buffers_of_two_banks_start_on_an_even_bank():
+    # placed from bank 1 the first accumulator of two banks would leave banks 0, 3, 5 and 7 free,
+    # and a fourth could not find two banks side by side
+    b = Bir()
+    b.buffer("s", 2048)
+    b.buffer("p0", 2048, memory=PSUM)
+    for name in ("p1", "p2", "p3"):
+        b.buffer(name, 4096, memory=PSUM)
+    for name, n in (("p0", 256), ("p1", 512), ("p2", 512), ("p3", 512)):
+        b.matmul(name, "s", "s", 128, 128, n)
+    for name, n in (("p0", 256), ("p1", 512), ("p2", 512), ("p3", 512)):
+        b.matmul(name, "s", "s", 128, 128, n, accumulate=True)
+    program = b.build()
+    run_passes(program, "allocation{policy=first_fit}")
+    address = {buf.name: buf.address for buf in program.buffers}
+    assert address["p0"] == 0
+    assert sorted(address[name] for name in ("p1", "p2", "p3")) == [4096, 8192, 12288]
 
 
 def test_out_of_memory_names_the_buffer_and_sizes():
@@ -218,3 +247,14 @@ def test_bad_policy_option():
     with pytest.raises(CompileError) as err:
         run_passes(chain_program(1), "allocation{policy=best}")
     assert err.value.code == "E400"
+
+
+def test_past_max_rotating_every_loop_buffer_has_one_copy():
+    # the loop's eight private buffers rotate through two copies, unless more would rotate than
+    # max_rotating allows (the dependence analysis after allocation pays for every copy)
+    passes = "anti_dependency_analyzer,pre_sched,allocation"
+    ctx = run_passes(loop_beside_a_held_tile(cols=1024, held_cols=1024), passes)
+    assert ctx.stats["allocation"]["rotating_buffers"] == 8
+    ctx = run_passes(loop_beside_a_held_tile(cols=1024, held_cols=1024), passes + "{max_rotating=7}")
+    assert ctx.stats["allocation"]["rotating_buffers"] == 0
+    assert all(buffer.slots <= 1 for buffer in ctx.program.buffers)

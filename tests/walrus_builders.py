@@ -298,3 +298,42 @@ def random_program(seed: int, steps: int = 40, cols: int = 64) -> bir_pb2.Progra
     for index, name in enumerate(written[-2:]):
         b.store("out", name, 128, cols, row0=128 * index, name=f"final_store{index}")
     return b.build()
+
+
+def loop_beside_a_held_tile(tiles: int = 4, cols: int = 5120, held_cols: int = 24576) -> bir_pb2.Program:
+    """A loop body of `tiles` independent load -> exp (the first: + held) -> store chains on
+    [128, cols] f32 tiles (private to the loop), and a [128, held_cols] tile loaded before the
+    loop, read in it and after it."""
+    b = Bir()
+    b.hbm("x", [128, held_cols])
+    b.hbm("y", [128, cols])
+    b.hbm("out", [128, held_cols], role=bir_pb2.OUTPUT)
+    b.buffer("held", held_cols * 4)
+    b.load("held", "x", 128, held_cols, name="held.load")
+    body = []
+    for t in range(tiles):
+        b.hbm(f"z{t}", [128, cols], role=bir_pb2.OUTPUT, index=t + 1)
+        b.buffer(f"a{t}", cols * 4)
+        b.buffer(f"o{t}", cols * 4)
+        body.append(b.load(f"a{t}", "y", 128, cols, name=f"load{t}"))
+        if t == 0:  # the loop reads the held tile: it is live over the whole body, never spilled
+            body.append(b.tt(f"o{t}", f"a{t}", "held", 128, cols, name=f"add{t}"))
+        else:
+            body.append(b.act(f"o{t}", f"a{t}", 128, cols, name=f"exp{t}"))
+        body.append(b.store(f"z{t}", f"o{t}", 128, cols, name=f"store{t}"))
+    b.ts("held", "held", 128, held_cols, name="held.scale")
+    b.store("out", "held", 128, held_cols, name="held.store")
+    program = b.build()
+    loop_id = max(instr.id for instr in program.instructions) + 1
+    entry = bir_pb2.Instruction(id=loop_id, op="loop", engine=SP, trip_count=2, body_length=len(body),
+                                name="L")
+    instructions = list(program.instructions)
+    first = next(index for index, instr in enumerate(instructions) if instr.id == body[0].id)
+    for instr in instructions[first:first + len(body)]:
+        instr.in_loop = loop_id
+    del program.instructions[:]
+    program.instructions.extend([*instructions[:first], entry, *instructions[first:]])
+    for buffer in program.buffers:
+        if buffer.name[0] in "ao":
+            buffer.private_to = loop_id
+    return program

@@ -42,7 +42,9 @@ of the static order whose instructions share their innermost loop (a loop body b
 loops, or the top level between loops) is scheduled on its own, over the dependences within it,
 and no instruction leaves its block, so every body stays one run of the order. Iterations
 overlap at run time through the engines' separate streams and rotating buffers, not through this
-order.
+order. A block's live-bytes limit leaves out what allocation keeps live over the whole block
+without the block's order deciding it (`_surroundings`: buffers live before or after the
+block, or over a whole loop body), so the block's schedule fits beside them.
 
 The new order is written to program.instructions (the input order stays when the model says it
 is faster). With `tries` > 1 (--optlevel 3) the scheduler runs again under other pressure limits
@@ -66,7 +68,7 @@ from ncc.schemas import bir_pb2
 from ncc.tools.common import forked
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import is_dma
-from ncc.tools.walrus_driver.analysis import birutil, costs, engine_choice
+from ncc.tools.walrus_driver.analysis import birutil, costs, engine_choice, loopnest
 from ncc.tools.walrus_driver.analysis.depgraph import DepGraph
 from ncc.tools.walrus_driver.context import PassContext
 from ncc.tools.walrus_driver.registry import register
@@ -326,6 +328,7 @@ def schedule_blocks(
             blocks.append([instr])
     by_id = {instr.id: instr for instr in input_order}
     buffers = birutil.buffer_map(program)
+    around = _surroundings(ctx, blocks, input_order, buffers)
     new_order: list[bir_pb2.Instruction] = []
     saved = {node: _copy(instr) for node, instr in by_id.items()}
     triggers: dict[int, bir_pb2.Instruction] = {}
@@ -334,7 +337,7 @@ def schedule_blocks(
     # scheduled alone looks no worse with its stores on SP, but there they would hold up the
     # loads SP issues for the next iterations (an engine runs its stream in order).
     in_loop = Options(**{**options.__dict__, "choose_triggers": False})
-    for block in blocks:
+    for block, surroundings in zip(blocks, around, strict=True):
         if len(block) < 2:
             new_order += block
             continue
@@ -352,7 +355,8 @@ def schedule_blocks(
         for instr in block:
             preds = deps.pred_codes(instr.id)
             graph.set_predecessors(instr.id, {p: code for p, code in preds.items() if p in ids})
-        schedule(sub, in_loop if nest.owner(block[0].id) in nest.loops else options, graph, unpooled)
+        schedule(sub, in_loop if nest.owner(block[0].id) in nest.loops else options, graph, unpooled,
+                 around=surroundings)
         for instr in sub.program.instructions:  # the block's order and the forms it chose
             by_id[instr.id].CopyFrom(instr)
             new_order.append(by_id[instr.id])
@@ -376,6 +380,55 @@ def schedule_blocks(
     ctx.set_stat("blocks", len(blocks))
 
 
+class Surroundings(NamedTuple):
+    """What allocation keeps live around a block of a program that keeps loops (`_surroundings`)."""
+
+    reserved: dict[int, int]  # memory -> bytes counted as live over the whole block
+    counted: frozenset[str]  # the buffers among them that the block touches
+
+
+def _surroundings(
+    ctx: PassContext,
+    blocks: list[list[bir_pb2.Instruction]],
+    input_order: list[bir_pb2.Instruction],
+    buffers: dict[str, bir_pb2.Buffer],
+) -> list[Surroundings]:
+    """Each block's Surroundings: every on-chip buffer whose live range, as allocation will see
+    it, reaches beyond the block (live before it, after it, or over a whole loop body it is not
+    private to: loopnest.widen_live_ranges) counts as live over the whole block. The block's own
+    model would count such a buffer only between its first and last use in the block, and one
+    the block does not touch not at all; and it cannot price the holes that buffers placed around
+    it leave. Scheduled as if it held SBUF alone, the LLaMA prefill's softmax loop did not fit
+    beside what stays live around it (a buffer used in a loop is never spilled), and allocation
+    sent the whole program back to the frontend's order. (Counting a buffer the block touches
+    only from the block's start, or to its end, was not enough there: allocation still failed.)"""
+    live = birutil.live_ranges(input_order, ctx.footprint_cache)
+    loopnest.widen_live_ranges(live, input_order, ctx.loops(), buffers)
+    block_at: list[int] = []  # position -> index of its block
+    for index, block in enumerate(blocks):
+        block_at += [index] * len(block)
+    memories = (birutil.SBUF, birutil.PSUM)
+    spread = {m: [0] * (len(blocks) + 1) for m in memories}  # difference arrays over block indices
+    spanning: set[str] = set()
+    for name, (first, last) in live.items():
+        buffer = buffers.get(name)
+        low, high = block_at[first], block_at[last]
+        if buffer is None or buffer.memory not in memories or low == high:
+            continue  # within one block: its own model counts it
+        size = _live_bytes(ctx, buffer)
+        spread[buffer.memory][low] += size
+        spread[buffer.memory][high + 1] -= size
+        spanning.add(name)
+    found: list[Surroundings] = []
+    running = dict.fromkeys(memories, 0)
+    for index, block in enumerate(blocks):
+        for m in memories:
+            running[m] += spread[m][index]
+        touched = {n for instr in block for n in birutil.touched_buffers(instr, ctx.footprint_cache)}
+        found.append(Surroundings(dict(running), frozenset(touched & spanning)))
+    return found
+
+
 def _copy(instr: bir_pb2.Instruction) -> bir_pb2.Instruction:
     copy = bir_pb2.Instruction()
     copy.CopyFrom(instr)
@@ -388,10 +441,13 @@ def schedule(
     deps: DepGraph,
     unpooled: set[int],
     acceptable: Callable[[list[bir_pb2.Instruction]], bool] | None = None,
+    around: Surroundings | None = None,
 ) -> None:
     """Reorder ctx.program by the list scheduler over `deps` (or keep its order, if the model says
     that is faster); `unpooled`: the dmas that may take any queue. post_sched calls it too, with
-    `acceptable`: a schedule whose order it refuses is dropped, as an abandoned one is."""
+    `acceptable`: a schedule whose order it refuses is dropped, as an abandoned one is.
+    `around`: what stays live around the instructions (schedule_blocks: a block of a program that
+    keeps loops), which the live-bytes model then counts."""
     program = ctx.program
     instructions = list(program.instructions)
     input_order = [instr.id for instr in instructions]  # ids read once: each read is a lookup
@@ -436,11 +492,14 @@ def schedule(
     # then lost anyway); past PSUM, which never spills, allocation would fall back to the input
     # order (stacked attention passed PSUM at step 598 of 115k and searched on for 4 s).
     capacity = {birutil.SBUF: ctx.target.sbuf_usable_bytes, birutil.PSUM: ctx.target.psum_bytes_per_partition}
+    if around is not None:
+        for memory, size in around.reserved.items():
+            capacity[memory] = max(0, capacity[memory] - size)
 
     # Measured only when needed (once): most schedules never pass SBUF or PSUM and are kept.
     @functools.cache
     def in_order_pressure() -> _Pressure:
-        pressure = _Pressure.build(ctx, instructions, options.pressure_fraction)
+        pressure = _Pressure.build(ctx, instructions, options.pressure_fraction, capacity, around)
         for node in input_order:
             pressure.scheduled(node)
         return pressure
@@ -472,6 +531,8 @@ def schedule(
             fraction,
             options.pressure_window,
             alternatives,
+            capacity,
+            around,
             # (a fraction over 1 turns the pressure term off, and this with it)
             (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
         )
@@ -568,6 +629,8 @@ def _list_schedule(
     fraction: float,
     window: int,
     alternatives: dict[int, list[_Form]],
+    capacity: dict[int, int],
+    around: Surroundings | None,
     abandon: tuple[dict[int, int], Callable[[], bool]] | None,
 ) -> _Schedule | None:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
@@ -575,7 +638,7 @@ def _list_schedule(
     With `abandon` (bytes per memory, whether the input order fits): None as soon as the live
     bytes of a memory pass its size and the input order fits (the caller keeps the input order)."""
     table = ctx.costs()
-    pressure = _Pressure.build(ctx, instructions, fraction)
+    pressure = _Pressure.build(ctx, instructions, fraction, capacity, around)
     machine = _Machine.fresh(table, ctx.queue_pools)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float)
@@ -697,11 +760,14 @@ class _Pressure:
     effects: dict[int, tuple[int, int, int]] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, ctx: PassContext, instructions: list[bir_pb2.Instruction], fraction: float) -> _Pressure:
-        """The pressure before the first instruction runs; the analyzer's footprints
-        (ctx.footprint_cache) name each instruction's buffers (birutil.touched_buffers)."""
-        target = ctx.target
-        onchip = {b.name: (b.name, b.memory, _live_bytes(ctx, b)) for b in ctx.program.buffers}
+    def build(cls, ctx: PassContext, instructions: list[bir_pb2.Instruction], fraction: float,
+              capacity: dict[int, int], around: Surroundings | None = None) -> _Pressure:
+        """The pressure before the first instruction runs, under `fraction` of each memory's
+        `capacity`; the analyzer's footprints (ctx.footprint_cache) name each instruction's
+        buffers (birutil.touched_buffers). The buffers `around` counts are left out."""
+        counted = around.counted if around is not None else frozenset()
+        onchip = {b.name: (b.name, b.memory, _live_bytes(ctx, b)) for b in ctx.program.buffers
+                  if b.name not in counted}
         users: dict[str, list[int]] = defaultdict(list)
         touches = {}
         for instr in instructions:
@@ -714,10 +780,7 @@ class _Pressure:
             users_left={name: len(ids) for name, ids in users.items()},
             live={birutil.SBUF: 0, birutil.PSUM: 0},
             peak={birutil.SBUF: 0, birutil.PSUM: 0},
-            limit={
-                birutil.SBUF: fraction * target.sbuf_usable_bytes,
-                birutil.PSUM: fraction * target.psum_bytes_per_partition,
-            },
+            limit={memory: fraction * size for memory, size in capacity.items()},
             touches=touches,
             users=dict(users),
         )
