@@ -3,17 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from walrus_builders import (
-    ACT,
-    PSUM,
-    SBUF,
-    SP,
-    Bir,
-    chain_program,
-    loop_beside_a_held_tile,
-    random_program,
-    run_passes,
-)
+import walrus_builders
+from walrus_builders import ACT, PSUM, SBUF, SP, Bir, chain_program, random_program, run_passes
 
 from ncc.schemas import bir_pb2
 from ncc.tools.common.errors import CompileError
@@ -253,8 +244,9 @@ def test_past_max_rotating_every_loop_buffer_has_one_copy():
     # the loop's eight private buffers rotate through two copies, unless more would rotate than
     # max_rotating allows (the dependence analysis after allocation pays for every copy)
     passes = "anti_dependency_analyzer,pre_sched,allocation"
-    ctx = run_passes(loop_beside_a_held_tile(cols=1024, held_cols=1024), passes)
+    small = {"cols": 1024, "held_cols": 1024}
+    ctx = run_passes(walrus_builders.loop_beside_a_held_tile(**small), passes)
     assert ctx.stats["allocation"]["rotating_buffers"] == 8
-    ctx = run_passes(loop_beside_a_held_tile(cols=1024, held_cols=1024), passes + "{max_rotating=7}")
+    ctx = run_passes(walrus_builders.loop_beside_a_held_tile(**small), passes + "{max_rotating=7}")
     assert ctx.stats["allocation"]["rotating_buffers"] == 0
     assert all(buffer.slots <= 1 for buffer in ctx.program.buffers)
