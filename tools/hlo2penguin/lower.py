@@ -33,6 +33,7 @@ from ncc.tools.common import affine
 from ncc.tools.common.dtypes import from_compute, is_float, is_signed
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.penguin_budget import AUTO_ROLL_ABOVE
+from ncc.tools.common.row_blocks import MAX_ROW_BLOCK
 from ncc.tools.hlo.elementwise import apply
 from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
 from ncc.tools.hlo.index_math import (
@@ -86,7 +87,6 @@ from ncc.tools.hlo2penguin.windows import WindowOps
 MATMUL_N_TILE = 512      # one PSUM bank of fp32
 MATMUL_K_TILE = 128      # contraction rows per matmul (partitions)
 MATMUL_M_TILE = 128      # stationary free size
-ROW_GROUP_TILES = 4      # hlo_opt tile_order's largest row block, in row tiles (a dot's row groups)
 LAYOUT_OPS = frozenset({"broadcast", "reshape", "transpose", "slice", "reverse", "bitcast"})
 REGION_MOVES = LAYOUT_OPS | {"pad", "dynamic-slice", "dynamic-update-slice", "reduce", "reduce-window", "dot",
                              "gather", "sort"}
@@ -673,12 +673,12 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         # rows in groups: lhs free dims [g..., r] get an axis g of their own, so a product tile's
         # rows are rows of r alone (a grouped attention's [group, query] scores: the softmax over a
         # query's row then joins the scores' nest, epilogues.py; a batch of sequences: its norms
-        # do), where r is whole row tiles that tile_order's row blocks (1, 2 or ROW_GROUP_TILES
+        # do), where r is whole row tiles that tile_order's row blocks (1, 2 or MAX_ROW_BLOCK
         # tiles) divide or that divide them: [8, 256] rows by a [1024, 2048] weight 491 -> 393 us;
         # three tiles a group broke the blocks and re-read the weights ([4, 384]: 479 -> 547 us)
         row_tiles = lhs.shape[lf[-1]] // MATMUL_M_TILE if lf and lhs.shape[lf[-1]] % MATMUL_M_TILE == 0 else 0
-        grouping = len(lf) > 1 and row_tiles > 0 and (ROW_GROUP_TILES % row_tiles == 0
-                                                      or row_tiles % ROW_GROUP_TILES == 0)
+        grouping = len(lf) > 1 and row_tiles > 0 and (MAX_ROW_BLOCK % row_tiles == 0
+                                                      or row_tiles % MAX_ROW_BLOCK == 0)
         groups = _size(lhs, lf[:-1]) if grouping else 1
         grouped = groups > 1
         if grouped:

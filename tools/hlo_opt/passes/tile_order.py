@@ -31,11 +31,11 @@ from dataclasses import dataclass
 
 from ncc.schemas import penguin_pb2
 from ncc.tools.common.dtypes import itemsize
+from ncc.tools.common.row_blocks import MAX_ROW_BLOCK
 from ncc.tools.hlo_opt.dependences import axis_names, first_reversed_dependence, instance
 from ncc.tools.hlo_opt.passes.pipelining import ROW_BLOCK, requests_pipelining
 from ncc.tools.target import load_target
 
-MAX_ROW_BLOCK = 4
 # per partition: the stationary tiles kept across column tiles. 96 KiB lets a row block of four
 # keep the LLaMA FFN's 86 bf16 stationary tiles a row (22 KiB), where 64 KiB allowed two and its
 # down projection's 90 MB of weights were read 8 times: the prefill 23,163.2 -> 22,091.9 us
