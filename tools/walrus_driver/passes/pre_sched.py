@@ -334,7 +334,10 @@ def schedule_blocks(
             blocks.append([instr])
     by_id = {instr.id: instr for instr in input_order}
     buffers = birutil.buffer_map(program)
-    around = _surroundings(ctx, blocks, input_order, buffers)
+    cache = ctx.footprint_cache
+    touched_by_block = [{name for instr in block for name in birutil.touched_buffers(instr, cache)}
+                        for block in blocks]
+    around = _surroundings(ctx, blocks, touched_by_block, input_order, buffers)
     new_order: list[bir_pb2.Instruction] = []
     saved = {node: _copy(instr) for node, instr in by_id.items()}
     triggers: dict[int, bir_pb2.Instruction] = {}
@@ -345,11 +348,10 @@ def schedule_blocks(
     # keeps to LOOP_PRESSURE_FRACTION of what is left around it.
     in_loop = Options(**{**options.__dict__, "choose_triggers": False,
                          "pressure_fraction": min(options.pressure_fraction, LOOP_PRESSURE_FRACTION)})
-    for block, surroundings in zip(blocks, around, strict=True):
+    for block, touched, surroundings in zip(blocks, touched_by_block, around, strict=True):
         if len(block) < 2:
             new_order += block
             continue
-        touched = {name for instr in block for name in birutil.touched_buffers(instr, ctx.footprint_cache)}
         sub_program = bir_pb2.Program(name=program.name, target=program.target,
                                       buffers=[buffers[name] for name in touched if name in buffers])
         sub = PassContext(program=sub_program,
@@ -398,12 +400,14 @@ class Surroundings(NamedTuple):
 def _surroundings(
     ctx: PassContext,
     blocks: list[list[bir_pb2.Instruction]],
+    touched_by_block: list[set[str]],
     input_order: list[bir_pb2.Instruction],
     buffers: dict[str, bir_pb2.Buffer],
 ) -> list[Surroundings]:
-    """Each block's Surroundings: every on-chip buffer whose live range, as allocation will see
-    it, reaches beyond the block (live before it, after it, or over a whole loop body it is not
-    private to: loopnest.widen_live_ranges) counts as live over the whole block. The block's own
+    """Each block's Surroundings (`touched_by_block`: the buffers each block names): every on-chip
+    buffer whose live range, as allocation will see it, reaches beyond the block (live before it,
+    after it, or over a whole loop body it is not private to: loopnest.widen_live_ranges) counts
+    as live over the whole block. The block's own
     model would count such a buffer only between its first and last use in the block, and one
     the block does not touch not at all; and it cannot price the holes that buffers placed around
     it leave. Scheduled as if it held SBUF alone, the LLaMA prefill's softmax loop did not fit
@@ -429,10 +433,9 @@ def _surroundings(
         spanning.add(name)
     found: list[Surroundings] = []
     running = dict.fromkeys(memories, 0)
-    for index, block in enumerate(blocks):
+    for index, touched in enumerate(touched_by_block):
         for m in memories:
             running[m] += spread[m][index]
-        touched = {n for instr in block for n in birutil.touched_buffers(instr, ctx.footprint_cache)}
         found.append(Surroundings(dict(running), frozenset(touched & spanning)))
     return found
 
