@@ -449,6 +449,42 @@ ENTRY main {
 )
 
 
+# windows whose starts are computed in several dimensions, or in one while the window is part of
+# another: one dimension at a time (rows of the first, then the window of those), each start clamped
+RUNTIME_WINDOWS = Case(
+    "runtime_windows",
+    """HloModule runtime_windows
+ENTRY main {
+  x = f32[37,129] parameter(0)
+  i = s32[] parameter(1)
+  j = s32[] parameter(2)
+  v = f32[6,40,9] parameter(3)
+  u = f32[5,17] parameter(4)
+  c = s32[] constant(2)
+  a = f32[5,17] dynamic-slice(x, i, j), dynamic_slice_sizes={5,17}
+  b = f32[3,7,4] dynamic-slice(v, c, j, i), dynamic_slice_sizes={3,7,4}
+  d = f32[37,129] dynamic-update-slice(x, u, i, j)
+  e = f32[37,129] dynamic-update-slice(x, u, c, j)
+  ROOT out = (f32[5,17], f32[3,7,4], f32[37,129], f32[37,129]) tuple(a, b, d, e)
+}
+""",
+    lambda rng: [rng.standard_normal((37, 129)).astype(np.float32), np.int32(35), np.int32(-4),
+                 rng.standard_normal((6, 40, 9)).astype(np.float32),
+                 rng.standard_normal((5, 17)).astype(np.float32)],
+    lambda x, i, j, v, u: _runtime_windows_reference(x, int(i), int(j), v, u),
+)
+
+
+def _runtime_windows_reference(x, i, j, v, u):
+    def at(start: int, extent: int, size: int) -> int:
+        return min(max(start, 0), extent - size)
+    a = x[at(i, 37, 5):at(i, 37, 5) + 5, at(j, 129, 17):at(j, 129, 17) + 17]
+    b = v[2:5, at(j, 40, 7):at(j, 40, 7) + 7, at(i, 9, 4):at(i, 9, 4) + 4]
+    d = _updated(x, u, at(i, 37, 5), at(j, 129, 17))
+    e = _updated(x, u, 2, at(j, 129, 17))
+    return a, b, d, e
+
+
 def _indexed_reference(table, tokens, cache, new, pos):
     updated = cache.copy()
     at = min(max(pos, 0), 15)
@@ -1073,8 +1109,8 @@ ENTRY main {
 )
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, SCATTERS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, BITS,
-         SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
+         TEXT_FORMS, WINDOWS, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES, OPT_BARRIER, SORTING,
+         NAN_ORDER, BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow

@@ -15,7 +15,6 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
-from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.index_math import (
     clamped_starts,
     gather_batch_shape,
@@ -28,16 +27,13 @@ from ncc.tools.hlo2penguin.views import View
 
 
 class IndexedOps:
-    def _runtime_dim(self, instr, operand_shape: tuple[int, ...], sizes: tuple[int, ...],
-                     starts: list[Value]) -> int | None:
-        """The one dimension whose start is computed at run time and matters (a window as wide as its
-        dimension always starts at 0), or None when every start is known; more than one is E207."""
-        runtime = [d for d, start in enumerate(starts)
-                   if not isinstance(start, Splat) and sizes[d] < operand_shape[d]]
-        if len(runtime) > 1:
-            raise CompileError("E207", f"{instr.opcode} with run-time start indices in {len(runtime)} "
-                                       "dimensions is not supported (one at most)", instr.name)
-        return runtime[0] if runtime else None
+    @staticmethod
+    def _runtime_dims(operand_shape: tuple[int, ...], sizes: tuple[int, ...],
+                      starts: list[Value]) -> list[int]:
+        """The dimensions whose start is computed at run time and matters (a window as wide as its
+        dimension always starts at 0)."""
+        return [d for d, start in enumerate(starts)
+                if not isinstance(start, Splat) and sizes[d] < operand_shape[d]]
 
     def _known_starts(self, operand_shape: tuple[int, ...], sizes: tuple[int, ...], starts: list[Value],
                       skip: int | None) -> list[int]:
@@ -47,11 +43,24 @@ class IndexedOps:
         return clamped_starts(operand_shape, sizes, known)
 
     def _dynamic_slice(self, instr, ops: list[Value], shape: tuple[int, ...]) -> Value:
-        """A window at constant starts is a view; a run-time start in one dimension d gathers rows
-        start..start+size-1 of d (start clamped as XLA does) with POOL's indirect dma."""
-        operand, starts = ops[0], ops[1:]
-        sizes = tuple(int(n) for n in instr.dynamic_slice_sizes)
-        d = self._runtime_dim(instr, operand.shape, sizes, starts)
+        return self._slice_at(instr, ops[0], ops[1:], tuple(int(n) for n in instr.dynamic_slice_sizes))
+
+    def _slice_at(self, instr, operand: Value, starts: list[Value], sizes: tuple[int, ...]) -> Value:
+        """The window of `sizes` at `starts` (each clamped as XLA does). Constant starts make a view;
+        a run-time start in one dimension d gathers rows start..start+size-1 of d with POOL's
+        indirect dma. Several run-time starts take one dimension at a time: rows of the first,
+        whole along the others, then the window of that (clamping each start on its own, as the
+        one window does)."""
+        runtime = self._runtime_dims(operand.shape, sizes, starts)
+        if len(runtime) > 1:
+            d, later = runtime[0], set(runtime[1:])
+            zero = Splat(0.0, common_pb2.S32, ())
+            wide = tuple(operand.shape[k] if k in later else n for k, n in enumerate(sizes))
+            first = [zero if k in later else start for k, start in enumerate(starts)]
+            rows = self._slice_at(instr, operand, first, wide)
+            then = [start if k in later else zero for k, start in enumerate(starts)]
+            return self._slice_at(instr, rows, then, sizes)
+        d = runtime[0] if runtime else None
         known = self._known_starts(operand.shape, sizes, starts, d)
         if d is None:
             return self._window(operand, tuple(known), _ends(known, sizes))
@@ -59,9 +68,9 @@ class IndexedOps:
         window[d] = operand.shape[d]
         narrowed = self._window(operand, tuple(known), _ends(known, window))
         if isinstance(narrowed, Splat):
-            return Splat(narrowed.value, narrowed.dtype, shape)
+            return Splat(narrowed.value, narrowed.dtype, sizes)
         rows = self._window_rows(instr, starts[d], operand.shape[d], sizes[d])
-        order = (d, *(k for k in range(len(shape)) if k != d))
+        order = (d, *(k for k in range(len(sizes)) if k != d))
         gathered = self._gather_rows(instr, narrowed.transpose(order), rows)
         return gathered.transpose(tuple(int(k) for k in np.argsort(order)))
 
@@ -202,11 +211,18 @@ class IndexedOps:
         return box
 
     def _update_slice(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
+        return self._update_at(instr, ops[0], ops[1], ops[2:], shape, dtype)
+
+    def _update_at(self, instr, operand: Value, update: Value, starts: list[Value], shape: tuple[int, ...],
+                   dtype: int) -> View:
         """A new tensor: the operand with the update written over the clamped window. A run-time
-        start in one dimension d scatters the update's rows with POOL's indirect dma into a tensor
-        laid out with d outermost, so each row is contiguous."""
-        operand, update, starts = ops[0], ops[1], ops[2:]
-        d = self._runtime_dim(instr, shape, update.shape, starts)
+        start in one dimension d, the update whole along the others, scatters the update's rows
+        with POOL's indirect dma into a tensor laid out with d outermost, so each row is
+        contiguous. Otherwise (several run-time starts, or a window that is part of another
+        dimension) the rows d covers are read, updated there (one run-time start fewer), and
+        written back: the same clamped window, as d's start clamps the same way both times."""
+        d_all = self._runtime_dims(shape, update.shape, starts)
+        d = d_all[0] if d_all else None
         known = self._known_starts(shape, update.shape, starts, d)
         limits = tuple(s + n for s, n in zip(known, update.shape, strict=True))
         if d is None and isinstance(operand, View) and operand.base in self.inplace_carries \
@@ -223,8 +239,15 @@ class IndexedOps:
             self._copy_into(update, out.slice(tuple(known), limits, (1,) * len(shape)), instr.name)
             return out
         if any(update.shape[k] != shape[k] for k in range(len(shape)) if k != d):
-            raise CompileError("E207", f"dynamic-update-slice '{instr.name}' with a run-time start must "
-                                       "cover every other dimension whole", instr.name)
+            zero = Splat(0.0, common_pb2.S32, ())
+            row_starts = [s if k == d else zero for k, s in enumerate(starts)]
+            row_sizes = tuple(n if k == d else shape[k] for k, n in enumerate(update.shape))
+            rows = self._slice_at(instr, operand, row_starts, row_sizes)
+            if isinstance(rows, Splat):
+                rows = self._materialize(rows, instr.name)
+            inner = [zero if k == d else s for k, s in enumerate(starts)]
+            updated = self._update_at(instr, rows, update, inner, row_sizes, dtype)
+            return self._update_at(instr, operand, updated, row_starts, shape, dtype)
         order = (d, *(k for k in range(len(shape)) if k != d))
         laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
         back = tuple(int(k) for k in np.argsort(order))
