@@ -32,6 +32,7 @@ class CompileOptions:
     workdir: Path
     optlevel: int = DEFAULT_OPTLEVEL
     verify: bool = False
+    verify_inputs: Path | None = None  # --verify's inputs (arg0..argN of an .npz) instead of seeded ones
     walrus_passes: tuple[str, ...] = field(default_factory=tuple)
     penguin_passes: tuple[str, ...] = field(default_factory=tuple)  # () = the optlevel's default
     num_stages: int = 0  # software-pipeline every eligible loop in this many stages (0: annotated only)
@@ -46,6 +47,8 @@ class CompileOptions:
         flags = [f"--optlevel={self.optlevel}"]
         if self.verify:
             flags.append("--verify")
+        if self.verify_inputs:  # the file's digest, not its name, is in the GoldenEvaluator's record
+            flags.append("--verify-inputs")
         if self.walrus_passes:
             flags.append(f"--walrus-passes={','.join(self.walrus_passes)}")
         if self.penguin_passes:
@@ -58,7 +61,7 @@ class CompileOptions:
 
     def to_json(self) -> str:
         data = asdict(self)
-        for key in ("model", "output", "workdir", "cache_dir"):
+        for key in ("model", "output", "workdir", "cache_dir", "verify_inputs"):
             data[key] = None if data[key] is None else str(data[key])
         data["walrus_passes"] = list(self.walrus_passes)
         data["penguin_passes"] = list(self.penguin_passes)
@@ -73,6 +76,7 @@ class CompileOptions:
             workdir=Path(data["workdir"]),
             optlevel=int(data["optlevel"]),
             verify=bool(data["verify"]),
+            verify_inputs=Path(data["verify_inputs"]) if data.get("verify_inputs") else None,
             walrus_passes=tuple(data["walrus_passes"]),
             penguin_passes=tuple(data.get("penguin_passes", ())),
             num_stages=int(data.get("num_stages", 0)),

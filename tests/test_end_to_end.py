@@ -117,6 +117,46 @@ def test_verify_passes_on_every_model(models_dir: Path, tmp_path: Path, model: s
 
 
 @pytest.mark.slow
+def test_verify_inputs_check_the_neff_on_the_users_inputs(models_dir: Path, tmp_path: Path) -> None:
+    """--verify-inputs IN.npz: the golden evaluator runs on the user's arg0..argN (its outputs are
+    then JAX's, within rounding), new inputs in the same file rerun it, and inputs that do not fit
+    the module are one coded line each."""
+    from ncc.schemas import common_pb2
+    from ncc.tools.common import dtypes
+
+    workdir, neff = tmp_path / "work", tmp_path / "gelu.neff"
+    given = tmp_path / "in.npz"
+    with np.load(models_dir / "gelu.io.npz") as io:
+        x, jax_out = io["arg0"], io["out0"]
+    np.savez(given, arg0=x)
+
+    def compile_with(inputs: Path):
+        return run_ncc("compile", str(models_dir / "gelu.hlo.pb"), "--output", str(neff), "--workdir",
+                       str(workdir), "--verify-inputs", str(inputs))
+
+    compiled = compile_with(given)
+    assert compiled.returncode == 0, compiled.stderr
+    golden = common_pb2.TensorSet.FromString((workdir / "02_GoldenEvaluator" / "golden.pb").read_bytes())
+    tensors = {t.name: dtypes.tensor_to_numpy(t) for t in golden.tensors}
+    np.testing.assert_array_equal(tensors["arg0"], x)
+    np.testing.assert_allclose(tensors["out0"], jax_out, rtol=1e-5, atol=1e-6)
+    assert json.loads((workdir / "06_NeffVerifier" / "sim_report.json").read_text())["comparison"]
+
+    np.savez(given, arg0=x * np.float32(2))  # same path, new content: its digest reruns the golden
+    rerun = compile_with(given)
+    assert rerun.returncode == 0, rerun.stderr
+    golden = common_pb2.TensorSet.FromString((workdir / "02_GoldenEvaluator" / "golden.pb").read_bytes())
+    np.testing.assert_array_equal(dtypes.tensor_to_numpy(golden.tensors[0]), x * np.float32(2))
+
+    np.savez(given, other=x)
+    missing = compile_with(given)
+    assert missing.returncode == 1 and "[E104]" in missing.stderr, missing.stderr
+    assert "no arg0" in missing.stderr and "in.npz" in missing.stderr, missing.stderr
+    absent = compile_with(tmp_path / "nowhere.npz")
+    assert absent.returncode == 2 and "[U001]" in absent.stderr and "nowhere.npz" in absent.stderr
+
+
+@pytest.mark.slow
 def test_the_verify_job_fails_when_the_neff_disagrees_with_the_golden(
     models_dir: Path, tmp_path: Path
 ) -> None:

@@ -89,6 +89,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="where jobs keep their intermediates, logs and records; a compile resumes from it "
         "(default: <output stem>.ncc-work beside the output)",
     )
+    parser.add_argument(
+        "--verify-inputs", type=Path, metavar="IN.npz",
+        help="--verify on these inputs (arg0..argN by parameter number, as `ncc run` takes them) instead "
+        "of seeded N(0, 1) ones: for a module whose outputs seeded inputs make meaningless (a long "
+        "recurrence that amplifies rounding, a domain that needs positive values); implies --verify",
+    )
     add_compile_flags(parser)
 
 
@@ -171,7 +177,8 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         output=output,
         workdir=workdir,
         optlevel=args.optlevel,
-        verify=args.verify,
+        verify=args.verify or args.verify_inputs is not None,
+        verify_inputs=Path(os.path.abspath(args.verify_inputs)) if args.verify_inputs else None,
         walrus_passes=tuple(args.walrus_passes),
         penguin_passes=tuple(args.penguin_passes),
         num_stages=args.num_stages,

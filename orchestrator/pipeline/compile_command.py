@@ -122,6 +122,7 @@ class CompileCommand:
             "penguin_passes": ",".join(self.options.penguin_passes),
             "num_stages": self.options.num_stages,
             "loops": self.options.loops,
+            "verify_inputs": str(self.options.verify_inputs or ""),
             "run_id": self.run_id,
             "timeout_s": self.options.timeout_s,
             "mem_limit_mb": self.options.mem_limit_mb,

@@ -104,6 +104,9 @@ class CommandDriver:
             raise NccError.of("U001", f"model is not a file: {model}")
         if not os.access(model, os.R_OK):
             raise NccError.of("U001", f"model file is not readable: {model}")
+        inputs = self.options.verify_inputs
+        if inputs is not None and not (inputs.is_file() and os.access(inputs, os.R_OK)):
+            raise NccError.of("U001", f"--verify-inputs file not found or not readable: {inputs}")
         if not output.parent.is_dir():
             raise NccError.of("U004", f"the directory of the output does not exist: {output.parent}")
         if output.is_dir():

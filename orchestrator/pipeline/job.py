@@ -82,6 +82,7 @@ class ToolJob(JobSpec, luigi.Task):
     num_stages = luigi.IntParameter(default=0,
                                     description="software-pipeline stages for every eligible loop, 0 = none")
     loops = luigi.Parameter(default=DEFAULT_LOOPS, description="rolled: loops stay loops in BIR, or unrolled")
+    verify_inputs = luigi.Parameter(default="", description="--verify's .npz of inputs ('' = seeded ones)")
     # How it is run: never part of a job's identity.
     run_id = luigi.Parameter(default="", significant=False, description="id of this ncc invocation")
     timeout_s = luigi.OptionalFloatParameter(

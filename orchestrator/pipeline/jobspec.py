@@ -87,6 +87,7 @@ class JobSpec(abc.ABC):
     penguin_passes: str
     num_stages: int
     loops: str
+    verify_inputs: str
     run_id: str
     cache_dir: str
 
@@ -96,6 +97,7 @@ class JobSpec(abc.ABC):
         "penguin_passes": "",
         "num_stages": 0,
         "loops": DEFAULT_LOOPS,
+        "verify_inputs": "",
         "run_id": "",
         "cache_dir": "",
     }

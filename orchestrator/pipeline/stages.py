@@ -56,21 +56,24 @@ class HLOToTensorizer(JobSpec):
 
 @JobRegistry.register
 class GoldenEvaluator(JobSpec):
-    """F1: evaluate the HLO module on seeded inputs: the reference outputs NeffVerifier checks."""
+    """F1: evaluate the HLO module on seeded inputs (or the user's, --verify-inputs): the reference
+    outputs NeffVerifier checks."""
 
     tool = "hlo_opt"
     output_names = ("golden.pb",)
 
     def input_paths(self) -> list[Path]:
-        return [self.artifact("HLOToTensorizer", "module.pb")]
+        given = [Path(self.verify_inputs)] if self.verify_inputs else []
+        return [self.artifact("HLOToTensorizer", "module.pb"), *given]
 
     def flags(self) -> list[str]:
-        return ["--evaluate", "--seed", str(GOLDEN_SEED)]
+        return ["--evaluate"] if self.verify_inputs else ["--evaluate", "--seed", str(GOLDEN_SEED)]
 
     def tool_arguments(self) -> list[str]:
-        (module,) = self.input_paths()
+        module = self.input_paths()[0]
         (golden,) = self.output_paths()
-        return ["--input", self.rel(module), "--output", self.rel(golden), *self.flags()]
+        given = ["--inputs", self.verify_inputs] if self.verify_inputs else []
+        return ["--input", self.rel(module), "--output", self.rel(golden), *self.flags(), *given]
 
 
 @JobRegistry.register

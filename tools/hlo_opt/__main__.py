@@ -38,7 +38,8 @@ def main() -> None:
     parser.add_argument("--output", required=True, help="BIR program, or with --evaluate a TensorSet")
     parser.add_argument("--evaluate", action="store_true", help="run the golden HLO evaluator")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated inputs (--evaluate)")
-    parser.add_argument("--inputs", help="TensorSet of inputs instead of generated ones (--evaluate)")
+    parser.add_argument("--inputs", help="inputs instead of generated ones (--evaluate): a TensorSet, or an "
+                        ".npz of arg0..argN")
     parser.add_argument("--target", default="trn1")
     parser.add_argument("--optlevel", type=int, choices=range(4), default=2,
                         help="0 lowers the Penguin program as written; 1-3 run the Penguin optimizer")

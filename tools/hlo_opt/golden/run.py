@@ -8,11 +8,18 @@ compiled program can later be run on exactly these inputs and compared with exac
 from __future__ import annotations
 
 import math
+import zipfile
 
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2
-from ncc.tools.common.dtypes import from_compute, numpy_to_tensor, storage_to_user_array, tensor_to_numpy
+from ncc.tools.common.dtypes import (
+    from_compute,
+    numpy_to_tensor,
+    storage_to_user_array,
+    tensor_to_numpy,
+    user_array_to_storage,
+)
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import read_proto, write_proto
 from ncc.tools.hlo.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
@@ -33,7 +40,12 @@ def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str |
             raise CompileError("E201", f"entry parameter '{param.name}' has a tuple shape, which ncc does "
                                        "not support", param.name)
     check_verify_budget(module)
-    args = read_inputs(inputs_path, len(params)) if inputs_path else make_inputs(module, seed)
+    if inputs_path is None:
+        args = make_inputs(module, seed)
+    elif zipfile.is_zipfile(inputs_path):
+        args = read_npz_inputs(inputs_path, [param.shape.element_type for param in params])
+    else:
+        args = read_inputs(inputs_path, len(params))
     outputs = evaluate(module, args, verify=False)
     root = next(instr for instr in entry.instructions if instr.id == entry.root_id)
     tensors = common_pb2.TensorSet()
@@ -80,6 +92,31 @@ def read_inputs(path: str, count: int) -> list[np.ndarray]:
             raise CompileError("E104", f"input tensor '{tensor.name}' in {path} is malformed: {err}",
                                path) from None
     return arrays
+
+
+def read_npz_inputs(path: str, element_types: list[int]) -> list[np.ndarray]:
+    """Inputs arg0..argN of an .npz, as `ncc run` takes them (bf16 widened to f32, or its 16-bit
+    words), each converted to its parameter's element type; a missing or unreadable one is E104
+    (a shape that does not fit is the evaluator's E104)."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            missing = [f"arg{k}" for k in range(len(element_types)) if f"arg{k}" not in data.files]
+            if missing:
+                count = len(element_types)
+                raise CompileError("E104", f"{path} has no {', '.join(missing)}: the module takes {count} "
+                                           f"inputs, arg0..arg{count - 1}", path)
+            arrays = [data[f"arg{k}"] for k in range(len(element_types))]
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
+        raise CompileError("E104", f"cannot read inputs {path} as an .npz file: {err}", path) from None
+    converted = []
+    for k, (array, xla_type) in enumerate(zip(arrays, element_types, strict=True)):
+        dtype = ncc_dtype(xla_type)
+        try:
+            converted.append(storage_to_user_array(user_array_to_storage(array, dtype), dtype))
+        except (TypeError, ValueError) as err:
+            raise CompileError("E104", f"input arg{k} in {path} cannot be read as the parameter's type: "
+                                       f"{err}", path) from None
+    return converted
 
 
 def _tensor(name: str, values: np.ndarray, xla_type: int) -> common_pb2.Tensor:
