@@ -175,3 +175,24 @@ def test_each_job_leaves_a_replayable_command_and_a_full_record(tmp_path: Path, 
     replay = subprocess.run([str(packager / "cmd.sh")], capture_output=True, text=True)
     assert replay.returncode == 0, replay.stderr
     assert (packager / "model.neff").read_bytes() == neff
+
+
+def test_a_failed_compile_rerun_later_reports_the_same_error(tmp_path: Path) -> None:
+    """A compile error is deterministic: rerun in the same work dir, seconds later, the job reuses
+    its failed record and the compile reports the same coded line (it was F134, a driver error:
+    the reused record kept its first run's date, and the driver looks for records of this run)."""
+    import time
+
+    model = tmp_path / "bad.hlo"
+    model.write_text("""HloModule bad
+ENTRY main {
+  x = f32[8] parameter(0)
+  ROOT y = f32[8] custom-call(x), custom_call_target="SomeKernel"
+}
+""")
+    first = ncc("compile", model, "--output", tmp_path / "m.neff")
+    line = assert_one_line_error(first, "E201")
+    time.sleep(2.5)  # past the driver's one second of slack around a run's start
+    again = ncc("compile", model, "--output", tmp_path / "m.neff")
+    assert assert_one_line_error(again, "E201") == line
+    assert first.returncode == again.returncode == 1

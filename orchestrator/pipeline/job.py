@@ -135,7 +135,11 @@ class ToolJob(JobSpec, luigi.Task):
         workdir = WorkDir(self.root)
         self._history(workdir, "job_start")
         try:
-            record = self._deterministic_failure() or self._execute()
+            record = self._deterministic_failure()
+            if record is not None:  # written again, so it is dated this run: the driver reports the
+                write_message_json(self.record_path, record)  # failures of this run, by file time
+            else:
+                record = self._execute()
         except Exception as err:
             if is_no_space(err) or looks_full(self.root):
                 record = self._record_no_space()
