@@ -166,3 +166,32 @@ def test_wrong_shape_expectation_is_e610(tmp_path: Path) -> None:
     assert done.returncode == 1
     found = diagnostic(diag)
     assert found.code == "E610" and found.message == "output out1: shape [128, 1] but expected [1, 128]"
+
+
+def test_bf16_only_on_chip_gets_the_bf16_tolerance(tmp_path: Path) -> None:
+    """--verify's tolerance fits the narrowest float the program computes in, on chip too: f32
+    inputs and outputs whose matmul runs on bf16 casts (mixed precision, as JAX writes it) are
+    held to bf16's 2^-7, an all-f32 program to 2e-4."""
+    from conftest import run_ncc
+
+    from ncc.tools.packager.neff import read_neff
+    from ncc.tools.sim.check import default_rtol
+
+    def rtol_of(body: str) -> float:
+        model, neff = tmp_path / "m.hlo", tmp_path / "m.neff"
+        model.write_text(f"""HloModule m
+ENTRY main {{
+  x = f32[128,256] parameter(0)
+  w = f32[256,64] parameter(1)
+{body}
+}}
+""")
+        compiled = run_ncc("compile", str(model), "--output", str(neff), "--workdir", str(tmp_path / "w"))
+        assert compiled.returncode == 0, compiled.stderr
+        return default_rtol(read_neff(neff))
+
+    mixed = rtol_of("""  xb = bf16[128,256] convert(x)
+  wb = bf16[256,64] convert(w)
+  ROOT y = f32[128,64] dot(xb, wb), lhs_contracting_dims={1}, rhs_contracting_dims={0}""")
+    plain = rtol_of("""  ROOT y = f32[128,64] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}""")
+    assert (mixed, plain) == (2.0**-7, 2e-4)
