@@ -69,17 +69,64 @@ class SortOps:
         return self._elementwise(plain, keys, shape, common_pb2.PRED, into)
 
     def _sort(self, instr, ops: list[Value]) -> Value:
-        """Sort along `dimensions[0]` with the comparator computation, stably (ties keep their order)."""
+        """Sort along `dimensions[0]` with the comparator computation, stably (ties keep their order).
+        A comparator that compares one operand's elements after the same function of each
+        (`_keyed_comparator`: JAX's sorts canonicalize NaN and -0 before a TOTALORDER compare)
+        has that function applied once, before the network, and the network compares its values
+        with one compare (on their total-order keys for a TOTALORDER compare of floats) instead
+        of running the comparator's ops in every stage; the keys travel as one more operand,
+        or, when the function is the identity, in place of the operand, converted back after."""
         comparator = self.computations[instr.called_computation_ids[0]]
+        dimension = int(instr.dimensions[0])
+        keyed = _keyed_comparator(comparator)
+        root = next(op for op in comparator.instructions if op.id == comparator.root_id)
+        in_place = keyed is not None and keyed[1] == _parameter_id(comparator, 2 * keyed[0]) and \
+            is_float(ops[keyed[0]].dtype) and root.comparison_type == "TOTALORDER"
+        if keyed is not None and keyed[1] == _parameter_id(comparator, 2 * keyed[0]) and not in_place:
+            keyed = None  # compare(a, b) itself: one op a comparison already, keys would add a copy
+        if keyed is None:
+            def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+                args = [value for pair in zip(first, second, strict=True) for value in pair]
+                (verdict,) = self._apply_reducer(comparator, args, shape)
+                return verdict
 
-        def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
-            args = [value for pair in zip(first, second, strict=True) for value in pair]
-            (verdict,) = self._apply_reducer(comparator, args, shape)
-            return verdict
+            sorted_values = self._sort_network(instr, ops, dimension, less, _comparator_ops(comparator))
+            return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
+        operand, key_root = keyed
+        key = self._key_values(comparator, key_root, 2 * operand, ops[operand])
+        fields = {"comparison_direction": root.comparison_direction}
+        if root.comparison_type == "TOTALORDER" and is_float(key.dtype):
+            key = self._total_order_key(instr, key)  # a plain compare of these orders them
+        elif root.comparison_type:
+            fields["comparison_type"] = root.comparison_type
 
-        sorted_values = self._sort_network(instr, ops, int(instr.dimensions[0]), less,
-                                           _comparator_ops(comparator))
-        return tuple(sorted_values) if len(ops) > 1 else sorted_values[0]
+        def compare_keys(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
+            return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED, **fields)
+
+        if in_place:
+            moved = [key, *(op for k, op in enumerate(ops) if k != operand)]
+            values = self._sort_network(instr, moved, dimension, compare_keys, 1)
+            values.insert(operand, self._from_total_order_key(instr, values.pop(0), ops[operand].dtype))
+        else:
+            values = self._sort_network(instr, [key, *ops], dimension, compare_keys, 1)[1:]
+        return tuple(values) if len(ops) > 1 else values[0]
+
+    def _key_values(self, comparator: hlo_pb2.HloComputationProto, key_root: int, parameter: int,
+                    operand: Value) -> Value:
+        """The comparator's instructions that `key_root` depends on, applied to a whole operand bound
+        to `parameter`."""
+        cone = _cone(comparator, key_root)
+        args: list[Value | None] = [None] * (parameter + 1)
+        args[parameter] = operand
+        values: dict[int, Value] = {}
+        saved, self.region_shape = self.region_shape, operand.shape
+        try:
+            for op in comparator.instructions:
+                if op.id in cone:
+                    values[op.id] = self._instruction(op, [values[i] for i in op.operand_ids], args)
+        finally:
+            self.region_shape = saved
+        return values[key_root]
 
     def _topk(self, instr, ops: list[Value]) -> Value:
         """The k largest (or smallest) along the last dimension, in order, with their indices (the
@@ -251,6 +298,69 @@ class SortOps:
         real_first = op("compare", [first[-1], limit], comparison_direction="LT")
         padding_second = op("compare", [second[-1], limit], comparison_direction="GE")
         return op("and", [real_first, op("or", [padding_second, ordered])])
+
+
+def _cone(comparator: hlo_pb2.HloComputationProto, root: int) -> set[int]:
+    """The ids of the instructions `root` depends on, itself included."""
+    by_id = {op.id: op for op in comparator.instructions}
+    cone, todo = set(), [root]
+    while todo:
+        current = todo.pop()
+        if current not in cone:
+            cone.add(current)
+            todo.extend(by_id[current].operand_ids)
+    return cone
+
+
+def _parameter_id(comparator: hlo_pb2.HloComputationProto, number: int) -> int | None:
+    return next((op.id for op in comparator.instructions
+                 if op.opcode == "parameter" and op.parameter_number == number), None)
+
+
+def _keyed_comparator(comparator: hlo_pb2.HloComputationProto) -> tuple[int, int] | None:
+    """(k, the root of g's instructions on parameter 2k) when the comparator is
+    compare(g(p[2k]), g(p[2k + 1])), LT or GT, for one function g of one parameter (the same
+    instructions on either side, reading constants and that parameter only) and no other parameter
+    read: then a < b exactly when g(a) compares below g(b), and g may run once per element."""
+    by_id = {op.id: op for op in comparator.instructions}
+    root = by_id.get(comparator.root_id)
+    if root is None or root.opcode != "compare" or root.comparison_direction not in ("LT", "GT") \
+            or len(root.operand_ids) != 2:
+        return None
+    left, right = root.operand_ids
+    memo: dict[tuple[int, int], bool] = {}
+
+    def same(a: int, b: int, number: int) -> bool:
+        """Whether a (over parameter number) and b (over number + 1) are one function."""
+        if (a, b) in memo:
+            return memo[(a, b)]
+        x, y = by_id[a], by_id[b]
+        if x.opcode == "parameter" or y.opcode == "parameter":
+            result = x.opcode == y.opcode == "parameter" and x.parameter_number == number \
+                and y.parameter_number == number + 1
+        else:
+            result = len(x.operand_ids) == len(y.operand_ids) and _signature(x) == _signature(y) and \
+                all(same(i, j, number) for i, j in zip(x.operand_ids, y.operand_ids, strict=True))
+        memo[(a, b)] = result
+        return result
+
+    parameters = [by_id[i] for i in _cone(comparator, left) if by_id[i].opcode == "parameter"]
+    if len(parameters) != 1 or parameters[0].parameter_number % 2:
+        return None
+    number = parameters[0].parameter_number
+    if not same(left, right, number):
+        return None
+    return number // 2, left
+
+
+def _signature(op: hlo_pb2.HloInstructionProto) -> bytes:
+    """An instruction without its name, id and operands: equal for the same operation on the same
+    kinds of values (opcode, shape, literal, attributes)."""
+    bare = hlo_pb2.HloInstructionProto()
+    bare.CopyFrom(op)
+    for name in ("name", "id", "operand_ids", "metadata"):
+        bare.ClearField(name)
+    return bare.SerializeToString(deterministic=True)
 
 
 def _comparator_ops(comparator: hlo_pb2.HloComputationProto) -> int:
