@@ -421,6 +421,59 @@ ENTRY main {
                       np.cumsum(x.reshape(18, 66).astype(np.float64), axis=1)),
 )
 
+DEPTHWISE_HLO = """HloModule depthwise
+ENTRY main {
+  x = bf16[2,11,9,16] parameter(0)
+  w = bf16[3,3,1,16] parameter(1)
+  t = f32[2,40,12] parameter(2)
+  k = f32[4,1,12] parameter(3)
+  n = f32[2,6,9,9] parameter(4)
+  m = f32[3,3,1,6] parameter(5)
+  ab = bf16[2,6,5,16] convolution(x, w), window={size=3x3 stride=2x2 pad=1_1x1_1},
+    dim_labels=b01f_01io->b01f, feature_group_count=16
+  a = f32[2,6,5,16] convert(ab)
+  c = f32[2,40,12] convolution(t, k), window={size=4 pad=3_0}, dim_labels=b0f_0io->b0f,
+    feature_group_count=12
+  d = f32[2,6,5,5] convolution(n, m), window={size=3x3 pad=0_0x0_0 rhs_dilate=2x2},
+    dim_labels=bf01_01io->bf01, feature_group_count=6
+  ROOT out = (f32[2,6,5,16], f32[2,40,12], f32[2,6,5,5]) tuple(a, c, d)
+}
+"""
+
+
+def _halves(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """Values in {-1, -0.5, 0, 0.5, 1}: a 3x3 window's sum of their products is exact in bf16."""
+    return (rng.integers(-2, 3, shape) / 2).astype(np.float32)
+
+
+# depthwise convolutions (one feature a group: MobileNet's 3x3, Mamba's causal conv1d, a dilated
+# one in NCHW) run as a multiply-add per tap in float32, bf16 operands included (rounded once)
+DEPTHWISE = Case(
+    "depthwise",
+    DEPTHWISE_HLO,
+    lambda rng: [_halves(rng, (2, 11, 9, 16)), _halves(rng, (3, 3, 1, 16)),
+                 rng.standard_normal((2, 40, 12)).astype(np.float32),
+                 rng.standard_normal((4, 1, 12)).astype(np.float32),
+                 rng.standard_normal((2, 6, 9, 9)).astype(np.float32),
+                 rng.standard_normal((3, 3, 1, 6)).astype(np.float32)],
+    lambda x, w, t, k, n, m: (
+        _conv_nhwc(x, w, (2, 2), ((1, 1), (1, 1)), groups=16),
+        _conv_nhwc(t[:, None], k[None], (1, 1), ((0, 0), (3, 0)), groups=12)[:, 0],
+        _conv_nhwc(n.transpose(0, 2, 3, 1), m, (1, 1), ((0, 0), (0, 0)), dilation=(2, 2), groups=6)
+        .transpose(0, 3, 1, 2)),
+)
+
+
+def test_a_depthwise_convolution_runs_on_the_vector_engines() -> None:
+    """One feature a group is a multiply-add per tap, not a one-column matmul per feature."""
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    program = lower_module(parse_hlo_text(DEPTHWISE_HLO))
+    ops = [st.op for nest in program.nests for st in nest.statements]
+    assert "matmul" not in ops and ops.count("tensor_tensor") >= 3 + 4 + 9
+
+
 # an embedding lookup (indices out of range clamp, as XLA's gather does) and a KV-cache update and
 # read at a run-time position: POOL's indirect dmas
 INDEXED = Case(
@@ -1173,9 +1226,9 @@ ENTRY main {
 )
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES, OPT_BARRIER, SORTING,
-         NAN_ORDER, JAX_SORTS, BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS,
-         SCANS]
+         TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES, OPT_BARRIER,
+         SORTING, NAN_ORDER, JAX_SORTS, BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM,
+         SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow
