@@ -9,7 +9,7 @@ compute on the engine that owns the op, and store the result to HBM:
   reduce         DVE tensor_reduce per free tile, combined across free tiles; any other reducer,
                  and variadic reduce, as a halving tree of the reducer applied to whole arrays
   dot            PE matmul into PSUM over 128-row K tiles (integers: POOL multiply, DVE sums)
-  convolution    im2col as a strided view, one dot per feature group
+  convolution    im2col as a strided view, one dot per feature group (depthwise: a multiply-add per tap)
   reduce-window  the reducer folded over window offsets (strided views of a padded input)
   pad, concatenate, dynamic-update-slice   copies into strided views of a new tensor
   gather, scatter, run-time dynamic slices  POOL's indirect dmas over rows of a table
