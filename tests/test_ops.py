@@ -183,6 +183,51 @@ INTEGER_DOT = Case(
                         (c.astype(np.int64) @ d.astype(np.int64)).astype(np.int32)),
 )
 
+# 8-bit integer dots (quantized matmuls) run on PE while every partial sum stays below 2^24 (the
+# largest here: K = 1000 rows of -128 x -128, 16,384,000); past that bound they take the vector
+# engines; an s8 result wraps
+INT8_DOTS = Case(
+    "int8_dots",
+    _module("int8_dots", ["s8[130,1000]", "s8[1000,70]", "u8[64,300]", "s8[300,40]", "s8[20,1100]",
+                          "s8[1100,8]"], [
+        "a = s32[130,70] dot(p0, p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "b = s32[64,40] dot(p2, p3), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "c = s8[64,40] dot(p2, p3), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "d = s32[20,8] dot(p4, p5), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+    ], ["s32[130,70] a", "s32[64,40] b", "s8[64,40] c", "s32[20,8] d"]),
+    lambda rng: [_extreme_row(rng.integers(-128, 128, (130, 1000)).astype(np.int8)),
+                 _extreme_row(rng.integers(-128, 128, (1000, 70)).astype(np.int8).T).T,
+                 rng.integers(0, 256, (64, 300)).astype(np.uint8),
+                 rng.integers(-128, 128, (300, 40)).astype(np.int8),
+                 rng.integers(-128, 128, (20, 1100)).astype(np.int8),
+                 rng.integers(-128, 128, (1100, 8)).astype(np.int8)],
+    lambda a, b, c, d, e, f: ((a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32),
+                              (c.astype(np.int64) @ d.astype(np.int64)).astype(np.int32),
+                              (c.astype(np.int64) @ d.astype(np.int64)).astype(np.int8),
+                              (e.astype(np.int64) @ f.astype(np.int64)).astype(np.int32)),
+)
+
+
+def _extreme_row(x: np.ndarray) -> np.ndarray:
+    """Row 0 all -128: against an all -128 column its dot is the largest an s8 dot of this K reaches."""
+    x = x.copy()
+    x[0] = -128
+    return x
+
+
+def test_int8_dots_run_on_pe_within_the_exact_bound() -> None:
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    def ops(k: int) -> list[str]:
+        text = _module("m", [f"s8[64,{k}]", f"s8[{k},32]"],
+                       ["d = s32[64,32] dot(p0, p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}"],
+                       ["s32[64,32] d"])
+        return [st.op for nest in lower_module(parse_hlo_text(text)).nests for st in nest.statements]
+
+    assert "matmul" in ops(1023) and "matmul" not in ops(1024)
+
+
 def _padded(x: np.ndarray) -> np.ndarray:
     """pad(x, -1.5), padding=1_2x-3_-1_2: rows 1 low 2 high; columns crop 3 low and 1 high, 2 between."""
     dilated = np.full((x.shape[0], (x.shape[1] - 1) * 3 + 1), np.float32(-1.5))
@@ -1225,10 +1270,10 @@ ENTRY main {
         np.cumsum(small.astype(np.float64), axis=1) + (50 - np.arange(50))),
 )
 
-CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, MOVEMENT, CONTROL_FLOW, ARGMAX,
-         TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES, OPT_BARRIER,
-         SORTING, NAN_ORDER, JAX_SORTS, BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM,
-         SATURATING_CONVERTS, SCANS]
+CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT, CONTROL_FLOW,
+         ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES,
+         OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS,
+         RANDOM, SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow

@@ -193,5 +193,5 @@ ENTRY main {{
     mixed = rtol_of("""  xb = bf16[128,256] convert(x)
   wb = bf16[256,64] convert(w)
   ROOT y = f32[128,64] dot(xb, wb), lhs_contracting_dims={1}, rhs_contracting_dims={0}""")
-    plain = rtol_of("""  ROOT y = f32[128,64] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}""")
+    plain = rtol_of("  ROOT y = f32[128,64] dot(x, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}")
     assert (mixed, plain) == (2.0**-7, 2e-4)

@@ -8,7 +8,8 @@ compute on the engine that owns the op, and store the result to HBM:
   elementwise    DVE tensor_tensor / tensor_scalar, ACT activation, POOL select / integer ops
   reduce         DVE tensor_reduce per free tile, combined across free tiles; any other reducer,
                  and variadic reduce, as a halving tree of the reducer applied to whole arrays
-  dot            PE matmul into PSUM over 128-row K tiles (integers: POOL multiply, DVE sums)
+  dot            PE matmul into PSUM over 128-row K tiles (8-bit integers while exact in fp32; other
+                 integers: POOL multiply, DVE sums)
   convolution    im2col as a strided view, one dot per feature group (depthwise: a multiply-add per tap)
   reduce-window  the reducer folded over window offsets (strided views of a padded input)
   pad, concatenate, dynamic-update-slice   copies into strided views of a new tensor
@@ -664,6 +665,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         batch, m, k, n = _size(lhs, lb), _size(lhs, lf), _size(lhs, lc), _size(rhs, rf)
         if k == 0:
             return Splat(0.0, dtype, shape)  # an empty contraction: all zeros
+        if is_integer(dtype) and k * _magnitude(lhs.dtype) * _magnitude(rhs.dtype) < PE_EXACT_SUM:
+            return self._integer_dot_on_pe(instr, lhs, rhs, shape, dtype)
         lhs_bmk = self._reshape(lhs.transpose(tuple(lb + lf + lc)), (batch, m, k), instr.name)
         rhs_bkn = self._reshape(rhs.transpose(tuple(rb + rc + rf)), (batch, k, n), instr.name)
         out = self._new_output(instr, shape, dtype)
@@ -725,6 +728,21 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
                       [box(result, ii, jj)], predicates=last)
         self.produced.add(out.base)
         return out
+
+    def _integer_dot_on_pe(self, instr, lhs: View, rhs: View, shape: tuple[int, ...], dtype: int) -> Value:
+        """An integer dot whose every partial sum stays below 2^24 in magnitude (int8 operands up to
+        K = 1,023: a quantized matmul) runs on PE, exactly: its operands are integers bf16 holds
+        exactly (|x| <= 256), PE multiplies them exactly and accumulates in fp32, which is exact
+        for integers below 2^24, and the fp32 result converts to s32 exactly (then to `dtype`,
+        wrapping as XLA's integer dot does)."""
+        bf16, f32, s32 = common_pb2.BF16, common_pb2.F32, common_pb2.S32
+        as_float = [self._synthetic(instr, "convert", [op], op.shape, bf16) for op in (lhs, rhs)]
+        floating = hlo_pb2.HloInstructionProto()
+        floating.CopyFrom(instr)
+        floating.name = f"{instr.name}.pe"
+        product_ = self._dot(floating, as_float, shape, f32)
+        result = self._synthetic(instr, "convert", [product_], shape, s32)
+        return result if dtype == s32 else self._synthetic(instr, "convert", [result], shape, dtype)
 
     def _integer_dot(self, instr, lhs_bmk: View, rhs_bkn: View, out: View, out_bmn: View) -> View:
         """An integer dot, exact: PE multiplies in fp32 (24-bit significands), so integers take the
@@ -841,6 +859,17 @@ def _copy_order(shape: tuple[int, ...]) -> tuple[int, ...] | None:
 def _size(view: View, dims: list[int]) -> int:
     """Elements spanned by `dims` of `view` (1 for no dims)."""
     return int(np.prod([view.shape[d] for d in dims], dtype=np.int64))
+
+
+# Integer dots go to PE when k * max|lhs| * max|rhs| stays below this (fp32 holds such sums exactly).
+PE_EXACT_SUM = 1 << 24
+_MAGNITUDE = {common_pb2.PRED: 1, common_pb2.S8: 128, common_pb2.U8: 255}
+
+
+def _magnitude(dtype: int) -> int:
+    """The largest |value| of an integer type bf16 holds exactly (8 bits at most), else one past
+    PE_EXACT_SUM (the type takes the vector engines)."""
+    return _MAGNITUDE.get(dtype, PE_EXACT_SUM)
 
 
 def lower_module(module: hlo_pb2.HloModuleProto, loops: str = "auto",
