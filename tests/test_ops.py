@@ -808,6 +808,42 @@ ENTRY main {
 )
 
 
+def _total_order(x: np.ndarray) -> np.ndarray:
+    bits = x.view(np.int32).astype(np.int64)
+    return np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+def _top(x: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The k largest (smallest) of each row in IEEE total order, the lower index first among equals."""
+    keys = _total_order(x)
+    order = np.array([np.lexsort((np.arange(len(row)), -row if largest else row))[:k] for row in keys])
+    return np.take_along_axis(x, order, 1), order.astype(np.int32)
+
+
+# top-k of long rows by a tournament: rows cut into chunks, each chunk's k best kept by a sort of
+# many short rows, then a sort of those (here 1,000 -> chunks of 64 -> 128 -> a final sort), over
+# ties, signed zeros, infinities and NaNs of both signs
+TOURNAMENT = Case(
+    "tournament",
+    """HloModule tournament
+ENTRY main {
+  x = f32[3,1000] parameter(0)
+  t = (f32[3,17], s32[3,17]) topk(x), k=17, largest=true
+  tv = f32[3,17] get-tuple-element(t), index=0
+  ti = s32[3,17] get-tuple-element(t), index=1
+  u = (f32[3,30], s32[3,30]) topk(x), k=30, largest=false
+  uv = f32[3,30] get-tuple-element(u), index=0
+  ui = s32[3,30] get-tuple-element(u), index=1
+  ROOT out = (f32[3,17], s32[3,17], f32[3,30], s32[3,30]) tuple(tv, ti, uv, ui)
+}
+""",
+    lambda rng: [rng.choice(np.array([np.nan, -np.nan, -0.0, 0.0, np.inf, -np.inf, 1.5, -2.0, 0.25, 7.0],
+                                     dtype=np.float32), (3, 1000),
+                            p=[.01, .01, .1, .1, .01, .01, .3, .3, .1, .06])],
+    lambda x: (*_top(x, 17, True), *_top(x, 30, False)),
+)
+
+
 JAX_LESS = """jax_less {
   a = f32[] parameter(0)
   nan_a = pred[] compare(a, a), direction=NE
@@ -1272,8 +1308,8 @@ ENTRY main {
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT, CONTROL_FLOW,
          ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES,
-         OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS,
-         RANDOM, SATURATING_CONVERTS, SCANS]
+         OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT, BITS, SELECT_AND_SCATTER, ELEMENTS,
+         KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow
@@ -1500,3 +1536,26 @@ ENTRY main {{
 
     integers, bare, jax = nests("int_less", "s32"), nests("bare_less"), nests("jax_less")
     assert bare <= integers + 12 and jax <= 1.25 * bare, (integers, bare, jax)
+
+
+def test_top_k_of_a_vocabulary_is_lowered_not_refused() -> None:
+    """k = 50 of 8 rows of 32,000 (a sampling head over a vocabulary) was refused: one bitonic
+    network of 16,650 tile operations (E306). As a tournament (chunks of 256, three rounds, then a
+    sort: 7,734) it lowers; a top-k no plan fits is still E306, naming it."""
+    from ncc.tools.common.errors import CompileError
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    def top_k(rows: int, count: int, k: int) -> int:
+        text = f"""HloModule m
+ENTRY main {{
+  x = f32[{rows},{count}] parameter(0)
+  ROOT t = (f32[{rows},{k}], s32[{rows},{k}]) topk(x), k={k}, largest=true
+}}
+"""
+        return len(lower_module(parse_hlo_text(text)).nests)
+
+    assert top_k(8, 32000, 50) > 0
+    with pytest.raises(CompileError) as refused:
+        top_k(64, 50257, 100)
+    assert refused.value.code == "E306" and "'t'" in str(refused.value)

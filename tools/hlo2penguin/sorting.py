@@ -14,6 +14,7 @@ from ncc.tools.common.dtypes import is_float
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo2penguin.bit_layout import Layout
 from ncc.tools.hlo2penguin.bit_layout import views as bit_views
+from ncc.tools.hlo2penguin.nest_builder import ceil_div
 from ncc.tools.hlo2penguin.tile_plan import best_plan, tile_count
 from ncc.tools.hlo2penguin.values import FREE_TILE, Splat, Value, product
 from ncc.tools.hlo2penguin.views import View
@@ -147,9 +148,35 @@ class SortOps:
                 return self._synthetic(instr, "compare", [first[0], second[0]], shape, common_pb2.PRED,
                                        comparison_direction=direction)
 
-            values, indices = self._sort_network(instr, [operand, index], rank - 1, less, 1)
+            rows = product(operand.shape[:-1])
+            rounds, _ = _tournament(rows, operand.shape[-1], k, instr.name)
+            values, indices = operand, index
+            for chunk in rounds:
+                values, indices = self._topk_round(instr, values, indices, k, chunk, less, direction)
+            values, indices = self._sort_network(instr, [values, indices], rank - 1, less, 1)
             values, indices = self._cut(values, 0, k), self._cut(indices, 0, k)
         return self._from_total_order_key(instr, values, dtype), indices
+
+    def _topk_round(self, instr, values: View, indices: View, k: int, chunk: int, less, direction: str
+                    ) -> tuple[View, View]:
+        """One round of a tournament: each row cut into chunks of `chunk` elements (the last padded
+        with values that lose to every other, at positions after every real one), each chunk
+        sorted by its own network (the chunks are rows of it: many rows, which tile well), and
+        each chunk's first k kept. The k best of a row are among its chunks' k best, and the kept
+        ones stay in chunk order, so equal values keep the lower index first."""
+        *rows, n = values.shape
+        count = ceil_div(n, chunk)
+        if count * chunk != n:
+            limits = np.iinfo(dtypes.storage_dtype(values.dtype))
+            worst = float(limits.min if direction == "GT" else limits.max)
+            edges = [(0, 0, 0)] * len(rows) + [(0, count * chunk - n, 0)]
+            values = self._padded(values, Splat(worst, values.dtype, ()), edges, instr.name)
+            indices = self._padded(indices, Splat(float(np.iinfo(np.int32).max), common_pb2.S32, ()), edges,
+                                   instr.name)
+        chunked = [self._reshape(self._materialize(v, instr.name) if isinstance(v, Splat) else v,
+                                 (*rows, count, chunk), instr.name) for v in (values, indices)]
+        best = self._sort_network(instr, chunked, len(rows) + 1, less, 1)
+        return tuple(self._reshape(self._cut(v, 0, k), (*rows, count * k), instr.name) for v in best)
 
     def _topk_by_selection(self, instr, operand: View, index: View, k: int, direction: str) -> tuple:
         pred = common_pb2.PRED
@@ -417,6 +444,39 @@ def _check_network_budget(name: str, rows: int, count: int, operands: int, compa
                                    f"elements as a bitonic network of {stages} stages, {tile_ops:,} "
                                    f"elementwise tile operations (limit {SORT_MAX_TILE_OPS:,}), which "
                                    f"would compile for minutes", name)
+
+
+def _tournament(rows: int, count: int, k: int, name: str) -> tuple[list[int], int]:
+    """The rounds of a top-k of `rows` rows of `count` elements (each round's chunk size, a power of
+    two at least 2k, so that a round at least halves a row) before the final sort, and the tile
+    operations of them all: the plan of fewest (network_cost, value and index operands), where
+    one sort of the whole row is the plan of no rounds. A row of 32,000 by k = 50: chunks of
+    1,024 in 256 rows, then a sort of 1,600, instead of one network over 8 rows of 32,768 (past
+    the budget). E306 when even the cheapest plan passes SORT_MAX_TILE_OPS."""
+    memo: dict[int, tuple[list[int], int]] = {}
+
+    def best(n: int) -> tuple[list[int], int]:
+        if n in memo:
+            return memo[n]
+        plan: tuple[list[int], int] = ([], network_cost(rows, n, 2, 1)[1]) if n > 1 else ([], 0)
+        chunk = 1 << max(1, (2 * k - 1).bit_length())
+        while chunk * 2 <= n:
+            chunks = -(-n // chunk)
+            rest, rest_cost = best(chunks * k)
+            cost = network_cost(rows * chunks, chunk, 2, 1)[1] + rest_cost
+            if cost < plan[1]:
+                plan = ([chunk, *rest], cost)
+            chunk *= 2
+        memo[n] = plan
+        return plan
+
+    rounds, cost = best(count)
+    if cost > SORT_MAX_TILE_OPS:
+        raise CompileError("E306", f"top-k too large: '{name}' selects {k:,} of {count:,} elements in "
+                                   f"{rows:,} rows with bitonic networks of {cost:,} elementwise tile "
+                                   f"operations at best (limit {SORT_MAX_TILE_OPS:,}), which would compile "
+                                   f"for minutes", name)
+    return rounds, cost
 
 
 def _stage_tiles(layout: Layout, rows: int, block: int, distance: int) -> int:
