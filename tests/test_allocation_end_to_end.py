@@ -66,3 +66,30 @@ def test_an_unfused_mlp_reloads_its_weights_into_fresh_buffers_and_needs_no_spil
 def test_batched_dot_of_many_small_batches(tmp_path: Path, optlevel: str) -> None:
     workdir = compile_verified(tmp_path, hlo_gen.bdot(batch=128, m=5, k=6, n=7), "--optlevel", optlevel)
     assert walrus_stats(workdir)["allocation"]["sbuf_peak_bytes"] <= 180224
+
+
+PASSES = ("split_dma,anti_dependency_analyzer,dep_reduction,assign_hwdge_engine,pre_sched,{allocation},"
+          "anti_dependency_analyzer,alloc_semaphores,sync_dve_pool,semaphore_reset,lower_sync,birverifier,"
+          "codegen,roll_loops")
+
+
+def test_a_schedule_that_spills_is_made_again_under_a_tighter_limit(tmp_path: Path) -> None:
+    """An MBConv block (JAX, tests/data): pre_sched's schedule at its default pressure limit spills
+    94 buffers; allocation schedules the block again at 0.5 and keeps that layout, which spills
+    fewer bytes, and the NEFF matches JAX on JAX's inputs. With allocation{reschedule=0} the
+    spills stay."""
+    data = Path(__file__).parent / "data"
+
+    def spills(name: str, allocation: str) -> dict:
+        workdir = tmp_path / name
+        proc = run_ncc("compile", str(data / "mbconv_block.hlo.pb"), "--output",
+                       str(tmp_path / f"{name}.neff"), "--workdir", str(workdir),
+                       "--verify-inputs", str(data / "mbconv_block.io.npz"),
+                       "--walrus-passes", PASSES.format(allocation=allocation), timeout=600)
+        assert proc.returncode == 0, proc.stderr
+        return walrus_stats(workdir)["allocation"]
+
+    kept, again = spills("kept", "allocation{reschedule=0}"), spills("again", "allocation")
+    assert kept["spills"] > 0 and "rescheduled_at" not in kept
+    assert again["rescheduled_at"] == 0.5
+    assert again["spilled_bytes_per_partition"] < kept["spilled_bytes_per_partition"]

@@ -95,9 +95,14 @@ def test_pressure_keeps_the_live_set_allocatable():
     assert ctx.stats["pre_sched"]["pressured_picks"] > 0
     assert ctx.stats["pre_sched"]["peak_live_sbuf_bytes"] <= ctx.target.sbuf_usable_bytes
     assert ctx.stats["allocation"]["spills"] == 0
-    # Without the pressure term every load goes first: allocation must spill to fit the schedule.
-    ctx = run_passes(big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
+    # Without the pressure term every load goes first: allocation must spill to fit the schedule
+    # (unless it schedules the program again under a limit, which it may be told not to do)...
+    ctx = run_passes(big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},"
+                                  "allocation{reschedule=0}")
     assert ctx.stats["allocation"]["spills"] > 0
+    # ... and by default it does, and keeps the schedule that does not spill
+    ctx = run_passes(big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
+    assert ctx.stats["allocation"]["spills"] == 0 and ctx.stats["allocation"]["rescheduled_at"] == 0.5
     with pytest.raises(CompileError) as err:
         run_passes(
             big_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation{spill=false}"
@@ -131,8 +136,9 @@ def test_a_schedule_that_outgrows_sbuf_is_abandoned_for_the_program_order():
     assert ctx.stats["pre_sched"]["kept_input_order"] == 1
     assert ctx.stats["allocation"]["spills"] == 0
     # With the pressure term off the scheduler loads ahead freely: its schedule is faster in the
-    # model, is kept, and must spill.
-    ctx = run_passes(paired_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},allocation")
+    # model, is kept, and must spill (allocation told not to schedule it again).
+    ctx = run_passes(paired_tiles(), "anti_dependency_analyzer,pre_sched{pressure_fraction=100},"
+                                     "allocation{reschedule=0}")
     assert ctx.stats["pre_sched"]["schedules_abandoned"] == 0
     assert ctx.stats["allocation"]["spills"] > 0
 
