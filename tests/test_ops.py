@@ -640,6 +640,69 @@ ENTRY main {
     _scatter_reference,
 )
 
+SEGMENT_SUM_HLO = """HloModule segment_sums
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  msg = f32[2000,64] parameter(0)
+  dst = s32[2000,1] parameter(1)
+  zero = f32[] constant(0)
+  nodes = f32[500,64] broadcast(zero), dimensions={}
+  sums = f32[500,64] scatter(nodes, dst, msg), update_window_dims={1}, inserted_window_dims={0},
+    scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
+  bags = f32[37,5,3] parameter(2)
+  ids = s32[300,1] parameter(3)
+  rows = f32[300,5,3] parameter(4)
+  bagged = f32[37,5,3] scatter(bags, ids, rows), update_window_dims={1,2}, inserted_window_dims={0},
+    scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
+  ROOT out = (f32[500,64], f32[37,5,3]) tuple(sums, bagged)
+}
+"""
+
+
+def _segment_sums_reference(msg, dst, bags, ids, rows):
+    sums = np.zeros((500, 64))
+    bagged = bags.astype(np.float64)
+    for i, node in enumerate(dst[:, 0]):
+        sums[node] += msg[i]
+    for i, bag in enumerate(ids[:, 0]):
+        if 0 <= bag < 37:
+            bagged[bag] += rows[i]
+    return sums, bagged
+
+
+# segment sums (a GNN's messages by destination node; embedding bags into a non-zero table, ids out
+# of range skipped): one one-hot matmul on PE instead of a gather, add and scatter per row
+SEGMENT_SUMS = Case(
+    "segment_sums",
+    SEGMENT_SUM_HLO,
+    lambda rng: [rng.standard_normal((2000, 64)).astype(np.float32),
+                 rng.integers(0, 500, (2000, 1)).astype(np.int32),
+                 rng.standard_normal((37, 5, 3)).astype(np.float32),
+                 rng.integers(-3, 40, (300, 1)).astype(np.int32),
+                 rng.standard_normal((300, 5, 3)).astype(np.float32)],
+    _segment_sums_reference,
+)
+
+
+def test_a_segment_sum_is_a_matmul_not_a_row_at_a_time() -> None:
+    """Past ONE_HOT_MAX_ELEMENTS of one-hot matrix (here 8 rows into 600,000) the rows still go one
+    at a time with POOL's indirect dmas; within it, one matmul and no indirect dma."""
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    def ops(text: str) -> list[str]:
+        return [st.op for nest in lower_module(parse_hlo_text(text)).nests for st in nest.statements]
+
+    small = ops(SEGMENT_SUM_HLO)
+    assert "matmul" in small and "dma_scatter" not in small
+    large = ops(SEGMENT_SUM_HLO.replace("f32[500,64]", "f32[600000,64]").replace("[2000,", "[8,"))
+    assert "dma_scatter" in large
+
+
 # jax.checkpoint (remat) wraps what a gradient recomputes in opt-barrier: a tuple or an array,
 # passed through unchanged
 OPT_BARRIER = Case(
@@ -1307,9 +1370,9 @@ ENTRY main {
 )
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT, CONTROL_FLOW,
-         ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, CONSTANT_INDICES,
-         OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT, BITS, SELECT_AND_SCATTER, ELEMENTS,
-         KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
+         ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, SEGMENT_SUMS,
+         CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT, BITS,
+         SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow

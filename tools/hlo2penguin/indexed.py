@@ -25,6 +25,11 @@ from ncc.tools.hlo2penguin.nest_builder import PARTITIONS, Tiling, add_statement
 from ncc.tools.hlo2penguin.values import FREE_TILE, POOL, SP, Splat, Value, product
 from ncc.tools.hlo2penguin.views import View
 
+# A scatter-add of count rows into extent rows runs as a one-hot matmul up to this many elements
+# of the one-hot matrix (4M: 16 MiB of f32 written and read once; an embedding gradient of 4,096
+# tokens over a 50,257-word vocabulary, 206M, keeps its row-by-row scatter)
+ONE_HOT_MAX_ELEMENTS = 1 << 22
+
 
 class IndexedOps:
     @staticmethod
@@ -285,11 +290,46 @@ class IndexedOps:
             rows = self._synthetic(instr, "convert", [rows], (count,), common_pb2.S32)
         ordered = updates.transpose((*scatter_dims, *window_dims)) if isinstance(updates, View) else updates
         values = self._reshape_value(ordered, (count, *row_shape), instr.name)
-        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
         back = tuple(int(k) for k in np.argsort(order))
+        if self._sums_by_matmul(instr, dtype, count, shape[d]):
+            moved = operand.transpose(order) if isinstance(operand, View) else \
+                Splat(operand.value, operand.dtype, tuple(shape[k] for k in order))
+            return self._scatter_add_by_matmul(instr, moved, rows, values).transpose(back)
+        laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
         self._copy_into(operand, laid_out.transpose(back), instr.name)
         self._combine_rows(instr, laid_out, rows, values)
         return laid_out.transpose(back)
+
+    def _sums_by_matmul(self, instr, dtype: int, count: int, extent: int) -> bool:
+        """Whether a scatter of `count` rows into `extent` rows is a segment sum PE can do at once:
+        an f32 add (XLA leaves the order of repeated indices' adds unspecified), not known unique
+        (unique rows go in one batch anyway), its one-hot matrix at most ONE_HOT_MAX_ELEMENTS."""
+        return dtype == common_pb2.F32 and not instr.unique_indices and self._reducer(instr) == "add" \
+            and count * extent <= ONE_HOT_MAX_ELEMENTS
+
+    def _scatter_add_by_matmul(self, instr, operand: Value, rows: View, values: Value) -> Value:
+        """table + onehot(rows)^T @ values: jax.ops.segment_sum, a GNN's messages summed by node, an
+        embedding bag; row i of the one-hot [count, extent] matrix is 1 at column rows[i] (none for
+        a row out of range, which XLA skips), so the product sums each table row's updates on PE
+        in fp32, at once, where the rows had gone one at a time (2,000 edges into 500 nodes: 8.9 ms
+        simulated and a 100 s compile; 86 us as a matmul)."""
+        extent, row_shape = operand.shape[0], operand.shape[1:]
+        count, width = rows.shape[0], product(row_shape)
+        f32, s32 = common_pb2.F32, common_pb2.S32
+        column = hlo_pb2.HloInstructionProto(name=f"{instr.name}.columns", opcode="iota", dimensions=[1])
+        columns = self._iota(column, (count, extent), s32)
+        matches = self._synthetic(instr, "compare", [rows.broadcast((count, extent), (0,)), columns],
+                                  (count, extent), common_pb2.PRED, comparison_direction="EQ")
+        one_hot = self._synthetic(instr, "select", [matches, Splat(1.0, f32, ()), Splat(0.0, f32, ())],
+                                  (count, extent), f32)
+        flat = self._reshape_value(values, (count, width), instr.name)
+        dot = hlo_pb2.HloInstructionProto(name=f"{instr.name}.sums", opcode="dot")
+        dot.dot_dimension_numbers.lhs_contracting_dimensions.append(0)
+        dot.dot_dimension_numbers.rhs_contracting_dimensions.append(0)
+        sums = self._dot(dot, [one_hot, flat], (extent, width), f32)
+        table = self._reshape_value(operand, (extent, width), instr.name)
+        total = self._synthetic(instr, "add", [table, sums], (extent, width), f32)
+        return self._reshape_value(total, (extent, *row_shape), instr.name)
 
     def _scatter_keyed_rows(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
         """Whole rows keyed by several dimensions (`buffers.at[expert, slot].set(x)`): laid out with
