@@ -640,6 +640,7 @@ ENTRY main {
     _scatter_reference,
 )
 
+
 SEGMENT_SUM_HLO = """HloModule segment_sums
 add {
   a = f32[] parameter(0)
@@ -907,8 +908,7 @@ ENTRY main {
 )
 
 
-JAX_LESS = """jax_less {
-  a = f32[] parameter(0)
+_JAX_KEYS = """  a = f32[] parameter(0)
   nan_a = pred[] compare(a, a), direction=NE
   qnan = f32[] constant(nan)
   zero = f32[] constant(0)
@@ -920,26 +920,11 @@ JAX_LESS = """jax_less {
   zero_b = pred[] compare(b, zero), direction=EQ
   b0 = f32[] select(zero_b, zero, b)
   kb = f32[] select(nan_b, qnan, b0)
-  ROOT lt = pred[] compare(ka, kb), direction=LT, type=TOTALORDER
-}
-jax_less_by_first {
-  a = f32[] parameter(0)
-  nan_a = pred[] compare(a, a), direction=NE
-  qnan = f32[] constant(nan)
-  zero = f32[] constant(0)
-  zero_a = pred[] compare(a, zero), direction=EQ
-  a0 = f32[] select(zero_a, zero, a)
-  ka = f32[] select(nan_a, qnan, a0)
-  b = f32[] parameter(1)
-  nan_b = pred[] compare(b, b), direction=NE
-  zero_b = pred[] compare(b, zero), direction=EQ
-  b0 = f32[] select(zero_b, zero, b)
-  kb = f32[] select(nan_b, qnan, b0)
-  i = s32[] parameter(2)
-  j = s32[] parameter(3)
-  ROOT lt = pred[] compare(ka, kb), direction=LT, type=TOTALORDER
-}
 """
+_JAX_ROOT = "  ROOT lt = pred[] compare(ka, kb), direction=LT, type=TOTALORDER\n}\n"
+# jax_less, as JAX writes jnp.sort's comparator, and jax_less_by_first for argsort's (x, iota)
+JAX_LESS = ("jax_less {\n" + _JAX_KEYS + _JAX_ROOT + "jax_less_by_first {\n" + _JAX_KEYS
+            + "  i = s32[] parameter(2)\n  j = s32[] parameter(3)\n" + _JAX_ROOT)
 
 
 def _jax_sort_reference(x):
