@@ -49,7 +49,7 @@ _TABLE: tuple[Code, ...] = (
     Code("U005", ExitCode.ENVIRONMENT, "the output file cannot be written"),
     Code("U006", ExitCode.ENVIRONMENT, "the work directory is in use by another ncc process"),
     Code("U007", ExitCode.INTERRUPTED, "interrupted by the user (SIGINT)"),
-    Code("U008", ExitCode.USAGE, "the inputs given to `ncc run` do not match the NEFF"),
+    Code("U008", ExitCode.USAGE, "inputs for `ncc run` or --verify-inputs are not a readable .npz"),
     Code("U009", ExitCode.ENVIRONMENT, "the stage cache directory cannot be created or written"),
     Code("U010", ExitCode.ENVIRONMENT, "the model file changed or disappeared while it was being compiled"),
     Code("U011", ExitCode.ENVIRONMENT, "no space left on the file system of the work directory or an output"),

@@ -154,6 +154,8 @@ def test_verify_inputs_check_the_neff_on_the_users_inputs(models_dir: Path, tmp_
     assert "no arg0" in missing.stderr and "in.npz" in missing.stderr, missing.stderr
     absent = compile_with(tmp_path / "nowhere.npz")
     assert absent.returncode == 2 and "[U001]" in absent.stderr and "nowhere.npz" in absent.stderr
+    not_npz = compile_with(models_dir / "gelu.hlo.pb")
+    assert not_npz.returncode == 2 and "[U008]" in not_npz.stderr and "gelu.hlo.pb" in not_npz.stderr
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import zipfile
 from dataclasses import dataclass
 
 from ncc.orchestrator.config import settings
@@ -107,6 +108,8 @@ class CommandDriver:
         inputs = self.options.verify_inputs
         if inputs is not None and not (inputs.is_file() and os.access(inputs, os.R_OK)):
             raise NccError.of("U001", f"--verify-inputs file not found or not readable: {inputs}")
+        if inputs is not None and not zipfile.is_zipfile(inputs):
+            raise NccError.of("U008", f"cannot read --verify-inputs {inputs} as an .npz file")
         if not output.parent.is_dir():
             raise NccError.of("U004", f"the directory of the output does not exist: {output.parent}")
         if output.is_dir():
