@@ -659,7 +659,11 @@ ENTRY main {
   rows = f32[300,5,3] parameter(4)
   bagged = f32[37,5,3] scatter(bags, ids, rows), update_window_dims={1,2}, inserted_window_dims={0},
     scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
-  ROOT out = (f32[500,64], f32[37,5,3]) tuple(sums, bagged)
+  three = s32[] constant(3)
+  all_to_three = s32[300,1] broadcast(three), dimensions={}
+  one_bag = f32[37,5,3] scatter(bags, all_to_three, rows), update_window_dims={1,2},
+    inserted_window_dims={0}, scatter_dims_to_operand_dims={0}, index_vector_dim=1, to_apply=add
+  ROOT out = (f32[500,64], f32[37,5,3], f32[37,5,3]) tuple(sums, bagged, one_bag)
 }
 """
 
@@ -672,11 +676,14 @@ def _segment_sums_reference(msg, dst, bags, ids, rows):
     for i, bag in enumerate(ids[:, 0]):
         if 0 <= bag < 37:
             bagged[bag] += rows[i]
-    return sums, bagged
+    one_bag = bags.astype(np.float64)
+    one_bag[3] += rows.astype(np.float64).sum(axis=0)
+    return sums, bagged, one_bag
 
 
 # segment sums (a GNN's messages by destination node; embedding bags into a non-zero table, ids out
-# of range skipped): one one-hot matmul on PE instead of a gather, add and scatter per row
+# of range skipped; every row into one bag, a constant index): one one-hot matmul on PE instead of
+# a gather, add and scatter per row
 SEGMENT_SUMS = Case(
     "segment_sums",
     SEGMENT_SUM_HLO,

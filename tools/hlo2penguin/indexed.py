@@ -307,7 +307,7 @@ class IndexedOps:
         return dtype == common_pb2.F32 and not instr.unique_indices and self._reducer(instr) == "add" \
             and count * extent <= ONE_HOT_MAX_ELEMENTS
 
-    def _scatter_add_by_matmul(self, instr, operand: Value, rows: View, values: Value) -> Value:
+    def _scatter_add_by_matmul(self, instr, operand: Value, rows: Value, values: Value) -> Value:
         """table + onehot(rows)^T @ values: jax.ops.segment_sum, a GNN's messages summed by node, an
         embedding bag; row i of the one-hot [count, extent] matrix is 1 at column rows[i] (none for
         a row out of range, which XLA skips), so the product sums each table row's updates on PE
@@ -318,7 +318,9 @@ class IndexedOps:
         f32, s32 = common_pb2.F32, common_pb2.S32
         column = hlo_pb2.HloInstructionProto(name=f"{instr.name}.columns", opcode="iota", dimensions=[1])
         columns = self._iota(column, (count, extent), s32)
-        matches = self._synthetic(instr, "compare", [rows.broadcast((count, extent), (0,)), columns],
+        spread = Splat(rows.value, rows.dtype, (count, extent)) if isinstance(rows, Splat) else \
+            rows.broadcast((count, extent), (0,))  # (every row to one place: a constant index)
+        matches = self._synthetic(instr, "compare", [spread, columns],
                                   (count, extent), common_pb2.PRED, comparison_direction="EQ")
         one_hot = self._synthetic(instr, "select", [matches, Splat(1.0, f32, ()), Splat(0.0, f32, ())],
                                   (count, extent), f32)
