@@ -1614,3 +1614,19 @@ ENTRY main {{
     with pytest.raises(CompileError) as refused:
         top_k(64, 50257, 100)
     assert refused.value.code == "E306" and "'t'" in str(refused.value)
+
+
+def test_verify_on_inputs_with_nans_follows_total_order(tmp_path: Path) -> None:
+    """The golden evaluator honours compare's type=TOTALORDER (NaN after +inf, -0 before +0): JAX's
+    sorts and top-k checked by --verify-inputs on NaNs and signed zeros agree with the NEFF (the
+    evaluator compared as IEEE does, NaN unordered with everything, and failed E610 on them)."""
+    model, inputs = tmp_path / "m.hlo", tmp_path / "in.npz"
+    model.write_text(JAX_SORTS.hlo.replace(
+        "  ROOT out = (f32[5,37], s32[5,37]) tuple(s, ai)",
+        "  t = (f32[5,4], s32[5,4]) topk(x), k=4, largest=true\n"
+        "  tv = f32[5,4] get-tuple-element(t), index=0\n"
+        "  ROOT out = (f32[5,37], s32[5,37], f32[5,4]) tuple(s, ai, tv)"))
+    np.savez(inputs, arg0=JAX_SORTS.inputs(np.random.default_rng(3))[0])
+    compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"),
+                       "--verify-inputs", str(inputs), timeout=300)
+    assert compiled.returncode == 0, compiled.stderr

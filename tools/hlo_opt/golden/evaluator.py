@@ -45,7 +45,7 @@ from ncc.tools.hlo.index_math import (
 )
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo.rng_bits import rng_bit_generator
-from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key
+from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key, total_order_key
 
 Instr = hlo_pb2.HloInstructionProto
 
@@ -359,7 +359,13 @@ class _Evaluator:
         flat = [a.reshape(rows, n) for a in arrays]
         comparator = self.comps[instr.called_computation_ids[0]]
         simple = simple_key(comparator)
-        order = key_order(flat[simple[0]], simple[1]) if simple is not None and n else None
+        order = None
+        if simple is not None and n:
+            keys = flat[simple[0]]
+            root = next(i for i in comparator.instructions if i.id == comparator.root_id)
+            if root.comparison_type == "TOTALORDER" and keys.dtype.kind == "f":
+                keys = total_order_key(keys)
+            order = key_order(keys, simple[1])
         if order is None:
 
             linear = [a.reshape(-1) for a in flat]
@@ -375,7 +381,7 @@ class _Evaluator:
     def _topk(self, instr: Instr, ops: list) -> tuple:
         """The k largest (or smallest) along the last dimension, the lower index first among equals."""
         values = np.asarray(ops[0])
-        keys = values.astype(np.float64) if values.dtype.kind == "f" else values.astype(np.int64)
+        keys = total_order_key(values) if values.dtype.kind == "f" else values.astype(np.int64)  # NaN largest
         order = np.argsort(-keys if instr.largest else keys, axis=-1, kind="stable")[..., :instr.k]
         return np.take_along_axis(values, order, axis=-1), order.astype(np.int32)
 
@@ -504,6 +510,10 @@ class _Evaluator:
         return apply(instr.opcode, ops, instr.shape.element_type)
 
     def _compare(self, instr: Instr, ops: list) -> np.ndarray:
+        """A TOTALORDER compare of floats (JAX's sort comparators) compares their total-order keys:
+        NaN after +inf, -0 before +0; IEEE's compare calls NaN unordered with everything."""
+        if instr.comparison_type == "TOTALORDER" and np.asarray(ops[0]).dtype.kind == "f":
+            ops = [total_order_key(op) for op in ops]
         return apply(instr.comparison_direction, ops, T.PRED)
 
     def _convert(self, instr: Instr, ops: list) -> np.ndarray:
