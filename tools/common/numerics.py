@@ -116,6 +116,21 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.where(tie, truncated + np.sign(x), np.rint(x)).astype(x.dtype, copy=False)
 
 
+def total_order_of_bits(bits: np.ndarray | int, width: int) -> np.ndarray:
+    """IEEE 754 totalOrder keys (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN) of floats given
+    as their `width`-bit patterns read as signed integers: every bit but the sign flipped in
+    negatives. What a `compare` of type TOTALORDER orders by (JAX's sorts, top-k)."""
+    bits = np.asarray(bits).astype(np.int64)
+    return np.where(bits < 0, bits ^ ((1 << (width - 1)) - 1), bits)
+
+
+def total_order_key(values: np.ndarray) -> np.ndarray:
+    """total_order_of_bits of a float16/32/64 array."""
+    values = np.asarray(values)
+    kind = {2: np.int16, 4: np.int32, 8: np.int64}[values.dtype.itemsize]
+    return total_order_of_bits(values.view(kind), 8 * values.dtype.itemsize)  # (same itemsize: any strides)
+
+
 INTEGER_BINARY = {
     "divide": int_divide,
     "remainder": int_remainder,

@@ -12,6 +12,7 @@ from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.numerics import total_order_key, total_order_of_bits
 from ncc.tools.hlo2penguin.bit_layout import Layout
 from ncc.tools.hlo2penguin.bit_layout import views as bit_views
 from ncc.tools.hlo2penguin.nest_builder import ceil_div
@@ -81,9 +82,9 @@ class SortOps:
         dimension = int(instr.dimensions[0])
         keyed = _keyed_comparator(comparator)
         root = next(op for op in comparator.instructions if op.id == comparator.root_id)
-        in_place = keyed is not None and keyed[1] == _parameter_id(comparator, 2 * keyed[0]) and \
-            is_float(ops[keyed[0]].dtype) and root.comparison_type == "TOTALORDER"
-        if keyed is not None and keyed[1] == _parameter_id(comparator, 2 * keyed[0]) and not in_place:
+        identity = keyed is not None and keyed[1] == _parameter_id(comparator, 2 * keyed[0])
+        in_place = identity and is_float(ops[keyed[0]].dtype) and root.comparison_type == "TOTALORDER"
+        if identity and not in_place:
             keyed = None  # compare(a, b) itself: one op a comparison already, keys would add a copy
         if keyed is None:
             def less(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> Value:
@@ -503,9 +504,6 @@ def _better_layout(layout: Layout, rows: int, block: int, distance: int) -> Layo
 def _key_of_constant(value: float, dtype: int) -> int:
     """_total_order_key of one constant, computed here."""
     if dtype in _NUMPY_FLOAT:
-        width = dtypes.itemsize(dtype)
-        bits = int(np.array(value, dtype=_NUMPY_FLOAT[dtype]).view(f"<i{width}"))
-    else:  # bf16: the top half of the f32 (a bf16 constant is exactly an f32)
-        bits = int(np.array(value, dtype=np.float32).view("<i4")) >> 16
-        width = 2
-    return bits ^ ((1 << (8 * width - 1)) - 1) if bits < 0 else bits
+        return int(total_order_key(np.array(value, dtype=_NUMPY_FLOAT[dtype])))
+    # bf16: the top half of the f32 (a bf16 constant is exactly an f32)
+    return int(total_order_of_bits(int(np.array(value, dtype=np.float32).view("<i4")) >> 16, 16))

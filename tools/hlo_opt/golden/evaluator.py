@@ -18,6 +18,7 @@ import numpy as np
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.dtypes import float_to_int, from_compute, storage_dtype, to_compute
 from ncc.tools.common.errors import CompileError
+from ncc.tools.common.numerics import total_order_key
 from ncc.tools.hlo import composite_ops
 from ncc.tools.hlo.elementwise import BINARY_OPCODES, UNARY_OPCODES, apply, round_to
 from ncc.tools.hlo.hlo_types import (
@@ -45,7 +46,7 @@ from ncc.tools.hlo.index_math import (
 )
 from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo.rng_bits import rng_bit_generator
-from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key, total_order_key
+from ncc.tools.hlo_opt.golden.sort import key_order, partition_order, simple_key
 
 Instr = hlo_pb2.HloInstructionProto
 

@@ -42,16 +42,6 @@ def simple_key(comparator: hlo_pb2.HloComputationProto) -> tuple[int, bool] | No
     return first // 2, descending != (first > second)
 
 
-def total_order_key(values: np.ndarray) -> np.ndarray:
-    """Floats as integers in IEEE 754 totalOrder (-NaN < -inf < ... < -0 < +0 < ... < +inf < +NaN),
-    as a `compare` of type TOTALORDER orders them: the bits read as a signed integer, with every
-    bit but the sign flipped in negatives."""
-    values = np.asarray(values)
-    kind = {2: np.int16, 4: np.int32, 8: np.int64}[values.dtype.itemsize]
-    bits = np.ascontiguousarray(values).view(kind).astype(np.int64)
-    return np.where(bits < 0, bits ^ np.iinfo(kind).max, bits)
-
-
 def key_order(keys: np.ndarray, descending: bool) -> np.ndarray | None:
     """The stable order of each row of `keys` (rows, n) under < (descending: >), or None for float
     keys holding a NaN (no strict weak order: the merge sort asks the comparator instead)."""
