@@ -78,8 +78,9 @@ def test_must_run_before_queues_are_assigned() -> None:
 
 def test_the_budget_bounds_the_program_split_dma_makes():
     """penguin_budget.backend_instruction_count, computed before unrolling, bounds the instruction
-    count after split_dma: exact with the queues' slack rule off, and larger with it on (the
-    unfused gelu's queues have no slack: split_dma cuts its free pieces only, none without them)."""
+    count after split_dma: exact with the queues' slack rule off, and at least as large with it on
+    (the unfused gelu's queues have no slack: without free pieces split_dma cuts only the round
+    trips of its intermediates through HBM, and its free pieces cover the rest)."""
     from ncc.tools.common.penguin_budget import backend_instruction_count, instruction_count
     from ncc.tools.hlo.hlo_reader import load_module
     from ncc.tools.hlo.hlo_verify import verify_module
@@ -96,7 +97,7 @@ def test_the_budget_bounds_the_program_split_dma_makes():
         assert instruction_count(penguin)[0] == len(bir.instructions)
         counts[options] = len(run_passes(bir, f"split_dma{options}").program.instructions)
     unrolled = instruction_count(penguin)[0]
-    assert backend == counts["{free_extra=-1}"] > counts[""] > counts["{free_extra=0}"] == unrolled
+    assert backend == counts["{free_extra=-1}"] == counts[""] > counts["{free_extra=0}"] > unrolled
 
 
 def test_after_max_extra_pieces_later_dmas_stay_whole() -> None:
@@ -174,6 +175,52 @@ def test_where_an_engine_is_the_bound_every_dma_keeps_its_pieces() -> None:
     ctx = run_passes(program, "split_dma{free_extra=0,fit_first_wave=0}")
     assert ctx.stats["split_dma"]["kept_whole"] == 0
     assert sum(i.op == "dma" for i in program.instructions) == 3 * 8
+
+
+def _round_trip_program() -> bir_pb2.Program:
+    """Sixteen 1 MiB input tiles copied to an output through SBUF (the queues are the bound), and
+    the sum of the first two stored to an internal HBM tensor, read back, exp'd and stored."""
+    b = Bir("round_trip")
+    tiles, cols = 16, 2048
+    b.hbm("x", [128 * tiles, cols], index=0)
+    b.hbm("tmp", [128, cols], role=bir_pb2.INTERNAL)
+    b.hbm("copy", [128 * tiles, cols], role=bir_pb2.OUTPUT, index=0)
+    b.hbm("out", [128, cols], role=bir_pb2.OUTPUT, index=1)
+    for name in [f"x{k}" for k in range(tiles)] + ["s", "r", "e"]:
+        b.buffer(name, cols * 4)
+    for k in range(tiles):
+        b.load(f"x{k}", "x", 128, cols, row0=128 * k, name=f"load_x{k}")
+        b.store("copy", f"x{k}", 128, cols, row0=128 * k, name=f"store_copy{k}")
+    b.tt("s", "x0", "x1", 128, cols, name="add")
+    b.store("tmp", "s", 128, cols, name="store_tmp")
+    b.load("r", "tmp", 128, cols, name="load_tmp")
+    b.act("e", "r", 128, cols, name="exp")
+    b.store("out", "e", 128, cols, name="store_out")
+    return b.build()
+
+
+def test_values_that_go_through_hbm_are_cut_even_where_the_queues_have_no_slack() -> None:
+    """A store and load of a value the program computes stand between its producer and its
+    reader, on the critical path: the slack rule keeps the input loads and the output store whole,
+    but cuts these two (a CLIP text encoder ran 638 us with them whole, 375 cut)."""
+    rng = np.random.default_rng(5)
+    inputs = {"arg0": rng.standard_normal((128 * 16, 2048)).astype(np.float32)}
+    expected = np.exp(inputs["arg0"][:128] + inputs["arg0"][128:256])
+    whole = _round_trip_program()
+    run_passes(whole, BACKEND)
+    program = _round_trip_program()
+    ctx = run_passes(program, "split_dma{free_extra=0,fit_first_wave=0}," + BACKEND)
+    names = [i.name for i in program.instructions if i.op == "dma"]
+    assert sum(name.startswith("store_tmp/") for name in names) == 8
+    assert sum(name.startswith("load_tmp/") for name in names) == 8
+    assert "store_out" in names and "load_x3" in names  # the slack rule kept these whole
+    assert ctx.stats["split_dma"]["kept_whole"] == 33
+    slow, fast = simulate_program(whole, inputs), simulate_program(program, inputs)
+    for result in (slow, fast):
+        assert not result.races and not result.deadlock
+        np.testing.assert_array_equal(result.outputs["out0"], inputs["arg0"])
+        np.testing.assert_allclose(result.outputs["out1"], expected, rtol=1e-5)
+    assert fast.simulated_ns < slow.simulated_ns
 
 
 def _matmul_bir() -> bir_pb2.Program:
