@@ -161,3 +161,36 @@ def test_sixteen_busy_queues_share_the_aggregate_hbm_bandwidth() -> None:
     moved = loads * rows * cols * 4
     queues_alone = (loads // 16) * TARGET.dma_ns(rows * cols * 4)
     assert result.simulated_ns >= moved / TARGET.hbm_bandwidth_gbps > queues_alone
+
+
+def test_a_transfer_behind_its_queues_backlog_does_not_hold_the_hbm_channel_for_others() -> None:
+    """Four 1 MiB loads queued on q0 at once, and later a 4 KiB load on q1: q0 moves its loads one
+    after another, so the last three start tens of microseconds later and take the HBM channel
+    only then. The small load starts as soon as it is queued and shares the channel with q0's
+    first load alone: it lands within microseconds, not after q0's backlog (as it did when each
+    transfer reserved the channel when it was queued)."""
+    rows, cols = 128, 2048
+    b = ProgramBuilder()
+    b.hbm("x", [4 * rows, cols], index=0)
+    b.hbm("y", [rows, 8], index=1)
+    for k in range(4):
+        b.buffer(f"big{k}", cols * 4)
+    b.buffer("busy", 2048)
+    b.buffer("small", 32)
+    for k in range(4):
+        b.add("dma", SP, [onchip(f"big{k}", rows, cols)], [hbm_2d("x", rows, cols, row0=rows * k)],
+              name=f"big{k}", queue=0)
+    b.add("activation", ACT, [onchip("busy", 128, 512)], [onchip("busy", 128, 512)], name="first",
+          func="exp", scalars=[1.0, 0.0])  # ACT queues the small load after SP queued the big ones
+    b.add("dma", ACT, [onchip("small", rows, 8)], [hbm_2d("y", rows, 8)], name="small", queue=1)
+    inputs = {"arg0": np.zeros((4 * rows, cols), np.float32), "arg1": np.ones((rows, 8), np.float32)}
+    result = simulate_program(b.build(), inputs, record_schedule=True)
+    assert result.races == [] and result.deadlock is None
+    moved = {t.op.name: t for t in result.schedule.transfers}
+    big = TARGET.dma_ns(rows * cols * 4)
+    assert moved["big3"].start_ns >= 3 * big  # q0's loads moved one at a time
+    small = moved["small"]
+    assert small.start_ns == small.queued_ns  # q1 was idle
+    # the channel holds big0's bytes for 2.6 us of its 39 us on q0, then the small load's
+    assert small.end_ns < TARGET.dma_ns(rows * 8 * 4) + (rows * cols * 4) / TARGET.hbm_bandwidth_gbps + 500
+    assert result.simulated_ns == pytest.approx(moved["big3"].end_ns)

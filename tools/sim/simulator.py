@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -130,7 +131,11 @@ class Simulator:
         # the happens-before thread of each (queue, trigger engine)'s transfers
         pairs = sorted({(q, stream.engine) for stream in streams.values() for q in stream.dma_queues()})
         self.transfer_thread = {pair: len(engine_ids) + number for number, pair in enumerate(pairs)}
-        self.queue_free_ns = [0.0] * target.dma_queues
+        # each queue's transfers waiting for it (op, happens-before clock, when queued), and
+        # whether it is moving one now: a transfer starts when its queue is done with the last
+        self.queue_waiting: list[deque[tuple[Op, np.ndarray | None, float]]] = [
+            deque() for _ in range(target.dma_queues)]
+        self.queue_moving = [False] * target.dma_queues
         self.hbm_free_ns = 0.0  # when the aggregate HBM channel has moved every reserved byte
         self.hbm_bytes = 0  # moved by the transfers that touch HBM so far
         self.queue_busy_ns = [0.0] * target.dma_queues
@@ -260,23 +265,36 @@ class Simulator:
                 transfer_clock = self.clocks.tick(thread, [clock])
                 self._record(thread, transfer_clock, op)
             engine.running = None
-            start = max(self.now, self.queue_free_ns[op.queue])
-            end = start + op.transfer_ns
-            if op.hbm_ns:
-                data_start = max(start + self.target.dma_fixed_latency_ns, self.hbm_free_ns)
-                self.hbm_free_ns = data_start + op.hbm_ns
-                self.hbm_bytes += op.moved_bytes
-                end = max(end, self.hbm_free_ns)
-            self.queue_free_ns[op.queue] = end
-            self.queue_busy_ns[op.queue] += end - start
-            self.queue_used[op.queue] = True
-            if self.recorder is not None:
-                self.recorder.transferred(op, self.now, start, end)
-            self._push(end, _TRANSFERRED, (op, transfer_clock))
+            self.queue_waiting[op.queue].append((op, transfer_clock, self.now))
+            if not self.queue_moving[op.queue]:
+                self._move_next(op.queue)
         else:
             op, clock = payload
             self._execute(op)
             self._update(op, clock)
+            self.queue_moving[op.queue] = False
+            if self.queue_waiting[op.queue]:
+                self._move_next(op.queue)
+
+    def _move_next(self, queue: int) -> None:
+        """Start the transfer first in line on `queue` (which is idle): it holds the queue for
+        `transfer_ns`, and one that touches HBM reserves its bytes' time on the HBM channel from
+        now, after the fixed latency, so the channel serves transfers in the order they start (a
+        transfer still waiting behind its queue's backlog reserves nothing yet)."""
+        op, clock, queued = self.queue_waiting[queue].popleft()
+        start = self.now
+        end = start + op.transfer_ns
+        if op.hbm_ns:
+            data_start = max(start + self.target.dma_fixed_latency_ns, self.hbm_free_ns)
+            self.hbm_free_ns = data_start + op.hbm_ns
+            self.hbm_bytes += op.moved_bytes
+            end = max(end, self.hbm_free_ns)
+        self.queue_moving[queue] = True
+        self.queue_busy_ns[queue] += end - start
+        self.queue_used[queue] = True
+        if self.recorder is not None:
+            self.recorder.transferred(op, queued, start, end)
+        self._push(end, _TRANSFERRED, (op, clock))
 
     def _execute(self, op: Op) -> None:
         self.effect(op)
