@@ -12,7 +12,8 @@ only with their neighbour in program order, so no other nest runs in between; bu
 fuses with nothing and is independent of the open nest (reads nothing it writes, writes nothing
 it touches: the attention mask, computed from inputs between the scores' scaling and the mask's
 addition) moves before it, up to MAX_DEFERRED of them, and the open nest stays open for the
-nests after it.
+nests after it. A moved nest then stands next to nests the sweep has passed, so the nests are
+swept again while a sweep fuses more (`fuse_nests`).
 
 First every nest is canonicalized: an axis of extent 1 has one value, so a predicate on such axes
 alone is decided at compile time (a reduction whose row fits one free tile stores unconditionally,
@@ -28,6 +29,7 @@ from ncc.tools.common import affine
 from ncc.tools.common.access_keys import base, box_key, view_key
 
 MAX_DEFERRED = 16  # independent nests moved before one open nest at most
+MAX_SWEEPS = 4  # passes over the nests at most (a sweep that fuses nothing ends them sooner)
 
 
 @dataclass
@@ -39,9 +41,27 @@ class FusionStats:
 
 
 def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
-    """Fuse adjacent producer/consumer nests in place; returns what changed."""
-    tensors = {t.name: t for t in program.tensors}
+    """Fuse adjacent producer/consumer nests in place, again while a sweep fuses more; returns what
+    changed. Moving an independent nest before the open one makes it the neighbour of nests it
+    was not next to, which the sweep has passed: jax's exact gelu computes x * 0.5, then the
+    erfc of -x as a chain that moves before it, then their product, which fuses with x * 0.5;
+    the next sweep fuses that nest with the chain, and the gelu is one function of x again
+    (act_functions.py). Only the first sweep moves nests."""
     stats = FusionStats(nests_before=len(program.nests))
+    for sweep in range(MAX_SWEEPS):
+        before = len(program.nests)
+        _sweep(program, stats, move=sweep == 0)
+        stats.nests_after = len(program.nests)
+        if stats.nests_after == before:
+            break
+    return stats
+
+
+def _sweep(program: penguin_pb2.Program, stats: FusionStats, move: bool) -> None:
+    """One pass over the nests in program order (module docstring); independent nests move
+    before the open nest only when `move` (the first sweep: later ones fuse the neighbours it
+    made and keep the order, which the schedule follows)."""
+    tensors = {t.name: t for t in program.tensors}
     fused: list[penguin_pb2.LoopNest] = []
     summary: _NestSummary | None = None
     deferred: list[_NestSummary] = []  # independent of the open nest: they go before it
@@ -51,7 +71,8 @@ def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
             continue
         copy = penguin_pb2.LoopNest()
         copy.CopyFrom(nest)
-        if summary is not None and len(deferred) < MAX_DEFERRED and _independent(summary, copy, tensors):
+        movable = move and summary is not None and len(deferred) < MAX_DEFERRED
+        if movable and _independent(summary, copy, tensors):
             stats.nests_moved += 1
             if not (deferred and _try_fuse(deferred[-1], copy, stats)):  # they fuse among themselves
                 deferred.append(_NestSummary(copy, tensors))
@@ -64,8 +85,6 @@ def fuse_nests(program: penguin_pb2.Program) -> FusionStats:
         fused += [*(moved.nest for moved in deferred), summary.nest]
     del program.nests[:]
     program.nests.extend(fused)
-    stats.nests_after = len(fused)
-    return stats
 
 
 def _independent(summary: _NestSummary, nest: penguin_pb2.LoopNest,
