@@ -173,13 +173,13 @@ def _limit_to_slack(ctx: PassContext, parts: dict[int, int], free_extra: int) ->
 
 
 def _round_trips(program: bir_pb2.Program) -> set[str]:
-    """The HBM tensors the program both writes and reads: values that go through HBM."""
+    """The HBM tensors the program both writes and reads (by any transfer, an indirect one's
+    too): values that go through HBM."""
     written: set[str] = set()
     read: set[str] = set()
     for instr in program.instructions:
-        if instr.op == "dma":
-            read.update(ap.tensor for ap in instr.inputs if ap.memory == common_pb2.HBM)
-            written.update(ap.tensor for ap in instr.outputs if ap.memory == common_pb2.HBM)
+        read.update(ap.tensor for ap in instr.inputs if ap.memory == common_pb2.HBM)
+        written.update(ap.tensor for ap in instr.outputs if ap.memory == common_pb2.HBM)
     return written & read
 
 
