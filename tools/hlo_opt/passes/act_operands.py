@@ -10,7 +10,11 @@ it (BERT's layer: 49 of its 170 µs of softmax DVE work). Within one nest this p
     that alone reads its result: exp(x − m) becomes exp(x + (−m)), the activation reading x and a
     [P, 1] tile −m that a one-element-per-partition `tensor_scalar` computes where the subtract was;
   * folds a `tensor_reduce` add of an activation's output into the activation, as its second
-    output.
+    output;
+  * makes a `tensor_tensor` multiply of a tile by itself that a `tensor_reduce` add reads an
+    ACT `square` with that sum as its second output: a norm's sum of squares (layer norm's
+    variance, RMSNorm's mean square) was two DVE passes over the tile, three streams in all
+    (x·x reads x twice), and is now one ACT pass.
 
   * moves a `tensor_tensor` add or subtract of a [P, 1] column that DVE computes on its own
     (a batch norm's − mean and + beta over channel-major tiles, a norm's − mean over rows) to
@@ -22,7 +26,7 @@ it (BERT's layer: 49 of its 170 µs of softmax DVE work). Within one nest this p
     When the moved statement's result only feeds a max(·, 0) on DVE (a ReLU after the norm), the
     activation computes the relu itself (ACT's relu is that maximum), and the max goes.
 
-The first two give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
+The first three give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
 once, ACT's scale of 1 and bias of 0 change no value (a −0 becomes +0, as the activation's bias
 of 0 already made it), and the sum adds the written values in the order tensor_reduce does. So
 the fold applies only where those hold: the subtract writes f32 from float operands, the
@@ -48,6 +52,7 @@ _PLACEMENT = ("stage", "stage_id", "execution_order")  # statement attributes th
 class ActOperandStats:
     biases_folded: int = 0
     sums_folded: int = 0
+    squares_folded: int = 0  # x·x with its row sum, now ACT's square (counted in sums_folded too)
     shifts_moved: int = 0  # column adds and subtracts moved from DVE to ACT
     relus_folded: int = 0  # of them, those whose max(·, 0) after them became their function
 
@@ -63,6 +68,9 @@ def fold_act_operands(program: penguin_pb2.Program) -> ActOperandStats:
             if st.op == "activation" and len(st.inputs) == 1 and len(st.outputs) == 1:
                 stats.biases_folded += folder.fold_bias(k)
                 stats.sums_folded += folder.fold_sum(k)
+            elif folder.fold_square(k):
+                stats.squares_folded += 1
+                stats.sums_folded += 1
         folder.finish()
         moved = _balance_shifts(program, nest, tensors)
         stats.shifts_moved += len(moved)
@@ -159,6 +167,37 @@ class _NestFolder:
         self.dropped.add(r)
         self._link(k)
         return 1
+
+    def fold_square(self, k: int) -> bool:
+        """Make statement k, x·x on DVE, an ACT square if an add-reduction of its output then
+        folds into it (fold_sum); else leave it as it was."""
+        st = self.statements[k]
+        if not (
+            st.op == "tensor_tensor"
+            and st.func == "multiply"
+            and st.engine == common_pb2.DVE
+            and len(st.inputs) == 2
+            and len(st.outputs) == 1
+            and st.inputs[0] == st.inputs[1]
+            and not st.attributes.get(BROADCAST)
+            and self.tensors[st.outputs[0].tensor].dtype == common_pb2.F32
+            and is_float(self.tensors[st.inputs[0].tensor].dtype)
+        ):
+            return False
+        before = penguin_pb2.Statement()
+        before.CopyFrom(st)
+        self._unlink(k)
+        st.op, st.engine, st.func = "activation", common_pb2.ACT, "square"
+        del st.inputs[1:]
+        del st.scalars[:]
+        st.scalars.extend([1.0, 0.0])
+        self._link(k)
+        if self.fold_sum(k):
+            return True
+        self._unlink(k)
+        st.CopyFrom(before)
+        self._link(k)
+        return False
 
     def finish(self) -> None:
         if self.dropped:
