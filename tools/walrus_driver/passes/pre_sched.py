@@ -37,6 +37,21 @@ order anyway. The kept input order still runs a DVE instruction on ACT where tha
 sooner, chosen in program order (the D = 2048 and 4096 MLPs, whose schedules pass PSUM, took
 1111.8 and 3787.6 µs with the choices of the whole schedule they built; 1090.3 and 3765.0 now).
 
+Released loads. A load that depends on nothing (an input's or a weight's tile) is ready at time
+0, and the engine that triggers it is mostly idle, so the list scheduler issued every such load
+first: a BERT layer's 21 MB of feed-forward and projection weights went onto the queues and the
+HBM channel ahead of the attention's intermediates that the critical path waited for (50 µs with
+every compute engine idle, in the model), and held SBUF until the schedule outgrew it and was
+abandoned for the input order, whose streams finish one tile's chain before the next tile's
+starts. So each pressure limit is tried twice: as above, and with each such load released (its
+earliest start) when the input order's placement issues it; the schedule of least estimated
+makespan is kept (counter `loads_released`: the loads held back in the kept schedule). Releasing
+every program's loads was tried: it lost where prefetching them is what wins (the LLaMA decode
+cut 36.7 -> 59.0 µs, an RNN 13.5 -> 18.8), where the model itself prefers the plain schedule.
+Only a program scheduled whole holds loads back: in one that keeps loops each block is scheduled
+apart, where a block's loads that depend only on other blocks would count as depending on
+nothing, and GPT-2's twelve layers ran 1.7 % longer with it.
+
 A program that keeps loops (analysis/loopnest.py) is scheduled block by block: each maximal run
 of the static order whose instructions share their innermost loop (a loop body between its inner
 loops, or the top level between loops) is scheduled on its own, over the dependences within it,
@@ -84,6 +99,7 @@ class Options:
     tries: int = 1  # schedules made under different pressure limits; the fastest is kept
     spread_to_act: bool = True  # DVE instructions with an exact ACT form may run on ACT
     choose_triggers: bool = True  # a dma may be triggered by any engine with a queue pool
+    release_loads: bool = True  # also try holding back the loads that depend on nothing (docstring)
 
 
 EXTRA_FRACTIONS = (0.9, 0.65, 0.5)  # the other pressure limits that tries > 1 schedules under
@@ -187,6 +203,7 @@ class _Machine:
     pools: dict[int, list[int]]
     every_queue: list[int]
     queue_of: dict[int, int] = field(default_factory=dict)
+    start_of: dict[int, float] = field(default_factory=dict)  # id -> when it was placed to start
 
     @classmethod
     def fresh(cls, table: costs.CostTable, pools: dict[int, list[int]] | None = None) -> _Machine:
@@ -256,6 +273,7 @@ class _Machine:
 
     def place(self, node: int, form: _Form, start: float) -> float:
         """Occupy the resources from `start`; returns the completion time."""
+        self.start_of[node] = start
         issue_end = start + form.cost.engine_ns
         self.engine_free[form.engine] = issue_end
         for port in form.cost.ports:
@@ -346,6 +364,8 @@ def schedule_blocks(
     # scheduled alone looks no worse with its stores on SP, but there they would hold up the
     # loads SP issues for the next iterations (an engine runs its stream in order). And a body
     # keeps to LOOP_PRESSURE_FRACTION of what is left around it.
+    # Loads are not held back in blocks (the module docstring, Released loads).
+    options = Options(**{**options.__dict__, "release_loads": False})
     in_loop = Options(**{**options.__dict__, "choose_triggers": False,
                          "pressure_fraction": min(options.pressure_fraction, LOOP_PRESSURE_FRACTION)})
     for block, touched, surroundings in zip(blocks, touched_by_block, around, strict=True):
@@ -519,11 +539,16 @@ def schedule(
         peak = in_order_pressure().peak
         return all(peak[m] <= fraction * capacity[m] for m in capacity)
 
-    # The input order placed as it stands, to compare with: in a forked child while the list
-    # scheduler runs here (its makespan and queue choices come back, a dict cheap to send).
-    def place_input_order() -> tuple[float, dict[int, int]]:
+    # The input order placed as it stands, to compare with and to release the loads nothing
+    # produces from: in a forked child while the list scheduler runs here (its makespan, queue
+    # choices and those loads' start times come back, dicts cheap to send).
+    def place_input_order() -> tuple[float, dict[int, int], dict[int, float]]:
         makespan, machine, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
-        return makespan, machine.queue_of
+        starts = {node: machine.start_of[node] for node in sources}
+        return makespan, machine.queue_of, starts
+
+    sources = [node for node in input_order if own[node].dma and deps.in_degree(node) == 0] \
+        if options.release_loads else []
 
     as_it_stands = forked.Forked(place_input_order, parallel=len(input_order) >= forked.MIN_INSTRUCTIONS)
 
@@ -531,28 +556,34 @@ def schedule(
     fractions = [options.pressure_fraction] + [f for f in EXTRA_FRACTIONS if f != options.pressure_fraction]
     best: _Schedule | None = None
     abandoned = refused = 0
+    released = False
     for fraction in fractions[: max(1, options.tries)]:
-        made = _list_schedule(
-            ctx,
-            deps,
-            instructions,
-            original_index,
-            own,
-            priority,
-            fraction,
-            options.pressure_window,
-            alternatives,
-            capacity,
-            around,
-            # (a fraction over 1 turns the pressure term off, and this with it)
-            (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
-        )
-        if made is not None and acceptable is not None and not acceptable([by_id[n] for n in made.order]):
-            made, refused = None, refused + 1
-        if made is None:
-            abandoned += 1
-        elif best is None or made.makespan < best.makespan:
-            best = made
+        # Each limit is tried as it is and with the loads that depend on nothing released as the
+        # input order issues them (the module docstring, Released loads).
+        for held_back in (False, True) if sources else (False,):
+            release = as_it_stands.result()[2] if held_back else {}
+            made = _list_schedule(
+                ctx,
+                deps,
+                instructions,
+                original_index,
+                own,
+                priority,
+                fraction,
+                options.pressure_window,
+                alternatives,
+                capacity,
+                around,
+                # (a fraction over 1 turns the pressure term off, and this with it)
+                (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
+                release,
+            )
+            if made is not None and acceptable is not None and not acceptable([by_id[n] for n in made.order]):
+                made, refused = None, refused + 1
+            if made is None:
+                abandoned += 1
+            elif best is None or made.makespan < best.makespan:
+                best, released = made, held_back
 
     with_act = None
     if best is None and alternatives:
@@ -564,7 +595,7 @@ def schedule(
         # mostly abandoned early: stacked attention's at step 598 of 115k).
         act_forms = {node: [f for f in forms if not f.dma] for node, forms in alternatives.items()}
         with_act = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
-    makespan_before, in_order_queues = as_it_stands.result()
+    makespan_before, in_order_queues, _ = as_it_stands.result()
     in_order_makespan, in_order_chosen = makespan_before, {}
     if with_act is not None and with_act[0] < makespan_before:
         in_order_makespan, machine, in_order_chosen = with_act
@@ -583,6 +614,7 @@ def schedule(
                 input_order, in_order_makespan, 0, in_order, fraction, in_order_queues, in_order_chosen
             )
             ctx.set_stat("kept_input_order", 1)
+            released = False
     ctx.triggers_before_schedule = {}
     for node, form in best.chosen.items():  # rewritten for the engine that ran it in the kept schedule
         if isinstance(form.rewrite, engine_choice.ActForm):
@@ -605,7 +637,8 @@ def schedule(
 
     ctx.set_stat("instructions", len(best.order))
     ctx.set_stat("instructions_moved", moved)
-    ctx.set_stat("schedules_tried", min(len(fractions), max(1, options.tries)))
+    ctx.set_stat("schedules_tried", min(len(fractions), max(1, options.tries)) * (2 if sources else 1))
+    ctx.set_stat("loads_released", len(sources) if released else 0)
     ctx.set_stat("schedules_abandoned", abandoned)
     ctx.set_stat("schedules_refused", refused)
     ctx.set_stat("pressure_fraction_kept", best.fraction)
@@ -643,6 +676,7 @@ def _list_schedule(
     capacity: dict[int, int],
     around: Surroundings | None,
     abandon: tuple[dict[int, int], Callable[[], bool]] | None,
+    release: dict[int, float],
 ) -> _Schedule | None:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
     instruction runs as `own` says or, with entries in `alternatives`, waits on their engines too.
@@ -652,7 +686,7 @@ def _list_schedule(
     pressure = _Pressure.build(ctx, instructions, fraction, capacity, around)
     machine = _Machine.fresh(table, ctx.queue_pools)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
-    earliest: dict[int, float] = defaultdict(float)
+    earliest: dict[int, float] = defaultdict(float, release)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
     waiting: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
     available: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
