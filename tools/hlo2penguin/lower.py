@@ -44,6 +44,7 @@ from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
 from ncc.tools.hlo2penguin.expand import expand_composites
+from ncc.tools.hlo2penguin.hlo_cse import eliminate_common_subexpressions
 from ncc.tools.hlo2penguin.identities import identity_operand
 from ncc.tools.hlo2penguin.indexed import IndexedOps
 from ncc.tools.hlo2penguin.nest_builder import (
@@ -874,9 +875,10 @@ def _magnitude(dtype: int) -> int:
 
 def lower_module(module: hlo_pb2.HloModuleProto, loops: str = "auto",
                  repeat_above: int = AUTO_ROLL_ABOVE) -> penguin_pb2.Program:
-    """Lower a verified module to a Penguin program (composite ops expanded first: expand.py, and
-    transposes of dots folded into them: transpose_folding.py); `loops` is --loops, and a while
-    loop stays a loop (repeat.py) when `loops` allows and its trips would unroll to at least
-    `repeat_above` backend instructions."""
+    """Lower a verified module to a Penguin program (repeated instructions merged first:
+    hlo_cse.py; composite ops expanded: expand.py; and transposes of dots folded into them:
+    transpose_folding.py); `loops` is --loops, and a while loop stays a loop (repeat.py) when
+    `loops` allows and its trips would unroll to at least `repeat_above` backend instructions."""
+    module = eliminate_common_subexpressions(module)
     return Lowering(expand_composites(fold_transposes(module)), loops, repeat_above).run()
 
