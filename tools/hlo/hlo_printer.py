@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ncc.schemas import hlo_pb2
-from ncc.tools.hlo.hlo_types import T, entry_computation, is_tuple, type_name
+from ncc.tools.hlo.hlo_types import T, entry_computation, is_tuple, root_of, type_name
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 _KEYWORDS = frozenset({"ROOT", "ENTRY", "HloModule"})
@@ -85,7 +85,7 @@ def _program_layout(comp: hlo_pb2.HloComputationProto) -> str:
     params = sorted(
         (i for i in comp.instructions if i.opcode == "parameter"), key=lambda i: i.parameter_number
     )
-    root = next((i for i in comp.instructions if i.id == comp.root_id), None)
+    root = root_of(comp)
     result = shape_text(root.shape) if root is not None else "()"
     return "(" + ", ".join(shape_text(p.shape) for p in params) + ")->" + result
 

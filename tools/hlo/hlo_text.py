@@ -20,7 +20,7 @@ import numpy as np
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.dtypes import f32_to_bf16
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo.hlo_types import TYPES_BY_NAME, T, parameters, type_name
+from ncc.tools.hlo.hlo_types import TYPES_BY_NAME, T, parameters, root_of, type_name
 from ncc.tools.hlo.shape_inference import infer_shape
 
 MAX_NESTING = 32  # tuple shapes / tuple literals nested deeper than this are refused
@@ -989,7 +989,7 @@ def _program_shape(comp: hlo_pb2.HloComputationProto) -> None:
     for param in parameters(comp):
         comp.program_shape.parameters.append(param.shape)
         comp.program_shape.parameter_names.append(param.name)
-    root = next((i for i in comp.instructions if i.id == comp.root_id), None)
+    root = root_of(comp)
     if root is not None:
         comp.program_shape.result.CopyFrom(root.shape)
 

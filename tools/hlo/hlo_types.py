@@ -132,6 +132,13 @@ def entry_computation(module: hlo_pb2.HloModuleProto) -> hlo_pb2.HloComputationP
     return None
 
 
+def root_of(comp: hlo_pb2.HloComputationProto,
+            default: hlo_pb2.HloInstructionProto | None = None) -> hlo_pb2.HloInstructionProto | None:
+    """A computation's root instruction; `default` when its root_id names none of its instructions
+    (a module the verifier has not seen: hlo_verify refuses it, E204)."""
+    return next((instr for instr in comp.instructions if instr.id == comp.root_id), default)
+
+
 def parameters(comp: hlo_pb2.HloComputationProto) -> list[hlo_pb2.HloInstructionProto]:
     """A computation's parameter instructions ordered by parameter number."""
     params = [instr for instr in comp.instructions if instr.opcode == "parameter"]

@@ -36,7 +36,7 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.common.penguin_budget import AUTO_ROLL_ABOVE
 from ncc.tools.common.row_blocks import MAX_ROW_BLOCK
 from ncc.tools.hlo.elementwise import apply
-from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, xla_type
+from ncc.tools.hlo.hlo_types import compute_dtype, ncc_dtype, root_of, xla_type
 from ncc.tools.hlo.index_math import (
     physical_order,
 )
@@ -511,7 +511,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
     def _reducer(self, instr) -> str | None:
         """'add'/'maximum'/'minimum'/'multiply' when the reducer is just that op on its two parameters."""
         comp = self.computations[instr.called_computation_ids[0]]
-        root = next((i for i in comp.instructions if i.id == comp.root_id), comp.instructions[-1])
+        root = root_of(comp, comp.instructions[-1])
         params = {i.id for i in comp.instructions if i.opcode == "parameter"}
         if root.opcode in REDUCERS and len(params) == 2 and set(root.operand_ids) == params:
             return root.opcode

@@ -13,6 +13,7 @@ from ncc.tools.common import dtypes
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.numerics import total_order_key, total_order_of_bits
+from ncc.tools.hlo.hlo_types import root_of
 from ncc.tools.hlo2penguin.bit_layout import Layout
 from ncc.tools.hlo2penguin.bit_layout import views as bit_views
 from ncc.tools.hlo2penguin.nest_builder import ceil_div
@@ -81,7 +82,7 @@ class SortOps:
         comparator = self.computations[instr.called_computation_ids[0]]
         dimension = int(instr.dimensions[0])
         keyed = _keyed_comparator(comparator)
-        root = next(op for op in comparator.instructions if op.id == comparator.root_id)
+        root = root_of(comparator)
         identity = keyed is not None and keyed[1] == _parameter_id(comparator, 2 * keyed[0])
         in_place = identity and is_float(ops[keyed[0]].dtype) and root.comparison_type == "TOTALORDER"
         if identity and not in_place:

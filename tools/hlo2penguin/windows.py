@@ -13,6 +13,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common.dtypes import is_float, storage_dtype, to_compute
+from ncc.tools.hlo.hlo_types import root_of
 from ncc.tools.hlo.index_math import (
     pad_placement,
     pad_target,
@@ -259,7 +260,7 @@ class WindowOps:
         if n < 2 or w.size != n or sorted((w.padding_low, w.padding_high)) != [0, n - 1]:
             return None
         params = {p.id: p.parameter_number for p in reducer.instructions if p.opcode == "parameter"}
-        root = next((i for i in reducer.instructions if i.id == reducer.root_id), reducer.instructions[-1])
+        root = root_of(reducer, reducer.instructions[-1])
         if len(reducer.instructions) != 3 or sorted(params.get(i, -1) for i in root.operand_ids) != [0, 1]:
             return None
         identity = _scan_identity(root.opcode, inits[0].dtype)

@@ -33,6 +33,7 @@ from ncc.tools.hlo.hlo_types import (
     leaf_shapes,
     ncc_dtype,
     parameters,
+    root_of,
     shape_str,
 )
 from ncc.tools.hlo.hlo_verify import verify_module
@@ -363,7 +364,7 @@ class _Evaluator:
         order = None
         if simple is not None and n:
             keys = flat[simple[0]]
-            root = next(i for i in comparator.instructions if i.id == comparator.root_id)
+            root = root_of(comparator)
             if root.comparison_type == "TOTALORDER" and keys.dtype.kind == "f":
                 keys = total_order_key(keys)
             order = key_order(keys, simple[1])
@@ -618,7 +619,7 @@ class _Evaluator:
         """'add'/'multiply'/'maximum'/'minimum' when the reducer is just that op on its two parameters."""
         if reducer.id not in self.reducer_kinds:
             params = {i.id: i.parameter_number for i in reducer.instructions if i.opcode == "parameter"}
-            root = next(i for i in reducer.instructions if i.id == reducer.root_id)
+            root = root_of(reducer)
             plain = (
                 root.opcode in _FAST_REDUCERS
                 and len(params) == 2
@@ -642,7 +643,7 @@ def _batch_pairs(operand_dims, indices_dims, index_vector_dim: int) -> list[tupl
 
 def _returns_parameter(comp: hlo_pb2.HloComputationProto, number: int) -> bool:
     """Whether the computation's root is its parameter `number` (scatter's "replace")."""
-    root = next(i for i in comp.instructions if i.id == comp.root_id)
+    root = root_of(comp)
     return root.opcode == "parameter" and root.parameter_number == number
 
 

@@ -22,7 +22,7 @@ from ncc.tools.common.dtypes import (
 )
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import read_proto, write_proto
-from ncc.tools.hlo.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters
+from ncc.tools.hlo.hlo_types import entry_computation, is_tuple, leaf_shapes, ncc_dtype, parameters, root_of
 from ncc.tools.hlo.hlo_verify import verify_module
 from ncc.tools.hlo_opt.golden.evaluator import evaluate, make_inputs
 
@@ -47,7 +47,7 @@ def run_golden(module_path: str, output_path: str, seed: int, inputs_path: str |
     else:
         args = read_inputs(inputs_path, len(params))
     outputs = evaluate(module, args, verify=False)
-    root = next(instr for instr in entry.instructions if instr.id == entry.root_id)
+    root = root_of(entry)
     tensors = common_pb2.TensorSet()
     for index, param in enumerate(params):
         tensors.tensors.append(_tensor(f"arg{index}", np.asarray(args[index]), param.shape.element_type))

@@ -21,6 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ncc.schemas import hlo_pb2
+from ncc.tools.hlo.hlo_types import root_of
 
 # before(first, second): the comparator's verdicts for pairs of elements given by their flat
 # indices (row * n + index) into the (rows, n) operands
@@ -31,7 +32,7 @@ def simple_key(comparator: hlo_pb2.HloComputationProto) -> tuple[int, bool] | No
     """(operand, descending) when the comparator is compare(p[2i], p[2i+1]) LT or GT (either way
     round), i.e. a plain sort by operand i; None otherwise."""
     params = {i.id: i.parameter_number for i in comparator.instructions if i.opcode == "parameter"}
-    root = next(i for i in comparator.instructions if i.id == comparator.root_id)
+    root = root_of(comparator)
     if root.opcode != "compare" or root.comparison_direction not in ("LT", "GT") \
             or len(root.operand_ids) != 2:
         return None
