@@ -94,6 +94,34 @@ ENTRY main {
     assert {"s2", "k"}.isdisjoint(_names(eliminate_common_subexpressions(twice)))
 
 
+def test_a_norm_written_twice_with_its_own_reducers_and_constants_merges_whole() -> None:
+    """JAX's LLaMA layer normalizes x once for the queries and once for the keys and values; each
+    sum has its own `add` computation and its own constant 0. The second norm merges into the first
+    (its reduce too), and the constants, values of no parameter, stay where they are."""
+    text = """HloModule twice
+ADD_A { a = f32[] parameter(0)  b = f32[] parameter(1)  ROOT s = f32[] add(a, b) }
+ADD_B { c = f32[] parameter(0)  d = f32[] parameter(1)  ROOT t = f32[] add(c, d) }
+ENTRY main {
+  x = f32[128,256] parameter(0)
+  z1 = f32[] constant(0)
+  s1 = f32[128,256] multiply(x, x)
+  r1 = f32[128] reduce(s1, z1), dimensions={1}, to_apply=ADD_A
+  z2 = f32[] constant(0)
+  s2 = f32[128,256] multiply(x, x)
+  r2 = f32[128] reduce(s2, z2), dimensions={1}, to_apply=ADD_B
+  ROOT out = (f32[128], f32[128]) tuple(r1, r2)
+}
+"""
+    module = parse_hlo_text(text)
+    merged = eliminate_common_subexpressions(module)
+    names = _names(merged)
+    assert {"s2", "r2"}.isdisjoint(names) and {"z1", "z2", "r1"} <= names
+    inputs = make_inputs(module, seed=5)
+    before, after = evaluate(module, inputs), evaluate(merged, inputs)
+    assert len(before) == len(after) == 2
+    assert all(np.array_equal(a, b) for a, b in zip(before, after, strict=True))
+
+
 def test_the_layer_norm_computes_its_centred_rows_once_and_verifies(tmp_path: Path) -> None:
     program = lower_module(parse_hlo_text(LAYER_NORM))
     optimize(program, pass_list("", 2))
