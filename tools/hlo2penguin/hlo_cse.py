@@ -40,12 +40,12 @@ def eliminate_common_subexpressions(module: hlo_pb2.HloModuleProto) -> hlo_pb2.H
     """`module` itself when no instruction repeats an earlier one, else a copy with each repeat
     dropped and its readers (and the root) reading the earlier instruction."""
     alike = _alike_computations(module)
-    if not any(_repeats(comp, alike) for comp in module.computations):
+    found = [_repeats(comp, alike) for comp in module.computations]  # by id: the same in a copy
+    if not any(found):
         return module
     merged = hlo_pb2.HloModuleProto()
     merged.CopyFrom(module)
-    for comp in merged.computations:
-        replaced = _repeats(comp, alike)
+    for comp, replaced in zip(merged.computations, found, strict=True):
         if not replaced:
             continue
         kept = [instr for instr in comp.instructions if instr.id not in replaced]
