@@ -41,6 +41,7 @@ from ncc.tools.hlo.index_math import (
     physical_order,
 )
 from ncc.tools.hlo.literals import literal_to_numpy
+from ncc.tools.hlo2penguin import affine_masks
 from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
 from ncc.tools.hlo2penguin.expand import expand_composites
@@ -130,6 +131,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         self.produced: set[str] = set()  # HBM tensors written by a nest of this program
         self.plans: dict[str, TilePlan] = {}  # HBM tensor -> the plan of the elementwise nest that wrote it
         self.region_shape: tuple[int, ...] = ()  # set while a reducer is applied elementwise to arrays
+        # id(value) -> (value, its affine_masks form): values that are affine functions of their index
+        self.forms: dict[int, tuple[Value, affine_masks.Form]] = {}
 
     # ---- driver -------------------------------------------------------------------------
     def run(self) -> penguin_pb2.Program:
@@ -165,7 +168,27 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         for instr in comp.instructions:
             operands = [values[i] for i in instr.operand_ids]
             values[instr.id] = self._instruction(instr, operands, args)
+            self._note_form(instr, operands, values[instr.id])
         return values[comp.root_id if comp.root_id in values else comp.instructions[-1].id]
+
+    def _note_form(self, instr: hlo_pb2.HloInstructionProto, operands: list[Value], result: Value) -> None:
+        """Remember `result`'s affine_masks form, if it has one (not inside a reducer applied to arrays,
+        whose scalars stand for arrays)."""
+        if self.region_shape or not isinstance(result, View) or id(result) in self.forms:
+            return
+        if not all(isinstance(op, (View, Splat)) for op in operands):
+            return
+        forms = [self._form(op) for op in operands]
+        form = affine_masks.form_of(instr, forms, result.shape, ncc_dtype(instr.shape.element_type),
+                                    [op.shape for op in operands])
+        if form is not None:
+            self.forms[id(result)] = (result, form)
+
+    def _form(self, value: Value) -> affine_masks.Form | None:
+        if isinstance(value, Splat):
+            return affine_masks.constant_form(value.value, value.dtype, len(value.shape))
+        known = self.forms.get(id(value))
+        return known[1] if known is not None and known[0] is value else None
 
     def _bind_output(self, index: int, value: Value) -> None:
         if isinstance(value, tuple):
@@ -415,7 +438,10 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
                 self._copy_into(folded, into, instr.name)
                 return into
             return folded
+        condition = self._form(ops[0]) if opcode == "select" and into is None else None
         ops = [op if isinstance(op, Splat) or op.shape == shape else op.broadcast(shape, ()) for op in ops]
+        if condition is not None and (selected := self._affine_select(instr, condition, ops, shape, dtype)):
+            return selected
         if opcode == "copy":
             self._copy_into(ops[0], into, instr.name)
             return into
@@ -474,6 +500,31 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
             raise CompileError("E201", f"unsupported opcode '{opcode}'", instr.name)
         self._store(nest, tiling, out_box, out, instr.name)
         return result
+
+    def _affine_select(self, instr, condition: affine_masks.Form, ops: list[Value], shape: tuple[int, ...],
+                       dtype: int) -> View | None:
+        """A select between a tile and a constant whose predicate is affine in the element's row and
+        column (a causal mask: affine_masks.py): one POOL affine_select that computes the predicate
+        as it goes, reading only the tile. None when the select is not one."""
+        _, on_true, on_false = ops
+        mask = affine_masks.select_mask(condition, len(shape))
+        if mask is None or not is_float(dtype) or canonical_shape(shape) != shape:
+            return None
+        if isinstance(on_false, Splat) and isinstance(on_true, View):
+            kept, fill = on_true, on_false.value
+        elif isinstance(on_true, Splat) and isinstance(on_false, View):
+            kept, fill, mask = on_false, on_true.value, affine_masks.negated(mask)
+        else:
+            return None
+        out = self._new_output(instr, shape, dtype)
+        tiling = self._tiling(shape)
+        nest = self.builder.nest(instr.name, instr.name, tiling.axes(), self._attributes(instr))
+        body = _Body(self, nest, tiling, instr.name)
+        out_box = body.tile(dtype)
+        row, column = mask.coeffs[-2:]
+        body.emit("affine_select", POOL, out_box, [kept], scalars=(fill, float(mask.const), row, column))
+        self._store(nest, tiling, out_box, out, instr.name)
+        return out
 
     def _fold(self, instr, ops: list[Splat], shape: tuple[int, ...], dtype: int) -> Value:
         """An elementwise op of constants is a constant: computed with the evaluator's semantics,

@@ -315,6 +315,8 @@ class BirCodeGenLoop:
             source.dims.add(stride=0, count=free)
         if st.op == "iota":
             self._iota_scalars(instr, st, outputs[0][1])
+        if st.op == "affine_select":
+            self._affine_select_scalars(instr, st, outputs[0][1])
         if st.op == "dma" and _partition_broadcast(instr):
             self._broadcast_on_chip(instr)
         if st.op == "dma" and _hbm_to_hbm(instr) and len(instr.outputs[0].dims) > 2:
@@ -435,6 +437,16 @@ class BirCodeGenLoop:
             scalars[2] = 1.0
         del instr.scalars[:]
         instr.scalars.extend(scalars)
+
+    @staticmethod
+    def _affine_select_scalars(instr: bir_pb2.Instruction, st: penguin_pb2.Statement,
+                               starts: list[int]) -> None:
+        """An affine_select's predicate over the tile (docs/ir.md): the statement's [fill, const, row,
+        column] over the tensor's last two dimensions becomes [fill, offset, partition step, column
+        step] over the tile, offset by where the tile starts."""
+        fill, const, row, column = st.scalars[:4]
+        del instr.scalars[:]
+        instr.scalars.extend([fill, const + row * starts[-2] + column * starts[-1], row, column])
 
     def _plan(self, access: penguin_pb2.Access, st: penguin_pb2.Statement, axes: list[str]) -> _AccessPlan:
         tensor = self.tensors.get(access.tensor)

@@ -12,7 +12,8 @@ the range lowers to the same instructions but for offsets that move by a fixed s
     before or after the loop);
   * a matmul's accumulate flag (off at its accumulation axis's first step) is the same too;
   * no access is clipped at its tensor's edge (a partial last tile is peeled);
-  * an iota's values do not depend on the axis (its scalars cannot vary per iteration);
+  * an iota's values, and an affine_select's predicate, do not depend on the axis (their scalars
+    cannot vary per iteration);
   * each on-chip tensor is either *shared* by the iterations (no access moves with the axis: the
     same blocks every time, e.g. an accumulator, or weights loaded before the loop) or *private*
     to each iteration: every iteration writes its blocks before it reads them (`_fresh`) and no
@@ -340,10 +341,14 @@ class _AxisAnalysis:
         for access in (*st.outputs, *st.inputs):
             self._access(access)
         if st.op == "iota" and "iota_dimension" in st.attributes and st.outputs:
-            dim = int(st.attributes["iota_dimension"])
-            starts = st.outputs[0].starts
-            if dim < len(starts) and self._split(starts[dim])[0]:
-                raise _NotRollable  # its values move with the axis: scalars cannot
+            dims = [int(st.attributes["iota_dimension"])]
+        elif st.op == "affine_select" and st.outputs:
+            dims = [len(st.outputs[0].starts) - 2, len(st.outputs[0].starts) - 1]  # its rows and columns
+        else:
+            dims = []
+        starts = st.outputs[0].starts if dims else []
+        if any(0 <= dim < len(starts) and self._split(starts[dim])[0] for dim in dims):
+            raise _NotRollable  # its values move with the axis: scalars cannot
 
     def _pipelined(self) -> bool:
         return any(a.name == self.name and "pipelined" in a.attributes for a in self.nest.axes)

@@ -49,6 +49,7 @@ SPECS: dict[str, OpSpec] = {
     "tensor_copy": OpSpec(frozenset({common_pb2.DVE, common_pb2.ACT, common_pb2.POOL}), 1, 1),
     "iota": OpSpec(frozenset({common_pb2.POOL}), 0, 1),
     "select": OpSpec(frozenset({common_pb2.POOL, common_pb2.DVE}), 3, 1),
+    "affine_select": OpSpec(frozenset({common_pb2.POOL}), 1, 1),
     "nop": OpSpec(ALL_ENGINES, 0, 0),
     "drain": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 0, 0),  # a wait that holds no port
     "sem_reset": OpSpec(frozenset({common_pb2.SP}), 0, 0),  # the simulator zeroes every semaphore
@@ -153,6 +154,13 @@ def _check_elementwise(op: Op, _target: Target) -> None:
             raise _fail(op, f"input {index} has {access.size} elements but the output has {out.size}")
 
 
+def _check_affine_select(op: Op, target: Target) -> None:
+    _check_elementwise(op, target)
+    if len(op.scalars) < 4:
+        raise _fail(op, "affine_select takes 4 scalars (fill, offset, partition step, column step), "
+                        f"not {len(op.scalars)}")
+
+
 def _check_matmul(op: Op, target: Target) -> None:
     stationary, moving = op.inputs
     out = op.outputs[0]
@@ -232,6 +240,7 @@ _CHECKS: dict[str, Callable[[Op, Target], None]] = {
     "tensor_reduce": _check_reduce,
     "tensor_copy": _check_elementwise,
     "select": _check_elementwise,
+    "affine_select": _check_affine_select,
 }
 
 
@@ -390,6 +399,20 @@ def _iota(op: Op) -> None:
     out.write_compute(result)
 
 
+def _affine_select(op: Op) -> None:
+    """out = in0 where offset + p * partition_step + f * column_step >= 0, else fill (p the
+    partition, f the element's place in its partition's row): NKI's affine_select."""
+    out = op.outputs[0]
+    kind = _domain(op.inputs[0], out)
+    fill, offset, partition_step, column_step = (int(s) if k else s for k, s in enumerate(op.scalars[:4]))
+    partitions = out.partitions
+    free = out.size // max(partitions, 1)
+    value = (offset + partition_step * np.arange(partitions, dtype=np.int64)[:, None]
+             + column_step * np.arange(free, dtype=np.int64)[None, :])
+    kept = _operand(op.inputs[0], kind, (partitions, free))
+    out.write_compute(np.where(value >= 0, kept, kind(fill)).reshape(out.shape))
+
+
 def _select(op: Op) -> None:
     out = op.outputs[0]
     kind = _domain(op.inputs[1], op.inputs[2], out)
@@ -415,4 +438,5 @@ _EXECUTE: dict[str, Callable[[Op], None]] = {
     "tensor_copy": _tensor_copy,
     "iota": _iota,
     "select": _select,
+    "affine_select": _affine_select,
 }

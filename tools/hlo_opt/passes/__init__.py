@@ -7,10 +7,11 @@ from collections import defaultdict
 
 from ncc.schemas import penguin_pb2
 
-# Statements that compute each output element from the same element of their inputs (an iota from
-# its own index): what act_functions evaluates as a function of one tile, and what epilogues may
-# retile to a dot's output tiles.
-ELEMENTWISE_OPS = frozenset({"tensor_tensor", "tensor_scalar", "activation", "select", "tensor_copy", "iota"})
+# Statements that compute each output element from the same element of their inputs (an iota, and
+# an affine_select's predicate, from its own index): what act_functions evaluates as a function of
+# one tile, and what epilogues may retile to a dot's output tiles.
+ELEMENTWISE_OPS = frozenset({"tensor_tensor", "tensor_scalar", "activation", "select", "tensor_copy", "iota",
+                             "affine_select"})
 
 
 def nests_naming(program: penguin_pb2.Program) -> dict[str, set[int]]:

@@ -37,6 +37,7 @@ OP_ENGINES: dict[str, frozenset[int] | None] = {
     "tensor_copy": frozenset({DVE, ACT, POOL}),
     "iota": frozenset({POOL}),
     "select": frozenset({POOL, DVE}),
+    "affine_select": frozenset({POOL}),  # keeps in0 where offset + p·a + f·b >= 0, else a fill
     "nop": None,
     "drain": frozenset({DVE, POOL}),  # a wait off the shared SBUF port (sync_dve_pool)
     "sem_reset": frozenset({SP}),  # sets every semaphore to 0 (semaphore_reset)
@@ -56,6 +57,7 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "tensor_copy": (1, 1),
     "iota": (0, 1),
     "select": (3, 1),
+    "affine_select": (1, 1),
     "nop": (0, 0),
     "drain": (0, 0),
     "sem_reset": (0, 0),

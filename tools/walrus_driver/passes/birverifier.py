@@ -512,7 +512,7 @@ def _check_op_shapes(
                 where,
                 f"reduce of {source.partition_count} partitions writes {count(out)} elements",
             )
-    elif op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select"):
+    elif op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select", "affine_select"):
         out_count, out_partitions = count(out), out.partition_count
         if op == "activation" and len(inputs) > 1 and not birutil.per_partition(inputs[1]):
             report.fail("element_count", where,
