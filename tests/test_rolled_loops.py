@@ -381,3 +381,24 @@ def test_a_copy_loop_of_three_kernel_rows_holds_its_copies_in_the_loop_around_it
     # takes the kernel-row loop into the dma's box)
     assert len(body) == plan.copies * len(nest.statements)
     assert all(3 in [d.count for d in dma.inputs[0].dims] for dma in body)
+
+
+def test_auto_keeps_one_loop_per_nest_where_the_unrolled_inner_ones_fit(monkeypatch):
+    """Attention at seq 4096, d 1024 is large enough for --loops auto to roll it. Rolled as far as
+    it goes, its dots keep loops inside loops; auto keeps only each nest's outermost loop, the
+    others unrolled into its body (so the body's independent tiles interleave), while the
+    program stays within AUTO_SHALLOW_TOTAL, and is rolled as deep as `rolled` past it."""
+    from ncc.tools.hlo_opt import bir_codegen
+
+    text = hlo_gen.hlo_text("attention", seq=4096, d=1024, layers=1)
+
+    def nested_loops(mode: str) -> tuple[int, int]:
+        program = _bir(text, mode)
+        entries = _entries(program)
+        return len(entries), sum(1 for entry in entries if entry.HasField("in_loop"))
+
+    rolled_loops, rolled_nested = nested_loops("rolled")
+    auto_loops, auto_nested = nested_loops("auto")
+    assert rolled_nested > 0 and auto_loops > 0 and auto_nested == 0
+    monkeypatch.setattr(bir_codegen, "AUTO_SHALLOW_TOTAL", 1_000)  # the program past the cap
+    assert nested_loops("auto") == (rolled_loops, rolled_nested)
