@@ -430,7 +430,7 @@ def test_the_gpt2_cut_runs_faster_with_its_weight_loads_held_back(models_dir, tm
         simulated[label] = facts["simulated_ns"]
         with np.load(out) as arrays:
             outputs[label] = {name: arrays[name] for name in arrays.files}
-    assert simulated["held back"] < 0.9 * simulated["plain"], simulated
+    assert simulated["held back"] < 0.95 * simulated["plain"], simulated
     assert outputs["held back"].keys() == outputs["plain"].keys()
     for name, values in outputs["plain"].items():
         assert np.array_equal(outputs["held back"][name], values, equal_nan=True), name

@@ -633,12 +633,10 @@ def test_per_channel_columns_verify_from_the_cli_move_less_and_take_less_time(tm
     assert runs["with"]["hbm_bytes"] < moved * 1.01 < runs["without"]["hbm_bytes"]
 
 
-CAUSAL_FILL = """HloModule causal_fill
+INPUT_MASK_FILL = """HloModule masked_fill
 ENTRY main {
   s = f32[4,256,512] parameter(0)
-  row = s32[256,512] iota(), iota_dimension=0
-  col = s32[256,512] iota(), iota_dimension=1
-  keep = pred[256,512] compare(row, col), direction=GE
+  keep = pred[256,512] parameter(1)
   keeps = pred[4,256,512] broadcast(keep), dimensions={1,2}
   big = f32[] constant(-1e+09)
   bigs = f32[4,256,512] broadcast(big), dimensions={}
@@ -648,9 +646,10 @@ ENTRY main {
 
 
 def test_a_constant_fill_read_by_a_select_becomes_its_column_operand() -> None:
-    """where(causal, s, -1e9): the -1e9 the select streamed from a full [P, 512] fill is one
-    element per partition, read with stride 0; POOL streams two operands instead of three."""
-    program = lowered(CAUSAL_FILL)
+    """where(mask, s, -1e9): the -1e9 the select streamed from a full [P, 512] fill is one
+    element per partition, read with stride 0; POOL streams two operands instead of three. (The
+    mask is an input: a causal one built from iotas is no select at all, test_affine_masks.)"""
+    program = lowered(INPUT_MASK_FILL)
     optimize(program, pass_list("", 2))
     select = next(st for n in program.nests for st in n.statements if st.op == "select")
     assert select.attributes.get("broadcast") == "2"
@@ -683,11 +682,13 @@ ENTRY main {
 
 @pytest.mark.slow
 def test_a_narrowed_fill_verifies_from_the_cli_with_the_same_values_in_less_time(tmp_path: Path) -> None:
-    inputs = {"arg0": np.random.default_rng(8).normal(0, 1, (4, 256, 512)).astype(np.float32)}
-    runs = runs_with_and_without(tmp_path, CAUSAL_FILL, inputs, "broadcast_operands")
+    inputs = {"arg0": np.random.default_rng(8).normal(0, 1, (4, 256, 512)).astype(np.float32),
+              "arg1": np.tril(np.ones((256, 512), dtype=bool))}
+    runs = runs_with_and_without(tmp_path, INPUT_MASK_FILL, inputs, "broadcast_operands")
     assert np.array_equal(runs["with"]["out0"], runs["without"]["out0"])
     assert runs["with"]["engine_busy_ns"]["POOL"] < 0.8 * runs["without"]["engine_busy_ns"]["POOL"]
-    assert runs["with"]["simulated_ns"] < runs["without"]["simulated_ns"]
+    # the mask tiles' loads bound this one, so POOL's lighter work does not shorten it
+    assert runs["with"]["simulated_ns"] <= runs["without"]["simulated_ns"]
 
 
 def test_a_relu_walks_its_norm_s_tiles_and_joins_its_nest(tmp_path: Path) -> None:
