@@ -68,6 +68,24 @@ def ncc(
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
+def compile_and_run(model: Path, inputs: Path, name: str, *flags: str) -> dict:
+    """`ncc compile MODEL --verify FLAGS`, then `ncc run` on the `inputs` .npz, each asserted to
+    succeed, the run race- and deadlock-free: its report, with its first output under "out0".
+    The NEFF, outputs and report go beside `inputs`, named after `name`."""
+    import numpy as np
+
+    folder = inputs.parent
+    neff, out, report = folder / f"{name}.neff", folder / f"{name}.out.npz", folder / f"{name}.json"
+    compiled = ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
+    assert compiled.returncode == 0, compiled.stderr
+    ran = ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), "--report", str(report),
+              timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    data = json.loads(report.read_text())
+    assert data["races"] == [] and data["deadlock"] is None
+    return {**data, "out0": np.load(out)["out0"]}
+
+
 def assert_one_line_error(result: Result, code: str) -> str:
     """The run failed with exactly one diagnostic line whose code matches the regex `code`."""
     assert "Traceback" not in result.stderr, result.stderr

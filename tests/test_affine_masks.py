@@ -6,12 +6,11 @@ input, in less time."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_ncc
+from orchestrator_support import compile_and_run
 from sim_builders import POOL, SP, hbm_2d, onchip
 from test_penguin_opt import lowered, softmax_of_masked
 from walrus_builders import Bir, run_passes
@@ -151,18 +150,10 @@ def test_a_malformed_affine_select_is_refused() -> None:
 
 
 def _run(tmp_path: Path, name: str, text: str, inputs: dict[str, np.ndarray], *flags: str) -> dict:
-    model, arrays, neff = tmp_path / f"{name}.hlo", tmp_path / f"{name}.in.npz", tmp_path / f"{name}.neff"
+    model, arrays = tmp_path / f"{name}.hlo", tmp_path / f"{name}.in.npz"
     model.write_text(text)
     np.savez(arrays, **inputs)
-    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
-    assert compiled.returncode == 0, compiled.stderr
-    out, report = tmp_path / f"{name}.out.npz", tmp_path / f"{name}.json"
-    ran = run_ncc("run", str(neff), "--inputs", str(arrays), "--output", str(out), "--report", str(report),
-                  timeout=300)
-    assert ran.returncode == 0, ran.stderr
-    data = json.loads(report.read_text())
-    assert data["races"] == [] and data["deadlock"] is None
-    return {**data, "out0": np.load(out)["out0"]}
+    return compile_and_run(model, arrays, name, *flags)
 
 
 @pytest.mark.parametrize("loops", ["unrolled", "rolled"])

@@ -3,12 +3,12 @@ on the evacuated product tile, where that is safe; from the CLI the result still
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import run_ncc
+from orchestrator_support import compile_and_run
 from test_penguin_opt import lowered, softmax_of_masked
 
 from ncc.schemas import common_pb2, penguin_pb2
@@ -206,16 +206,8 @@ def _compile_and_run(tmp_path: Path, text: str, inputs: dict[str, np.ndarray],
     result = {}
     variants = {"fused": fused, "apart": [f"--penguin-passes={','.join(_without_epilogues())}"]}
     for name, flags in variants.items():
-        neff = tmp_path / f"{name}.neff"
-        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
-        assert compiled.returncode == 0, compiled.stderr
-        out, report = tmp_path / f"{name}.npz", tmp_path / f"{name}.json"
-        ran = run_ncc("run", str(neff), "--inputs", str(npz), "--output", str(out), "--report", str(report),
-                      timeout=300)
-        assert ran.returncode == 0, ran.stderr
-        data = json.loads(report.read_text())
-        assert data["races"] == [] and data["deadlock"] is None
-        result[name] = (data["simulated_ns"], np.load(out)["out0"])
+        data = compile_and_run(model, npz, name, *flags)
+        result[name] = (data["simulated_ns"], data["out0"])
     return result
 
 

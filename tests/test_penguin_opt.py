@@ -4,12 +4,12 @@ move fewer HBM bytes, and what must not fuse stays apart."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import run_ncc
+from orchestrator_support import compile_and_run
 
 from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common import dtypes
@@ -551,20 +551,8 @@ def runs_with_and_without(tmp_path: Path, text: str, inputs: dict[str, np.ndarra
     arrays = tmp_path / "in.npz"
     np.savez(arrays, **inputs)
     passes = ",".join(p for p in pass_list("", 2) if p != without)
-    runs = {}
-    for name, flags in {"with": [], "without": [f"--penguin-passes={passes}"]}.items():
-        neff = tmp_path / f"{name}.neff"
-        compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify", *flags, timeout=300)
-        assert compiled.returncode == 0, compiled.stderr
-        out = tmp_path / f"{name}.npz"
-        report = tmp_path / f"{name}.json"
-        ran = run_ncc("run", str(neff), "--inputs", str(arrays), "--output", str(out),
-                      "--report", str(report), timeout=300)
-        assert ran.returncode == 0, ran.stderr
-        data = json.loads(report.read_text())
-        assert data["races"] == [] and data["deadlock"] is None
-        runs[name] = {**data, "out0": np.load(out)["out0"]}
-    return runs
+    return {name: compile_and_run(model, arrays, name, *flags)
+            for name, flags in {"with": [], "without": [f"--penguin-passes={passes}"]}.items()}
 
 
 @pytest.mark.slow
