@@ -147,6 +147,11 @@ def test_a_malformed_affine_select_is_refused() -> None:
         simulate_program(_affine_select_program([0.0, 1.0]), {"arg0": np.zeros((128, 64), np.float32)},
                          check_races=False)
     assert err.value.code == "E603" and "4 scalars" in err.value.message
+    for hostile in (float("nan"), 1e300, 0.5):  # what a mutated NEFF may hold: refused, no traceback
+        with pytest.raises(CompileError) as err:
+            simulate_program(_affine_select_program([0.0, hostile, 1.0, 1.0]),
+                             {"arg0": np.zeros((128, 64), np.float32)}, check_races=False)
+        assert err.value.code == "E603" and "not an integer" in err.value.message
 
 
 def _run(tmp_path: Path, name: str, text: str, inputs: dict[str, np.ndarray], *flags: str) -> dict:

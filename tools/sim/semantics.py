@@ -11,6 +11,7 @@ operand; nothing here knows about time or ordering.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -159,6 +160,9 @@ def _check_affine_select(op: Op, target: Target) -> None:
     if len(op.scalars) < 4:
         raise _fail(op, "affine_select takes 4 scalars (fill, offset, partition step, column step), "
                         f"not {len(op.scalars)}")
+    for what, value in zip(("offset", "partition step", "column step"), op.scalars[1:4], strict=True):
+        if not (math.isfinite(value) and value == int(value) and abs(value) < 2**31):
+            raise _fail(op, f"affine_select's {what} {value!r} is not an integer within 32 bits")
 
 
 def _check_matmul(op: Op, target: Target) -> None:
