@@ -15,7 +15,7 @@ from sim_builders import POOL, SP, hbm_2d, onchip
 from test_penguin_opt import lowered, softmax_of_masked
 from walrus_builders import Bir, run_passes
 
-from ncc.schemas import bir_pb2
+from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo_opt.passes.dce import eliminate_dead_code
 from ncc.tools.sim import simulate_program
@@ -152,6 +152,15 @@ def test_a_malformed_affine_select_is_refused() -> None:
             simulate_program(_affine_select_program([0.0, hostile, 1.0, 1.0]),
                              {"arg0": np.zeros((128, 64), np.float32)}, check_races=False)
         assert err.value.code == "E603" and "not an integer" in err.value.message
+    integers = _affine_select_program([float("nan"), 0.0, 1.0, 1.0])
+    for instr in integers.instructions:
+        for ap in (*instr.inputs, *instr.outputs):
+            ap.dtype = common_pb2.S32
+    for tensor in integers.hbm:
+        tensor.dtype = common_pb2.S32
+    with pytest.raises(CompileError) as err:  # NaN is no s32
+        simulate_program(integers, {"arg0": np.zeros((128, 64), np.int32)}, check_races=False)
+    assert err.value.code == "E603" and "fill nan" in err.value.message
 
 
 def _run(tmp_path: Path, name: str, text: str, inputs: dict[str, np.ndarray], *flags: str) -> dict:

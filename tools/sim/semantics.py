@@ -163,6 +163,9 @@ def _check_affine_select(op: Op, target: Target) -> None:
     for what, value in zip(("offset", "partition step", "column step"), op.scalars[1:4], strict=True):
         if not (math.isfinite(value) and value == int(value) and abs(value) < 2**31):
             raise _fail(op, f"affine_select's {what} {value!r} is not an integer within 32 bits")
+    fill = op.scalars[0]
+    if not _float_domain(op.inputs[0], op.outputs[0]) and not (math.isfinite(fill) and abs(fill) < 2**63):
+        raise _fail(op, f"affine_select's fill {fill!r} is no value of its integer output")
 
 
 def _check_matmul(op: Op, target: Target) -> None:
