@@ -131,13 +131,18 @@ def _refused_by_the_verifier(program: bir_pb2.Program, what: str) -> None:
     )
 
 
-def test_a_third_input_is_an_operand_count_error() -> None:
+def test_an_operand_no_act_operand_names_is_an_error() -> None:
+    """A third input needs act_operand = scale_bias to name it; a fourth is past any."""
     program = _exp_program(True)
     exp = next(i for i in program.instructions if i.name == "exp")
-    exp.inputs.append(exp.inputs[0])
-    with pytest.raises(CompileError, match="activation takes 1 to 2 inputs"):
+    exp.inputs.append(exp.inputs[1])
+    with pytest.raises(CompileError, match="act_operand 'bias' does not name its 2 operand"):
         simulate_program(program, _exp_inputs(), check_races=False)
-    _refused_by_the_verifier(program, "operand_count: exp: activation takes 1 to 2 inputs")
+    _refused_by_the_verifier(program, "element_count: exp: act_operand 'bias' does not name its 2 operand")
+    exp.inputs.append(exp.inputs[1])
+    with pytest.raises(CompileError, match="activation takes 1 to 3 inputs"):
+        simulate_program(program, _exp_inputs(), check_races=False)
+    _refused_by_the_verifier(program, "operand_count: exp: activation takes 1 to 3 inputs")
 
 
 def _softmax_nest(program):

@@ -8,6 +8,7 @@ import math
 import networkx as nx
 import numpy as np
 import pytest
+from sim_builders import onchip
 from walrus_builders import (
     HBM,
     PSUM,
@@ -23,8 +24,9 @@ from walrus_builders import (
 from ncc.schemas import bir_pb2
 from ncc.schemas.common_pb2 import ACT as ACT_ENGINE
 from ncc.schemas.common_pb2 import DVE, F32, S32
-from ncc.tools.common.alu import ACT_FUNCTIONS
+from ncc.tools.common.alu import ACT_FUNCTIONS, ACT_OPERAND
 from ncc.tools.common.errors import CompileError
+from ncc.tools.sim import simulate_program
 from ncc.tools.walrus_driver.analysis.engine_choice import act_equivalent
 from ncc.tools.walrus_driver.pass_manager import default_pipeline
 
@@ -318,6 +320,65 @@ def test_dve_work_spreads_onto_act_bit_for_bit():
     assert alone.stats["pre_sched"]["moved_to_act"] == 0
     assert all(i.op in ("dma", "nop") for i in kept.instructions if i.engine == ACT_ENGINE)
     assert ctx.stats["bir_sim"]["simulated_ns"] < alone.stats["bir_sim"]["simulated_ns"]
+
+
+def column_products(tiles: int = 4, cols: int = 256) -> bir_pb2.Program:
+    """Per tile, x times a per-partition column (a norm's x·rstd), the column first in odd tiles."""
+    b = Bir("column_products")
+    b.hbm("x", [128 * tiles, cols], index=0)
+    b.hbm("c", [128 * tiles, 1], index=1)
+    b.hbm("out", [128 * tiles, cols], role=bir_pb2.OUTPUT, index=0)
+    for t in range(tiles):
+        x, c, o = (b.buffer(f"{n}{t}", cols * 4) for n in ("x", "c", "o"))
+        b.load(x, "x", 128, cols, row0=128 * t, name=f"load{t}")
+        b.load(c, "c", 128, 1, row0=128 * t, name=f"load_c{t}")
+        operands = [tile(x, 128, cols), onchip(c, 128, cols, stride=0)]
+        b.add("tensor_tensor", DVE, [tile(o, 128, cols)], operands[:: 1 - 2 * (t % 2)], func="multiply",
+              name=f"scale{t}")
+        b.store("out", o, 128, cols, row0=128 * t, name=f"store{t}")
+    return b.build()
+
+
+def test_a_product_with_a_column_moves_to_act_as_its_scale_operand_bit_for_bit():
+    """x·s with s one element per partition is ACT's identity with s as its per-partition scale
+    (act_operand = scale, the column as input 1 whichever side it was on): some of the products
+    move there and the outputs equal sequential execution on DVE bit for bit."""
+    program = column_products()
+    ctx = run_passes(program, ",".join(default_pipeline(2)) + ",bir_sim", verify_each=False)
+    assert ctx.stats["bir_sim"]["races"] == 0 and ctx.stats["bir_sim"]["outputs_compared"] == 1
+    moved = [i for i in program.instructions if i.engine == ACT_ENGINE and i.op == "activation"]
+    assert moved and ctx.stats["pre_sched"]["moved_to_act"] == len(moved)
+    for instr in moved:
+        assert instr.attributes[ACT_OPERAND] == "scale" and instr.inputs[1].tensor.startswith("c")
+        assert (instr.func, list(instr.scalars)) == ("identity", [1.0, -0.0])
+    both = next(i for i in column_products().instructions if i.name == "scale2")
+    both.inputs[1].dims[0].stride = 1  # a product of two streamed tiles has no ACT form
+    assert act_equivalent(both) is None
+
+
+def test_an_activation_operand_of_no_known_role_is_refused():
+    """A mutated NEFF's act_operand (neither bias nor scale, or a scale with no operand) gets a
+    coded diagnostic from the verifier and the simulator, not a silent bias."""
+    program = column_products()
+    run_passes(program, ",".join(default_pipeline(2)), verify_each=False)
+    scaled = next(i for i in program.instructions if i.attributes.get(ACT_OPERAND) == "scale")
+    inputs = {"arg0": np.ones((512, 256), np.float32), "arg1": np.ones((512, 1), np.float32)}
+    for mutate in ("shift", "scale-alone"):
+        hostile = bir_pb2.Program()
+        hostile.CopyFrom(program)
+        for instr in [*hostile.instructions, *(i for s in hostile.streams for i in s.instructions)]:
+            if instr.id != scaled.id:
+                continue
+            if mutate == "shift":
+                instr.attributes[ACT_OPERAND] = "shift"
+            else:
+                del instr.inputs[1:]
+        with pytest.raises(CompileError) as err:
+            simulate_program(hostile, inputs, check_races=False)
+        assert err.value.code == "E603" and "act_operand" in err.value.message
+        with pytest.raises(CompileError) as err:
+            run_passes(hostile, "birverifier", verify_each=False)
+        assert err.value.code == "E410" and "act_operand" in err.value.message
 
 
 def test_integer_and_semaphored_instructions_stay_on_dve():

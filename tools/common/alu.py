@@ -15,6 +15,23 @@ import numpy as np
 
 from ncc.tools.common import dtypes, numerics
 
+# An activation's attribute naming its per-partition operands after inputs[0] (NKI's activation
+# takes its scale and its bias as [P, 1] vectors): a scale is multiplied in before the scalar
+# bias, a bias added after it. Absent, inputs[1] (if any) is a bias.
+ACT_OPERAND = "act_operand"
+ACT_OPERAND_ROLES: dict[str, tuple[str, ...]] = {"bias": ("bias",), "scale": ("scale",),
+                                                 "scale_bias": ("scale", "bias")}
+
+
+def act_operand_problem(role: str, inputs: int) -> str:
+    """Why an activation with attribute act_operand = `role` and `inputs` inputs is malformed
+    ('' when it is not): the role must be known and name as many operands as follow inputs[0]
+    (a bias may be absent)."""
+    names = ACT_OPERAND_ROLES.get(role)
+    if names is None or inputs - 1 > len(names) or (role != "bias" and inputs - 1 != len(names)):
+        return f"act_operand {role!r} does not name its {inputs - 1} operand(s) after input 0"
+    return ""
+
 ACT_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "identity": lambda x: x,
     "exp": np.exp,

@@ -19,6 +19,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2
 from ncc.tools.common import alu, dtypes
+from ncc.tools.common.alu import ACT_OPERAND
 from ncc.tools.common.errors import CompileError
 from ncc.tools.sim.instruction import Op, engine_name
 from ncc.tools.sim.memory import Access
@@ -43,7 +44,7 @@ SPECS: dict[str, OpSpec] = {
     "matmul": OpSpec(frozenset({common_pb2.PE}), 2, 1),
     "transpose": OpSpec(frozenset({common_pb2.PE}), 1, 1),  # PE's transpose mode: data, no arithmetic
     # (data, [per-partition bias]) -> (out, [per-partition sum of out])
-    "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1, 1, 1),
+    "activation": OpSpec(frozenset({common_pb2.ACT}), 1, 1, 2, 1),
     "tensor_tensor": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 2, 1),
     "tensor_scalar": OpSpec(frozenset({common_pb2.DVE, common_pb2.POOL}), 1, 1),
     "tensor_reduce": OpSpec(frozenset({common_pb2.DVE}), 1, 1),
@@ -210,8 +211,11 @@ def _check_activation(op: Op, _target: Target) -> None:
     if op.func not in alu.ACT_FUNCTIONS:
         raise _fail(op, f"unknown activation function {op.func!r}")
     out = op.outputs[0]
-    if len(op.inputs) > 1 and not _per_partition(op.inputs[1]):
-        raise _fail(op, "the bias operand (input 1) must hold one element per partition (stride 0)")
+    problem = alu.act_operand_problem(op.attributes.get(ACT_OPERAND, "bias"), len(op.inputs))
+    if problem:
+        raise _fail(op, problem)
+    if any(not _per_partition(access) for access in op.inputs[1:]):
+        raise _fail(op, "a scale or bias operand (input 1, 2) must hold one element per partition (stride 0)")
     total = op.outputs[1] if len(op.outputs) > 1 else None
     if total is not None and (total.size != out.partitions or total.partitions != out.partitions):
         raise _fail(op, f"the sum (output 1) has {total.size} elements for {out.partitions} partitions")
@@ -317,15 +321,20 @@ def _transpose(op: Op) -> None:
 
 
 def _activation(op: Op) -> None:
-    """out = func(in0 * scale + bias [+ in1]); outputs[1], when given, gets the sum of each
-    partition's written values, as tensor_reduce(add) of outputs[0] would compute it."""
+    """out = func(in0 * scale [* s] + bias [+ b]) with the per-partition operands the attribute
+    act_operand names (alu.ACT_OPERAND_ROLES: in1 is b by default); outputs[1], when given, gets
+    the sum of each partition's written values, as tensor_reduce(add) of outputs[0] would."""
     scale = np.float32(op.scalars[0]) if len(op.scalars) > 0 else np.float32(1)
     bias = np.float32(op.scalars[1]) if len(op.scalars) > 1 else np.float32(0)
     out = op.outputs[0]
     x = np.multiply(op.inputs[0].values().astype(np.float32, copy=False), scale)  # a new, contiguous array
+    roles = alu.ACT_OPERAND_ROLES[op.attributes.get(ACT_OPERAND, "bias")]
+    operands = dict(zip(roles, op.inputs[1:], strict=False))
+    if "scale" in operands:
+        x *= _operand(operands["scale"], np.float32, x.shape)
     x += bias
-    if len(op.inputs) > 1:
-        x += _operand(op.inputs[1], np.float32, x.shape)
+    if "bias" in operands:
+        x += _operand(operands["bias"], np.float32, x.shape)
     out.write_compute(alu.ACT_FUNCTIONS[op.func](x).astype(np.float32, copy=False))
     if len(op.outputs) > 1:
         written = _operand(out, np.float32, out.shape).reshape(out.partitions, -1)

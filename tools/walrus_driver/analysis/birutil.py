@@ -62,9 +62,9 @@ OP_ARITY: dict[str, tuple[int, int]] = {
     "drain": (0, 0),
     "sem_reset": (0, 0),
 }
-# op -> (inputs, outputs) it may take beyond OP_ARITY's: an activation's per-partition bias operand
-# and the per-partition sum of what it wrote (docs/ir.md).
-OPTIONAL_OPERANDS: dict[str, tuple[int, int]] = {"activation": (1, 1)}
+# op -> (inputs, outputs) it may take beyond OP_ARITY's: an activation's per-partition scale and
+# bias operands and the per-partition sum of what it wrote (docs/ir.md).
+OPTIONAL_OPERANDS: dict[str, tuple[int, int]] = {"activation": (2, 1)}
 
 
 def per_partition(ap: bir_pb2.AccessPattern) -> bool:

@@ -14,6 +14,10 @@ fp32 (docs/ir.md), so these DVE instructions give bit for bit the same result th
     relu; dividing by a power of two 2^k (|k| < 126) is multiplying by 2^-k, the same real number
     rounded once (BERT's scores / 8); other divisors give another rounding and stay;
   * tensor_tensor multiplying an operand by itself is square (x·x);
+  * tensor_tensor multiplying a streamed operand by a per-partition one (a norm's x·rstd over its
+    rows, a batch norm's scale over channel-major tiles) is identity(x·1·s + (−0)) with s as
+    ACT's per-partition scale operand (`act_operand` = scale): x·1 is x, and adding −0 keeps
+    every value x·s rounded once, a −0 included;
   * tensor_copy is allowed on ACT as it is.
 pre_sched offers such an instruction to both engines and keeps the one that finishes it first,
 so elementwise work that would queue on DVE spreads onto ACT.
@@ -25,6 +29,7 @@ import math
 from typing import NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
+from ncc.tools.common.alu import ACT_OPERAND
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.walrus_driver.analysis import birutil
 
@@ -59,6 +64,7 @@ class ActForm(NamedTuple):
     inputs: int | None = None  # the inputs it keeps, None for all (x·x as square(x) reads x once)
     func: str | None = None
     scale_bias: tuple[float, float] = (1.0, 0.0)
+    scale_input: int = -1  # the input that becomes the per-partition scale operand (-1: none)
 
     def apply(self, instr: bir_pb2.Instruction) -> None:
         """Rewrite `instr` in place into this form: ACT's func(in0·scale + bias), or a move."""
@@ -66,7 +72,15 @@ class ActForm(NamedTuple):
         if self.func is None:
             return
         instr.op, instr.func = self.op, self.func
-        del instr.inputs[self.inputs :]
+        if self.scale_input >= 0:
+            data, scale = (bir_pb2.AccessPattern(), bir_pb2.AccessPattern())
+            data.CopyFrom(instr.inputs[1 - self.scale_input])
+            scale.CopyFrom(instr.inputs[self.scale_input])
+            del instr.inputs[:]
+            instr.inputs.extend([data, scale])
+            instr.attributes[ACT_OPERAND] = "scale"
+        if self.inputs is not None:
+            del instr.inputs[self.inputs :]
         del instr.scalars[:]
         instr.scalars.extend(self.scale_bias)
         instr.attributes.pop("reverse", None)
@@ -101,12 +115,17 @@ def act_form(instr: bir_pb2.Instruction) -> ActForm | None:
     if op == "tensor_copy":
         return _MOVE
     inputs = instr.inputs
-    if op == "tensor_tensor":  # x·x is square(x)
+    if op == "tensor_tensor":  # x·x is square(x); x·s, s per partition, is identity(x) scaled by s
         if len(inputs) != 2 or not (
             is_float(inputs[0].dtype) and is_float(inputs[1].dtype) and is_float(outputs[0].dtype)
         ):
             return None
-        return _SQUARE if inputs[0] == inputs[1] else None
+        if inputs[0] == inputs[1]:
+            return _SQUARE
+        columns = [k for k in (0, 1) if birutil.per_partition(inputs[k])]
+        if len(columns) != 1:
+            return None
+        return ActForm("activation", None, "identity", (1.0, -0.0), columns[0])
     if len(inputs) != 1 or not (is_float(inputs[0].dtype) and is_float(outputs[0].dtype)):
         return None
     scalar = instr.scalars[0]

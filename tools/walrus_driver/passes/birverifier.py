@@ -42,7 +42,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common import dtypes, forked, loops
+from ncc.tools.common import alu, dtypes, forked, loops
+from ncc.tools.common.alu import ACT_OPERAND
 from ncc.tools.common.errors import CompileError
 from ncc.tools.target import INDIRECT_DMA_OPS, WAIT_VALUE_LIMIT, Target, encoded_wait_value, is_dma
 from ncc.tools.target.costs import SBUF_PORT
@@ -514,9 +515,14 @@ def _check_op_shapes(
             )
     elif op in ("activation", "tensor_tensor", "tensor_scalar", "tensor_copy", "select", "affine_select"):
         out_count, out_partitions = count(out), out.partition_count
-        if op == "activation" and len(inputs) > 1 and not birutil.per_partition(inputs[1]):
-            report.fail("element_count", where,
-                        f"bias operand {inputs[1].tensor!r} is not one element per partition")
+        if op == "activation":
+            problem = alu.act_operand_problem(instr.attributes.get(ACT_OPERAND, "bias"), len(inputs))
+            if problem:
+                report.fail("element_count", where, problem)
+            for ap in inputs[1:]:
+                if not birutil.per_partition(ap):
+                    report.fail("element_count", where,
+                                f"scale or bias operand {ap.tensor!r} is not one element per partition")
         total = outputs[1] if len(outputs) > 1 else None
         if total is not None and (count(total) != out_partitions or total.partition_count != out_partitions):
             report.fail("element_count", where,
