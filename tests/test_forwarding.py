@@ -49,6 +49,19 @@ ENTRY main {
 """
 
 
+# 197 rows by a [256, 256] weight, then another dot: the first is computed swapped.
+SWAPPED_DOT = """HloModule swapped_dot
+ENTRY main {
+  x = f32[197,256] parameter(0)
+  w = f32[256,256] parameter(1)
+  v = f32[256,128] parameter(2)
+  t = f32[197,256] tanh(x)
+  d = f32[197,256] dot(t, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  e = f32[197,256] exponential(d)
+  ROOT f = f32[197,128] dot(e, v), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
 # A masked softmax along axis 0: the masked scores hold -inf by construction, and transposing
 # them on PE (a matmul against an identity: -inf * 0 = NaN) would turn every output into NaN.
 MASKED_TRANSPOSE = """HloModule masked_transpose
@@ -106,6 +119,16 @@ def test_a_dot_reads_its_stationary_tile_transposed_on_chip_and_its_epilogue_rea
 def test_a_partial_last_tile_forwards_when_both_views_clip_it_alike():
     _, stats = _optimized(DOT_EPILOGUE_200)
     assert stats.transposes == 1 and stats.loads_forwarded >= 2 and not stats.refused
+
+
+def test_a_swapped_dots_moving_columns_are_transposed_on_chip_one_row_tile_at_a_time():
+    """197 rows by a [256, 256] weight, read by another dot: the dot is computed swapped
+    (tools/hlo2penguin/dot_orientation.py), its moving operand tanh(x) transposed, 197 columns
+    that tanh's nest holds as row tiles of 128 and 69: one PE transpose per row tile it crosses."""
+    program, stats = _optimized(SWAPPED_DOT)
+    dot = next(n for n in program.nests if n.name.split("_")[0].endswith(".t"))  # the dot swapped
+    assert [st.op for st in dot.statements].count("transpose") == 2
+    assert stats.loads_forwarded >= 2 and not stats.refused
 
 
 def test_two_dots_of_one_activation_transpose_it_once():

@@ -61,6 +61,17 @@ def test_a_dot_nest_is_strip_mined_below_its_contraction_loop() -> None:
             assert all(t.var != "i" for start in access.starts for t in start.terms)
 
 
+def test_a_block_that_divides_the_row_tiles_is_preferred_to_a_guarded_one() -> None:
+    """6 row tiles go in blocks of 2 (no guard: a guarded nest's epilogue consumers, which visit
+    each tile once, could not join it), where 4 would leave a partial block; 5 tiles, which no
+    block of 2 or more divides, keep blocks of 4 and the guard."""
+    program = lowered(dot(768, 256, 1024))
+    assert order_tiles(program).row_block == 2
+    nest = matmul_nest(program)
+    assert [(a.name, a.extent) for a in nest.axes][-4:] == [("io", 3), ("j", 2), ("k", 2), ("ii", 2)]
+    assert not any(st.predicates and st.predicates[-1].relation == penguin_pb2.GE for st in nest.statements)
+
+
 def test_every_input_of_a_dot_is_then_read_from_hbm_once() -> None:
     plain = lower_to_bir(lowered(dot(640, 256, 1024)))
     program = lowered(dot(640, 256, 1024))

@@ -27,6 +27,8 @@ compute on the engine that owns the op, and store the result to HBM:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
@@ -44,6 +46,7 @@ from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin import affine_masks
 from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
+from ncc.tools.hlo2penguin.dot_orientation import OTHER, product_readers, swap_pays
 from ncc.tools.hlo2penguin.expand import expand_composites
 from ncc.tools.hlo2penguin.hlo_cse import eliminate_common_subexpressions
 from ncc.tools.hlo2penguin.identities import identity_operand
@@ -127,12 +130,16 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         self.inplace_writes: list[tuple[str, int]] = []  # (carry, nests when its update was emitted)
         self.computations = {c.id: c for c in module.computations}
         self.instructions = {i.id: i for c in module.computations for i in c.instructions}
+        self.computation_of = {i.id: c for c in module.computations for i in c.instructions}
         self.builder = ProgramBuilder(penguin_pb2.Program(name=module.name))
         self.produced: set[str] = set()  # HBM tensors written by a nest of this program
         self.plans: dict[str, TilePlan] = {}  # HBM tensor -> the plan of the elementwise nest that wrote it
         self.region_shape: tuple[int, ...] = ()  # set while a reducer is applied elementwise to arrays
         # id(value) -> (value, its affine_masks form): values that are affine functions of their index
         self.forms: dict[int, tuple[Value, affine_masks.Form]] = {}
+        # tensors stored transposed by a swapped dot (`_swapped_dot`) and the elementwise ops that
+        # follow its layout: their readers see them through a transpose
+        self.swapped: set[str] = set()
 
     # ---- driver -------------------------------------------------------------------------
     def run(self) -> penguin_pb2.Program:
@@ -445,6 +452,16 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         if opcode == "copy":
             self._copy_into(ops[0], into, instr.name)
             return into
+        if into is None and (order := _stored_order(ops, shape, self.swapped)) is not None:
+            # the operands are a tensor stored transposed (a swapped dot's product): compute in
+            # its memory order and read the result back through the same transpose
+            permuted = tuple(shape[d] for d in order)
+            walked = [op.transpose(order) if isinstance(op, View) else Splat(op.value, op.dtype, permuted)
+                      for op in ops]
+            result_ = self._elementwise(instr, walked, permuted, dtype)
+            if isinstance(result_, View):
+                self.swapped.add(result_.base)
+            return result_.transpose(tuple(order.index(d) for d in range(len(shape))))
         out = into if into is not None else self._new_output(instr, shape, dtype)
         result = out
         views = [out] + [op for op in ops if isinstance(op, View)]
@@ -719,6 +736,9 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
             return Splat(0.0, dtype, shape)  # an empty contraction: all zeros
         if is_integer(dtype) and k * _magnitude(lhs.dtype) * _magnitude(rhs.dtype) < PE_EXACT_SUM:
             return self._integer_dot_on_pe(instr, lhs, rhs, shape, dtype)
+        if swap_pays(m, k, n, common_pb2.F32 in (lhs.dtype, rhs.dtype),
+                     functools.partial(self._product_readers, instr)):  # dot_orientation.py
+            return self._swapped_dot(instr, lhs, rhs, shape, dtype)
         lhs_bmk = self._reshape(lhs.transpose(tuple(lb + lf + lc)), (batch, m, k), instr.name)
         rhs_bkn = self._reshape(rhs.transpose(tuple(rb + rc + rf)), (batch, k, n), instr.name)
         out = self._new_output(instr, shape, dtype)
@@ -780,6 +800,35 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
                       [box(result, ii, jj)], predicates=last)
         self.produced.add(out.base)
         return out
+
+    def _product_readers(self, dot) -> str:
+        """What reads `dot`'s result (dot_orientation.product_readers); a dot the lowering made
+        itself (a scatter-add's, a convolution's) is not in the module: OTHER, the cautious answer."""
+        comp, known = self.computation_of.get(dot.id), self.instructions.get(dot.id)
+        if comp is None or known is None or known.name != dot.name:
+            return OTHER
+        return product_readers(comp, self.instructions, dot)
+
+    def _swapped_dot(self, instr, lhs: View, rhs: View, shape: tuple[int, ...], dtype: int) -> View:
+        """dot(lhs, rhs) computed as dot(rhs, lhs) and read back transposed (a view, no copy):
+        the rhs free dimensions across the product tiles' partitions, the lhs rows along them."""
+        dn = instr.dot_dimension_numbers
+        swapped = hlo_pb2.HloInstructionProto()
+        swapped.CopyFrom(instr)
+        swapped.name = f"{instr.name}.t"
+        numbers = swapped.dot_dimension_numbers
+        numbers.Clear()
+        numbers.lhs_batch_dimensions.extend(dn.rhs_batch_dimensions)
+        numbers.lhs_contracting_dimensions.extend(dn.rhs_contracting_dimensions)
+        numbers.rhs_batch_dimensions.extend(dn.lhs_batch_dimensions)
+        numbers.rhs_contracting_dimensions.extend(dn.lhs_contracting_dimensions)
+        batch = len(dn.lhs_batch_dimensions)
+        lhs_free = len(lhs.shape) - batch - len(dn.lhs_contracting_dimensions)
+        order = [*range(batch), *range(batch + lhs_free, len(shape)), *range(batch, batch + lhs_free)]
+        product_ = self._dot(swapped, [rhs, lhs], tuple(shape[d] for d in order), dtype)
+        back = [order.index(d) for d in range(len(shape))]
+        self.swapped.add(product_.base)
+        return product_.transpose(tuple(back))
 
     def _integer_dot_on_pe(self, instr, lhs: View, rhs: View, shape: tuple[int, ...], dtype: int) -> Value:
         """An integer dot whose every partial sum stays below 2^24 in magnitude (int8 operands up to
@@ -906,6 +955,27 @@ def _copy_order(shape: tuple[int, ...]) -> tuple[int, ...] | None:
         return None
     leading = [d for d in range(len(shape) - 1) if d != widest]
     return (*leading, widest, len(shape) - 1)
+
+
+def _stored_order(ops: list[Value], shape: tuple[int, ...], swapped: set[str]) -> tuple[int, ...] | None:
+    """The dimension order in which every operand that streams all its elements is stored, when
+    each is a whole tensor a swapped dot wrote (or an op that followed one: `swapped`) read through
+    one permutation other than the order as written; else None."""
+    orders = set()
+    for op in ops:
+        if isinstance(op, Splat) or 0 in op.strides:
+            continue
+        if op.base not in swapped:
+            return None
+        order = tuple(sorted(range(len(shape)), key=lambda d: -op.strides[d]))
+        if any(s < 0 for s in op.strides) or not op.transpose(order).is_contiguous():
+            return None
+        orders.add(order)
+    if len(orders) != 1:
+        return None
+    order = orders.pop()
+    kept = [d for d in order if shape[d] != 1]
+    return order if kept != sorted(kept) else None
 
 
 def _size(view: View, dims: list[int]) -> int:

@@ -67,7 +67,7 @@ OPTIONS: dict[str, dict[str, type]] = {
     "pipeline": {"num_stages": int, "widen": bool, "check_order": bool},
     "retile": {"min_tiles": int, "min_width": int},
     "tile_order": {"max_row_block": int},
-    "forward": {"max_bytes": int},
+    "forward": {"max_bytes": int, "affine_tails": bool},
     "epilogues": {"row_wise": bool},
 }
 # The least value an int option accepts: retile's tiles below 32 elements a partition multiply

@@ -10,12 +10,16 @@ was 13 round trips, 46 of its 57 µs of critical path.
 When. An internal HBM tensor T is written by exactly one statement of the program: an unconditional
 (or single-point) tile store `dma(T-view box <- L box)` in nest A, whose SBUF tile L has the same box
 and is written only by statements of A with that box and those predicates, so every block of L
-holds, once A is done, the part of T it stored (a different block at every point of A). A later
+holds, once A is done, the part of T it stored (a different block at every point of A: each axis
+steps one dimension, or several step one as the digits of one index, tile_order's 256·io +
+128·ii). A later
 nest B's load `dma(tile box <- T-view box)` then maps, dimension by dimension, onto L's coordinates
 (each of its view's strides a multiple of one of A's, offsets equal), within one block of L at every point of
 B (checked by enumerating the starts; several view dimensions may fold into one, as heads and
 their columns into a row, and a view dimension longer than the one it walks is cut into pieces,
-one per row of L it crosses), with B's tile of the same dtype (a dma that bitcasts moves bytes,
+one per row of L it crosses; a load of a whole dimension that crosses L's blocks is cut into one
+piece per block, the last one what is left: a swapped dot's 197 moving columns from row tiles of
+128 and 69), with B's tile of the same dtype (a dma that bitcasts moves bytes,
 a copy would convert them), and:
   * in the same layout (partitions to partitions): the load becomes a `tensor_copy` from L;
   * transposed (B's partition dimension is A's free one and the other way round, each at most 128):
@@ -40,12 +44,16 @@ from dataclasses import dataclass, field
 from ncc.schemas import common_pb2, penguin_pb2
 from ncc.tools.common import affine
 from ncc.tools.common.access_keys import box_key
+from ncc.tools.common.alu import ACT_OPERAND
 from ncc.tools.common.dtypes import itemsize
 from ncc.tools.hlo_opt.nonfinite import nonfinite_tensors
+from ncc.tools.hlo_opt.passes import nests_naming
+from ncc.tools.hlo_opt.passes.affine_tail import affine_tail, column_loads
+from ncc.tools.hlo_opt.passes.broadcast_operands import BROADCAST
 from ncc.tools.hlo_opt.passes.fusion import one_axis_per_dimension
 from ncc.tools.target import PARTITIONS
 
-MAX_BYTES = 16 * 1024  # a forwarded tile's blocks together, per partition
+MAX_BYTES = 20 * 1024  # a forwarded tile's blocks together, per partition
 MAX_POINTS = 1 << 16  # points of a nest enumerated when checking the one-block rule
 # Element types the PE carries exactly through its fp32 matmul against an identity (integers
 # wider than 24 bits would round).
@@ -57,6 +65,7 @@ class ForwardStats:
     loads_forwarded: int = 0
     copies: int = 0
     transposes: int = 0
+    affine_tails: int = 0  # transposes whose copy applies the norm's γ and β (affine_tail.py)
     refused: dict[str, int] = field(default_factory=dict)  # why a candidate load kept its DMA
 
     def refuse(self, why: str) -> None:
@@ -79,12 +88,15 @@ class _Plan:
 
     copies: int = 0
     transposes: int = 0
+    affine_tails: int = 0
     made: list[tuple[tuple, penguin_pb2.TensorDecl, penguin_pb2.Access]] = field(default_factory=list)
     refusal: str = ""  # why the load keeps its DMA, when _rewrite knows better than "layout"
 
 
-def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> ForwardStats:
-    """Rewrite, in place, the loads of intermediates whose producer's tile can serve them."""
+def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES, affine_tails: bool = True
+                  ) -> ForwardStats:
+    """Rewrite, in place, the loads of intermediates whose producer's tile can serve them
+    (`affine_tails`: a norm's γ and β move onto the copy out of a transpose, affine_tail.py)."""
     tensors = {t.name: t for t in program.tensors}
     stats = ForwardStats()
     sources = _sources(program, tensors)
@@ -93,7 +105,8 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
         for st in nest.statements:
             for access in st.outputs:
                 writes[access.tensor] = writes.get(access.tensor, 0) + 1
-    transposed = _Transposed(writes, nonfinite_tensors(program))
+    named = nests_naming(program) if affine_tails else None
+    transposed = _Transposed(writes, nonfinite_tensors(program), named)
     for k, nest in enumerate(program.nests):
         statements: list[penguin_pb2.Statement] = []
         changed = False
@@ -113,6 +126,7 @@ def forward_tiles(program: penguin_pb2.Program, max_bytes: int = MAX_BYTES) -> F
             stats.loads_forwarded += 1
             stats.copies += plan.copies
             stats.transposes += plan.transposes
+            stats.affine_tails += plan.affine_tails
             for key, target, access in plan.made:
                 transposed.remember(key, target, access)
         if changed:
@@ -209,7 +223,21 @@ def _distinct_blocks(nest: penguin_pb2.LoopNest, store: penguin_pb2.Statement,
             return False
         fixed.add(terms[0].var)
     moving = [a.name for a in nest.axes if a.name not in fixed]
-    return one_axis_per_dimension(access, moving, frozenset(fixed))
+    if one_axis_per_dimension(access, moving, frozenset(fixed)):
+        return True
+    # several axes may move one dimension as the digits of one index (a strip-mined row loop:
+    # 256·io + 128·ii over boxes of 128), each step past the whole range of the finer ones
+    extents = {a.name: a.extent for a in nest.axes}
+    used: list[str] = []
+    for start, extent in zip(access.starts, access.extents, strict=True):
+        digits = sorted((abs(t.coeff), t.var) for t in start.terms if t.coeff and t.var not in fixed)
+        reach = extent
+        for coeff, var in digits:
+            if coeff < reach:
+                return False
+            reach = coeff * extents[var]
+        used += [var for _, var in digits]
+    return sorted(used) == sorted(moving)
 
 
 def _candidate(st: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.TensorDecl],
@@ -239,9 +267,12 @@ class _Transposed:
     read the normed activations transposed), copies the first one's instead of transposing again;
     and the tiles that may hold ±inf or NaN by construction, which are never transposed."""
 
-    def __init__(self, writes: dict[str, int], nonfinite: set[str]) -> None:
+    def __init__(self, writes: dict[str, int], nonfinite: set[str], nests_of: dict[str, set[int]] | None
+                 ) -> None:
         self.writes = writes
         self.nonfinite = nonfinite
+        # as the pass found them (affine_tail's "named in one nest only"); None: no affine tails
+        self.nests_of = nests_of
         self.made: dict[tuple, tuple[penguin_pb2.TensorDecl, penguin_pb2.Access]] = {}
 
     @staticmethod
@@ -277,8 +308,17 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
     for d, (_, n) in mapping.span.items():
         if read.extents[d] > n:  # one piece per row of A it crosses, each forwarded alone
             return _split(load, d, n, source, nest, tensors, program, plan, transposed)
+    slab = _slab(source.tile)
+    single = {axis.name for axis in nest.axes if axis.extent == 1}
+    for d, (a, r) in enumerate(zip(mapping.dim_of, mapping.ratio, strict=True)):
+        start = read.starts[d]
+        if a >= 0 and r == 1 and min(read.extents[d], view_b.shape[d]) > slab[a] and start.constant == 0 \
+                and all(t.var in single for t in start.terms if t.coeff):
+            # the whole dimension, across A's row tiles: one piece per tile
+            return _split(load, d, slab[a], source, nest, tensors, program, plan, transposed,
+                          whole=view_b.shape[d])
     starts, _ = mapping.box(read)
-    extents = mapping.exact(read, nest, _slab(source.tile), list(load.predicates))
+    extents = mapping.exact(read, nest, slab, list(load.predicates))
     if extents is None:
         return None
     rank_a, rank_b = len(source.tile.shape), len(read.starts)
@@ -296,7 +336,16 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
     if source.tile.name in transposed.nonfinite:
         plan.refusal = "non-finite"  # the PE would spread an inf or a NaN along its column
         return None
-    key = _Transposed.key(load, tile_access, target, nest)
+    producer = program.nests[source.nest]
+    tail = None
+    if transposed.nests_of is not None and not _pipelined_axis(producer) and not mapping.span:
+        tail = affine_tail(producer, source.tile.name, tensors, transposed.nests_of, source.nest)
+    loads = None
+    if tail is not None and tail.data not in transposed.nonfinite:
+        loads = column_loads(load, tail, mapping.dim_of, mapping.ratio, program, tensors)
+    if loads is not None:  # transpose x̂ and apply the norm's γ and β on the way out (affine_tail.py)
+        tile_access = penguin_pb2.Access(tensor=tail.data, starts=starts, extents=extents)
+    key = (*_Transposed.key(load, tile_access, target, nest), loads is not None)
     earlier = transposed.earlier(key)
     if earlier is not None:
         plan.copies += 1
@@ -307,26 +356,38 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
     staged.starts.extend(target_access.starts)
     staged.extents.extend(target_access.extents)
     plan.transposes += 1
-    return [_statement(load, "transpose", common_pb2.PE, staged, tile_access, ".transpose"),
-            _statement(load, "tensor_copy", common_pb2.ACT, target_access, staged, ".forward")]
+    transpose = _statement(load, "transpose", common_pb2.PE, staged, tile_access, ".transpose")
+    if loads is None:
+        return [transpose, _statement(load, "tensor_copy", common_pb2.ACT, target_access, staged, ".forward")]
+    plan.affine_tails += 1
+    statements, columns = loads
+    act = _statement(load, "activation", common_pb2.ACT, target_access, staged, ".forward")
+    act.func = "identity"
+    act.scalars.extend([1.0, -0.0])  # x̂·1·γ + (−0) + β: the multiply's and the add's roundings
+    act.inputs.extend(columns)
+    act.attributes[ACT_OPERAND] = tail.role
+    act.attributes[BROADCAST] = ",".join(str(k) for k in range(1, len(columns) + 1))
+    return [transpose, *statements, act]
 
 
 def _split(load: penguin_pb2.Statement, d: int, n: int, source: _Source, nest: penguin_pb2.LoopNest,
            tensors: dict[str, penguin_pb2.TensorDecl], program: penguin_pb2.Program,
-           plan: _Plan, transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
+           plan: _Plan, transposed: _Transposed, whole: int = 0) -> list[penguin_pb2.Statement] | None:
     """`load` cut along dimension d into loads n long (its box and its tile's alike), each
-    rewritten; None unless every piece is."""
-    extent = load.inputs[0].extents[d]
-    if extent % n:
+    rewritten; None unless every piece is. `whole`: the dimension's size, when the load reads all
+    of it from 0 (its box may be longer: a moving tile's 512 columns over 197 tokens); the last
+    piece then holds what is left, where otherwise n must divide the box."""
+    extent = min(load.inputs[0].extents[d], whole) if whole else load.inputs[0].extents[d]
+    if extent % n and not whole:
         return None
     pieces: list[penguin_pb2.Statement] = []
-    for j in range(extent // n):
+    for j in range(-(-extent // n)):
         piece = penguin_pb2.Statement()
         piece.CopyFrom(load)
         piece.name = f"{load.name}.{j}"
         for access in (piece.inputs[0], piece.outputs[0]):
             access.starts[d].constant += n * j
-            access.extents[d] = n
+            access.extents[d] = min(n, extent - n * j)
         rewritten = _rewrite(piece, source, nest, tensors, program, plan, transposed)
         if rewritten is None:
             return None

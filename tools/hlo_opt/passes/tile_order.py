@@ -17,7 +17,10 @@ the activations once instead of once per column tile.
 R is the largest power of two up to MAX_ROW_BLOCK and the row tiles there are such that the R
 accumulators take at most half of PSUM (the other half lets the next block start while this one
 is evacuated) and the row block's stationary tiles (R × the k extent) fit in
-STATIONARY_BUDGET_BYTES per partition. The new schedule is checked with ISL (dependences.py): a
+STATIONARY_BUDGET_BYTES per partition, then halved (down to 2) until it divides the row tiles
+where a block of 2 or more does: an `epilogues` consumer visits each tile once and cannot join a
+guarded nest (a swapped dot's 18 row tiles, lower.py `_swapped_dot`, go in blocks of 2, not 4
+with a guard, and the bias after it joins). The new schedule is checked with ISL (dependences.py): a
 nest whose dependences it would reverse is left as it was. Nests that ask for software pipelining
 keep the loop order the request was made on; a reordered nest is marked `row_block` = R, and
 `--num-stages` then leaves it unpipelined (pipelining a loop of it would hold several row blocks'
@@ -120,7 +123,8 @@ def _matmul_nest(nest: penguin_pb2.LoopNest) -> _Matmul | None:
 
 def _row_block(nest: penguin_pb2.LoopNest, found: _Matmul, tensors: dict[str, penguin_pb2.TensorDecl],
                largest: int) -> int:
-    """R: the largest power of two within the limits the module docstring states (1: no gain)."""
+    """R: the largest power of two within the limits the module docstring states, preferring one
+    that divides the row tiles (1: no gain)."""
     psum = tensors[found.psum.tensor]
     stationary = tensors[found.stationary.tensor]
     psum_bytes = psum.block_shape[-1] * itemsize(psum.dtype)
@@ -131,7 +135,11 @@ def _row_block(nest: penguin_pb2.LoopNest, found: _Matmul, tensors: dict[str, pe
            and block * 2 * psum_bytes * PSUM_SHARE <= psum_capacity
            and block * 2 * kept_bytes <= STATIONARY_BUDGET_BYTES):
         block *= 2
-    return block
+    extent = nest.axes[found.row].extent
+    dividing = block
+    while dividing > 2 and extent % dividing:
+        dividing //= 2
+    return dividing if extent % dividing == 0 else block
 
 
 def _strip_mine(nest: penguin_pb2.LoopNest, block: int) -> None:
