@@ -81,6 +81,18 @@ def test_a_product_read_back_row_major_swaps_only_where_the_transposes_back_pay(
     assert first.split("_")[0].endswith(".t") == swapped, first
 
 
+def test_an_integer_dot_off_the_pe_keeps_its_form():
+    """An s32 dot is computed exactly off the PE (lower.py `_integer_dot`), where the rule's PE
+    columns mean nothing: it keeps its operands as written whatever its rows."""
+    dims = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    text = (f"HloModule ints\nENTRY main {{\n  x = s32[197,256] parameter(0)\n"
+            f"  w = s32[256,256] parameter(1)\n  v = s32[256,128] parameter(2)\n"
+            f"  d = s32[197,256] dot(x, w), {dims}\n"
+            f"  ROOT e = s32[197,128] dot(d, v), {dims}\n}}\n")
+    program = lower_module(parse_hlo_text(text))
+    assert not any(n.name.split("_")[0].endswith(".t") for n in program.nests)
+
+
 def test_the_epilogue_follows_the_stored_layout_and_nothing_but_the_output_reaches_hbm():
     program = _optimized(197)
     tensors = {t.name: t for t in program.tensors}

@@ -1,5 +1,6 @@
 """Which operand of a dot goes on the PE's stationary side: the lhs rows as the lowering writes them,
-or, swapped (`Lowering._swapped_dot`), the rhs columns, with the lhs rows moving.
+or, swapped (`Lowering._swapped_dot`), the rhs columns, with the lhs rows moving. (A dot of
+integers too wide for the PE is computed off it and keeps its form.)
 
 A matmul streams its moving columns whatever rows its stationary tile holds, so m lhs rows that end
 in a part tile (ViT's 197 tokens: 128 + 69) cost ⌈m / 128⌉ passes over the rhs's n columns per

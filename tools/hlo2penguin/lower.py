@@ -736,8 +736,9 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
             return Splat(0.0, dtype, shape)  # an empty contraction: all zeros
         if is_integer(dtype) and k * _magnitude(lhs.dtype) * _magnitude(rhs.dtype) < PE_EXACT_SUM:
             return self._integer_dot_on_pe(instr, lhs, rhs, shape, dtype)
-        if swap_pays(m, k, n, common_pb2.F32 in (lhs.dtype, rhs.dtype),
-                     functools.partial(self._product_readers, instr)):  # dot_orientation.py
+        if not is_integer(dtype) and swap_pays(m, k, n, common_pb2.F32 in (lhs.dtype, rhs.dtype),
+                                               functools.partial(self._product_readers, instr)):
+            # the PE's stationary side (dot_orientation.py); an integer dot off PE keeps its form
             return self._swapped_dot(instr, lhs, rhs, shape, dtype)
         lhs_bmk = self._reshape(lhs.transpose(tuple(lb + lf + lc)), (batch, m, k), instr.name)
         rhs_bkn = self._reshape(rhs.transpose(tuple(rb + rc + rf)), (batch, k, n), instr.name)
