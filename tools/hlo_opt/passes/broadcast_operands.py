@@ -18,11 +18,13 @@ through an HBM view whose free dimension has stride 0, into a full [P, 2048] til
 `tensor_tensor` then streams. When every reader of that tile is such an operation on the same
 box, the load brings the [P, 1] column alone and the readers take it as their per-partition
 operand: the same values, the HBM traffic of one element per partition instead of a row, and one
-DVE stream instead of two (`invariant_loads` then keeps the column once per row block). Only for
-a column of the module's inputs or constants (a norm's parameters): a column an earlier nest
-computed (the LLaMA prefill's RMSNorm scale, its causal mask's row index) narrowed too made the
-prefill slower, 26.3 -> 30.4 ms with the same engine work: the second dependence analysis then
-aligns another pair of loops and the nests after them wait longer (docs/performance.md).
+DVE stream instead of two (`invariant_loads` then keeps the column once per row block). A column
+an earlier nest computed narrows too (the LLaMA prefill's RMSNorm rstd, which streamed as a full
+[128, 2048] tile: the prefill 18,486.4 -> 18,238.1 us, the training step 34,986.0 -> 34,222.9;
+the decode step +0.1 %, the prefill's cut +0.2 %).
+Session 11 had kept those as rows: narrowed then, the prefill went 26.3 -> 30.4 ms with the same
+engine work, its second dependence analysis aligning another pair of loops; the loops have
+changed since (docs/performance.md, session 20).
 
 A constant fill (an `iota` with no step: a `where(mask, x, -1e9)`'s -1e9, the frontend's
 materialized splat) read only by such operations, `select` included, is narrowed the same way:
@@ -96,7 +98,7 @@ def _loads_a_column(load: penguin_pb2.Statement, tensors: dict[str, penguin_pb2.
     if load.op != "dma" or load.predicates or len(load.inputs) != 1 or len(load.outputs) != 1:
         return False
     source, tile = tensors[load.inputs[0].tensor], tensors[load.outputs[0].tensor]
-    if not source.view_of or tensors[source.view_of].role not in (penguin_pb2.INPUT, penguin_pb2.CONSTANT):
+    if not source.view_of:
         return False
     return (source.memory == common_pb2.HBM and tile.memory == common_pb2.SBUF
             and source.view_strides[-1] == 0 and load.inputs[0].extents[-1] > 1
