@@ -204,6 +204,58 @@ def test_num_stages_over_rolled_loops(tmp_path):
         assert result.returncode == 0, result.stderr
 
 
+def _pipelined_chain(rows: int) -> bir_pb2.Program:
+    """hlo_gen's six-op chain on f32[rows, 64], its row-tile loop pipelined in 3 stages, lowered rolled."""
+    program = lower_module(parse_module_text(hlo_gen.chain(6, rows=rows, cols=64).encode()))
+    optimize(program, pass_list("", 2), num_stages=3)
+    return lower_to_bir(program, loops="rolled")
+
+
+def test_a_pipelined_loop_stays_a_loop_whose_widened_tiles_are_rings_of_slabs():
+    """1,024 row tiles in 3 stages: the 1,026 iterations of the pipelined axis are one loop between 2
+    peeled ones at each end (where a stage's guard is off), and each tile pipelining widened to
+    two iterations is a ring with one slab per iteration the body holds (rolling.py, Rings)."""
+    bir = _pipelined_chain(1024 * 128)
+    (entry,) = _entries(bir)
+    body = [i for i in bir.instructions if i.HasField("in_loop") and i.in_loop == entry.id]
+    copies = len({re.search(r"\[i\*(\+\d+)?,", i.name).group(0) for i in body})
+    assert copies >= 2 and entry.trip_count == 1024 // copies
+    stages = [int(i.attributes["stage"]) for i in bir.instructions if "stage" in i.attributes]
+    assert len(stages) == 8 * (1024 - entry.trip_count * copies) + 8 * copies  # the rest peeled
+    rings: dict[str, set[str]] = {}
+    for instr in bir.instructions:
+        for ap in [*instr.inputs, *instr.outputs]:
+            if "[~," in ap.tensor:
+                name, slab = ap.tensor.split("#")[0].split("/")
+                rings.setdefault(name, set()).add(slab)
+    assert len(rings) == 2 and all(slabs == {str(k) for k in range(copies)} for slabs in rings.values())
+
+
+def test_a_small_pipelined_loop_unrolls_its_stages():
+    """16 row tiles: unrolled, the stages run faster than as a loop (bir_codegen's
+    PIPELINED_UNROLL_MAX), so the pipelined axis keeps no loop."""
+    bir = _pipelined_chain(16 * 128)
+    assert not _entries(bir)
+    assert {i.attributes["stage"] for i in bir.instructions if "stage" in i.attributes} == {"0", "1", "2"}
+
+
+@pytest.mark.slow
+def test_a_rolled_pipelined_loop_matches_and_runs_race_free(tmp_path):
+    model = tmp_path / "chain.hlo"
+    model.write_text(hlo_gen.chain(6, rows=1024 * 128, cols=64))
+    result = ncc("compile", model, "--loops", "rolled", "--num-stages", "3", "--verify",
+                 "-o", tmp_path / "c.neff", "--workdir", tmp_path / "w")
+    assert result.returncode == 0, result.stderr
+    x = np.random.default_rng(0).standard_normal((1024 * 128, 64)).astype(np.float32)
+    np.savez(tmp_path / "in.npz", arg0=x)
+    run = ncc("run", tmp_path / "c.neff", "--inputs", tmp_path / "in.npz", "--output", tmp_path / "o.npz",
+              "--inferences", "2")
+    assert run.returncode == 0, run.stderr  # a race or a deadlock is an R-coded error
+    x3 = np.tanh(x * np.float32(0.5) + x)
+    with np.load(tmp_path / "o.npz") as out:
+        np.testing.assert_allclose(out["out0"], np.tanh(x3 * np.float32(0.5) + x3), rtol=1e-5, atol=1e-6)
+
+
 FAULT = {"NCC_FAULT_INJECT": "walrus_driver:drop_rotation_wait@pass=codegen"}
 
 

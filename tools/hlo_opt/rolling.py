@@ -32,6 +32,18 @@ so that what one instance of the loop wrote stays where a later one reads it.
 HBM offsets are always affine in the axis (a view's strides times the access's coefficients), so
 they need nothing: the body instruction's offset moves by that step per iteration.
 
+Rings (a software-pipelined axis, passes/pipelining.py). A tile that one stage writes and a later
+stage reads was widened to hold R iterations along the partitions (R slabs of 128 rows) or a
+leading dimension (R slabs of 1), and its accesses move by one slab per iteration, at offsets
+that differ by their stages: a value written at iteration i is read at i + d, d < R. Such a tensor
+is a *ring* when the axis is rolled: it keeps one buffer per slab for every block, shared by the
+iterations, and the slab of iteration i is i mod U, where U, the iterations the loop's body holds
+(unroll and jam), is at least R (`RollPlan.ring_depth`): each slab a body names is then the same
+buffer at every iteration, what iteration i wrote stays until i + U > i + d reads it, and each
+iteration of a body has a slab of its own. So the axis must be the innermost rolled one, and its
+steady iterations must fill two bodies. A stage's guards (inequalities in the axis) hold over
+the steady range, which must run every statement; outside it the iterations are peeled.
+
 Unroll and jam (`body_copies`). An engine runs its stream in order, so a body that is one chain of
 dependent statements alternating between engines (ACT, then DVE, then ACT ...) keeps each engine
 waiting on the other, iteration after iteration; the unrolled program's scheduler interleaved
@@ -94,7 +106,14 @@ class RollPlan:
     axes: list[RolledAxis]
     private: dict[str, set[str]] = field(default_factory=dict)
     indexed: dict[str, set[int]] = field(default_factory=dict)  # tensor -> dimensions it is an array along
+    rings: dict[str, dict[int, int]] = field(default_factory=dict)  # ring tensor -> dimension -> its slabs
     copies: int = 1
+
+    @property
+    def ring_depth(self) -> int:
+        """The fewest iterations the innermost body may hold: the most slabs any ring was widened
+        to (module docstring, rings)."""
+        return max((slabs for dims in self.rings.values() for slabs in dims.values()), default=1)
 
     def rolled(self, axis: str) -> RolledAxis | None:
         return next((a for a in self.axes if a.name == axis), None)
@@ -163,6 +182,7 @@ class _AxisOutcome:
     steady: tuple[int, int] | None
     private: frozenset[str]
     indexed: dict[str, int]
+    rings: dict[str, dict[int, int]]
 
 
 def _plan(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl], elsewhere: Container[str],
@@ -182,19 +202,36 @@ def _plan(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl]
             analysis = _AxisAnalysis(nest, tensors, extents, axis.name, unindexed)
             steady = analysis.steady_range(elsewhere)
             outcome = analyses[(axis.name, unindexed)] = _AxisOutcome(
-                steady, frozenset(analysis.private), dict(analysis.indexed))
+                steady, frozenset(analysis.private), dict(analysis.indexed), analysis.rings)
         steady = outcome.steady
         if steady is None or steady[1] - steady[0] < min_trip:
+            continue
+        if outcome.rings and _ring_copies(RolledAxis(index, axis.name, *steady), outcome.rings, 1) is None:
             continue
         plan.axes.append(RolledAxis(index, axis.name, *steady))
         for tensor in outcome.private:
             plan.private.setdefault(tensor, set()).add(axis.name)
         for tensor, dim in outcome.indexed.items():
             plan.indexed.setdefault(tensor, set()).add(dim)
+        if outcome.rings:  # a ring's slabs are static only in the innermost body, which holds the period
+            plan.rings = {name: dict(dims) for name, dims in outcome.rings.items()}
+            break
     if not plan.axes:
         return None
     plan.copies = body_copies(nest, tensors, plan.axes[-1])
+    if plan.rings:
+        plan.copies = _ring_copies(plan.axes[-1], plan.rings, plan.copies) or plan.copies
     return plan
+
+
+def _ring_copies(axis: RolledAxis, rings: dict[str, dict[int, int]], copies: int) -> int | None:
+    """The iterations a body of a loop with rings holds: at least the deepest ring's slabs, at
+    most half the steady iterations (two bodies at least); None when those cross (the axis then
+    unrolls)."""
+    depth = max(slabs for dims in rings.values() for slabs in dims.values())
+    if axis.trip < 2 * depth:
+        return None
+    return min(max(copies, depth), axis.trip // 2)
 
 
 def body_copies(nest: penguin_pb2.LoopNest, tensors: dict[str, penguin_pb2.TensorDecl],
@@ -280,6 +317,7 @@ class _AxisAnalysis:
         self.lo, self.hi = 0, extents[name]  # the iterations every access stays unclipped in
         self.private: set[str] = set()
         self.indexed: dict[str, int] = {}  # tensor -> the dimension it is an indexed array along
+        self.rings: dict[str, dict[int, int]] = {}  # ring tensor -> dimension -> slabs (module docstring)
         # each tensor's accesses in statement order, outputs before inputs (read once per axis:
         # a fused 12,500-op chain has as many tensors as statements)
         self.accesses: dict[str, list[tuple[penguin_pb2.Statement, penguin_pb2.Access]]] = {}
@@ -299,8 +337,11 @@ class _AxisAnalysis:
             return None
         points = sorted({self.lo, self.hi, *(c for c in self.cuts if self.lo < c < self.hi)})
         ranges = list(zip(points, points[1:], strict=False))
-        return max(ranges, key=lambda r: ((r[1] - r[0]) * self._firing(r[0]), r[1] - r[0], -r[0]),
-                   default=None)
+        steady = max(ranges, key=lambda r: ((r[1] - r[0]) * self._firing(r[0]), r[1] - r[0], -r[0]),
+                     default=None)
+        if steady is not None and self._pipelined() and self._firing(steady[0]) < len(self.nest.statements):
+            return None  # _fresh took the stage guards to hold: every stage must run in the loop
+        return steady
 
     def _firing(self, value: int) -> int:
         """How many statements may run at iteration `value` (for some values of the other axes)."""
@@ -349,6 +390,12 @@ class _AxisAnalysis:
         starts = st.outputs[0].starts if dims else []
         if any(0 <= dim < len(starts) and self._split(starts[dim])[0] for dim in dims):
             raise _NotRollable  # its values move with the axis: scalars cannot
+
+    def _stage_guard(self, predicate: penguin_pb2.Predicate) -> bool:
+        """Whether `predicate` is a software-pipelining stage guard on this axis (an inequality
+        in the axis alone): it holds at every iteration of the steady range (steady_range)."""
+        return (self._pipelined() and predicate.relation == penguin_pb2.GE
+                and all(t.var == self.name for t in predicate.expr.terms if t.coeff))
 
     def _pipelined(self) -> bool:
         return any(a.name == self.name and "pipelined" in a.attributes for a in self.nest.axes)
@@ -400,18 +447,24 @@ class _AxisAnalysis:
         """Each on-chip tensor of the nest is shared by the iterations or private to each."""
         moves: dict[str, list[tuple[int, ...]]] = {}  # tensor -> per access: block steps per dimension
         spans: dict[str, list[tuple[int, int]]] = {}  # tensor -> per moving dim: (least, greatest) block
+        ring_moves: dict[str, set[tuple[int, ...]]] = {}  # tensor -> per access: slab steps per dimension
         for st in self.nest.statements:
             for access in (*st.outputs, *st.inputs):
                 tensor = self.tensors[access.tensor]
                 if tensor.memory == common_pb2.HBM:
                     continue
-                steps, ranges = self._block_steps(tensor, access)
+                steps, ranges, slab_steps = self._block_steps(tensor, access)
                 moves.setdefault(tensor.name, []).append(steps)
                 spans.setdefault(tensor.name, []).append(ranges)
+                ring_moves.setdefault(tensor.name, set()).add(slab_steps)
         for name, per_access in moves.items():
-            if len(set(per_access)) > 1:
+            if len(set(per_access)) > 1 or len(ring_moves[name]) > 1:
                 raise _NotRollable  # accesses move differently: blocks would alias across iterations
             steps = per_access[0]
+            if any(ring_moves[name].pop()):
+                if name in elsewhere or any(steps):
+                    raise _NotRollable  # a ring hands values between this nest's stages only
+                continue  # shared by the iterations: each slab keeps one buffer
             if not any(steps):  # the same blocks at every iteration: private if written afresh in each
                 if name not in elsewhere and self._fresh(name):
                     self.private.add(name)
@@ -479,7 +532,8 @@ class _AxisAnalysis:
         if first.op == "matmul" and "accumulate_axis" in first.attributes:
             if first.attributes["accumulate_axis"] not in free:
                 return False
-        if any(t.var not in free for p in first.predicates for t in p.expr.terms if t.coeff):
+        if any(t.var not in free for p in first.predicates if not self._stage_guard(p)
+               for t in p.expr.terms if t.coeff):
             return False  # it would not run for every block, or not in every instance of the loop
         starts = [self._first_point(by_name[st], free) for st in statements]
         return None not in starts and all(start >= starts[0] for start in starts[1:])
@@ -551,24 +605,36 @@ class _AxisAnalysis:
         return tuple(lows[axis] for axis in free)
 
     def _block_steps(self, tensor: penguin_pb2.TensorDecl, access: penguin_pb2.Access
-                     ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-        """Per dimension: the blocks an access moves by per iteration, and the least and greatest
-        block its start reaches at the axis's iteration 0 (for the moving dimensions)."""
+                     ) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...], tuple[int, ...]]:
+        """Per dimension: the blocks an access moves by per iteration, the least and greatest
+        block its start reaches at the axis's iteration 0 (for the moving dimensions), and the
+        elements it moves by within a ring's block (a pipelined axis: module docstring)."""
         block = list(tensor.block_shape) or [1] * len(tensor.shape)
         replicated = set(tensor.replicated_dims)
-        steps, ranges = [], []
+        steps, ranges, slab_steps = [], [], []
         for dim, start in enumerate(access.starts):
             c, h_lo, h_hi = self._split(start)
             if dim in replicated or c == 0:
                 steps.append(0)
                 ranges.append((0, 0))
+                slab_steps.append(0)
                 continue
             size = int(block[dim]) if dim < len(block) and block[dim] > 0 else 1
             if c % size:
-                raise _NotRollable  # the axis moves within a block: iterations share blocks
+                rows = len(block) - 2
+                if not self._pipelined() or c < 0 or size % c or dim > rows \
+                        or c != (load_target().partitions if dim == rows else 1):
+                    raise _NotRollable  # the axis moves within a block: iterations share blocks
+                # software pipelining widened the block to hold size / c iterations, one slab each
+                self.rings.setdefault(tensor.name, {})[dim] = size // c
+                steps.append(0)
+                ranges.append((0, 0))
+                slab_steps.append(c)
+                continue
             steps.append(c // size)
             ranges.append((h_lo // size, h_hi // size))
-        return tuple(steps), tuple(ranges)
+            slab_steps.append(0)
+        return tuple(steps), tuple(ranges), tuple(slab_steps)
 
 
 def _ceil_div(a: int, b: int) -> int:
