@@ -20,7 +20,7 @@ from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.hlo_reader import parse_module_text
 from ncc.tools.hlo2penguin.lower import lower_module
 from ncc.tools.hlo_opt import rolling
-from ncc.tools.hlo_opt.bir_codegen import BirCodeGenLoop, lower_to_bir
+from ncc.tools.hlo_opt.bir_codegen import SMALL_NEST, BirCodeGenLoop, lower_to_bir
 from ncc.tools.hlo_opt.optimizer import optimize, pass_list
 from ncc.tools.packager.neff import build_neff
 from ncc.tools.sim.api import simulate_neff
@@ -37,10 +37,12 @@ ENTRY main {
 """
 
 
-def _bir(text: str, loops_mode: str = "rolled", optlevel: int = 2, passes: str = "") -> bir_pb2.Program:
+def _bir(text: str, loops_mode: str = "rolled", optlevel: int = 2, passes: str = "",
+         small_nest: int = 0) -> bir_pb2.Program:
+    """`text` lowered to BIR; every nest a loop fits keeps it (small_nest=0), unless told otherwise."""
     program = lower_module(parse_module_text(text.encode()))
     optimize(program, pass_list(passes, optlevel), num_stages=0)
-    return lower_to_bir(program, loops=loops_mode)
+    return lower_to_bir(program, loops=loops_mode, small_nest=small_nest)
 
 
 def _entries(program: bir_pb2.Program) -> list[bir_pb2.Instruction]:
@@ -70,6 +72,14 @@ def test_a_partial_last_tile_is_peeled_after_the_loop():
     after = program.instructions[list(program.instructions).index(entry) + 1 + entry.body_length:]
     assert after and all(not i.HasField("in_loop") for i in after)
     assert any(ap.partition_count == 1000 - 7 * 128 for i in after for ap in i.outputs)
+
+
+def test_a_small_nest_unrolls_in_every_mode():
+    """8 row tiles of an add are 32 instructions unrolled (bir_codegen.SMALL_NEST): no loop, even
+    under --loops rolled; 64 tiles, 256 instructions, keep theirs."""
+    assert not _entries(_bir(ADD.replace("ROWS", "1024").replace("COLS", "512"), small_nest=SMALL_NEST))
+    (entry,) = _entries(_bir(ADD.replace("ROWS", "8192").replace("COLS", "512"), small_nest=SMALL_NEST))
+    assert entry.trip_count == 64
 
 
 def test_unrolled_mode_keeps_no_loop_and_auto_rolls_only_a_large_program():
@@ -262,8 +272,8 @@ FAULT = {"NCC_FAULT_INJECT": "walrus_driver:drop_rotation_wait@pass=codegen"}
 @pytest.mark.slow
 def test_a_dropped_rotation_wait_of_a_frontend_loop_is_a_race_between_iterations(tmp_path):
     model = tmp_path / "add.hlo"
-    model.write_text(ADD.replace("ROWS", "2048").replace("COLS", "512"))
-    ones = np.ones((2048, 512), np.float32)
+    model.write_text(ADD.replace("ROWS", "8192").replace("COLS", "512"))  # 64 tiles: more than a small nest
+    ones = np.ones((8192, 512), np.float32)
     np.savez(tmp_path / "in.npz", arg0=ones, arg1=ones)
     workdir = tmp_path / "wd"
     result = ncc("compile", model, "--loops", "rolled", "-o", tmp_path / "bad.neff", "--workdir", workdir,
@@ -426,7 +436,7 @@ def test_a_copy_loop_of_three_kernel_rows_holds_its_copies_in_the_loop_around_it
     plan = rolling.plan_rolling(nest, tensors, rolling.TouchedElsewhere(users, nest.name), min_trip=2)
     assert [extents[axis.name] for axis in plan.axes] == [2, 56]  # the kernel rows unroll in the body
     assert plan.copies > 1
-    bir = lower_to_bir(program, loops="rolled")
+    bir = lower_to_bir(program, loops="rolled", small_nest=0)
     (rows,) = [i for i in _entries(bir) if i.name.endswith(".copy_4/loop.b1")]
     body = [i for i in bir.instructions if i.op == "dma" and i.HasField("in_loop") and i.in_loop == rows.id]
     # copies of the output row, each one HBM-to-HBM dma of its three kernel rows (direct_copies

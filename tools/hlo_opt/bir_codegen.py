@@ -85,17 +85,21 @@ AUTO_SHALLOW_TOTAL = 60_000
 # nest that unrolled would emit more than this; below it the unrolled stages run faster (the
 # pipelining fixtures of bench/run_fusion.py: 38.96 against 44.59 µs, 8.57 against 10.74)
 PIPELINED_UNROLL_MAX = 4_096
+# A nest that unrolled emits at most this many instructions (every dma whole) unrolls under every
+# --loops mode while the program stays within AUTO_SHALLOW_TOTAL (_unroll_small_nests)
+SMALL_NEST = 128
 AUTO_REDUCTION_BYTES = 64 * 1024  # ... and a dot's reduction loop unrolled puts at most this in one body
 BARRIER_BODY = 1_000  # a Repeat region's loop of this many instructions or more is a barrier loop
 
 
 class BirCodeGenLoop:
     def __init__(self, program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled",
-                 jam: int = 0) -> None:
+                 jam: int = 0, small_nest: int = SMALL_NEST) -> None:
         if loops not in LOOP_MODES:
             raise CompileError("E301", f"loop mode {loops!r} is not one of {', '.join(LOOP_MODES)}")
         self.loops = loops
         self.jam = jam
+        self.small_nest = small_nest  # the largest nest that unrolls under every mode (0: none)
         self.open_loops: list[_OpenLoop] = []  # outermost first
         self.region: penguin_pb2.Repeat | None = None  # the Repeat region being emitted
         self.roll: rolling.RollPlan | None = None  # of the nest being emitted
@@ -117,6 +121,7 @@ class BirCodeGenLoop:
         if rolled:
             self.onchip_users = rolling.onchip_users(self.penguin)
             self.plans = {k: self._plan_nest(nest) for k, nest in enumerate(self.penguin.nests)}
+            self._unroll_small_nests()
             if self.loops == "auto":
                 self._unroll_inner_loops()
             self._check_static_budget()
@@ -219,6 +224,28 @@ class BirCodeGenLoop:
             shallower = len(plan.axes) - 1
             return self._plan_nest(nest, shallower) if shallower else None
         return plan
+
+    def _unroll_small_nests(self) -> None:
+        """A nest that unrolled emits at most `small_nest` instructions unrolls, smallest first, while
+        the program stays within AUTO_SHALLOW_TOTAL. Why: its loops save the compile little, and
+        walrus schedules a body as one iteration, so a loop of a few iterations overlaps them only
+        as far as the engines' in-order streams and two rotating copies let it, where unrolled
+        every tile overlaps freely (forced --loops rolled, the bundled models' small loops ran up
+        to 1.38x their unrolled time: depthwise_train's and cnn's im2col copies, gelu's 2 x 2 tiles,
+        decoder_step's four heads). The program cap keeps a program of many small nests (a sorting
+        network) as rolled as before."""
+        sizes = {k: nest_backend_instructions(nest, self.tensors)[0] for k, nest in enumerate(self.penguin.nests)}
+        shares = {k: _emitted_share(self.penguin.nests[k], plan) if plan is not None else 1.0
+                  for k, plan in self.plans.items()}
+        total = sum(sizes[k] * shares[k] for k in sizes)
+        small = sorted((k for k, plan in self.plans.items() if plan is not None and sizes[k] <= self.small_nest),
+                       key=sizes.__getitem__)
+        for k in small:
+            grown = sizes[k] * (1.0 - shares[k])
+            if total + grown > AUTO_SHALLOW_TOTAL:
+                break
+            self.plans[k] = None
+            total += grown
 
     def _unroll_inner_loops(self) -> None:
         """--loops auto: where a nest keeps loops inside loops, keep only its outermost loop and
@@ -756,8 +783,9 @@ class _AccessPlan:
         return self.steps.get(axis, 0)
 
 
-def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1",
-                 loops: str = "unrolled") -> bir_pb2.Program:
-    """Lower `program` to BIR, unrolled or with loops kept rolled (`loops`: LOOP_MODES); E302 if
-    it exceeds the instruction budget, E301 if it is malformed."""
-    return BirCodeGenLoop(program, target, loops).run()
+def lower_to_bir(program: penguin_pb2.Program, target: str = "trn1", loops: str = "unrolled",
+                 small_nest: int = SMALL_NEST) -> bir_pb2.Program:
+    """Lower `program` to BIR, unrolled or with loops kept rolled (`loops`: LOOP_MODES), a nest of
+    at most `small_nest` instructions unrolled in every mode; E302 if it exceeds the instruction
+    budget, E301 if it is malformed."""
+    return BirCodeGenLoop(program, target, loops, small_nest=small_nest).run()
