@@ -234,12 +234,13 @@ class BirCodeGenLoop:
         to 1.38x their unrolled time: depthwise_train's and cnn's im2col copies, gelu's 2 x 2 tiles,
         decoder_step's four heads). The program cap keeps a program of many small nests (a sorting
         network) as rolled as before."""
-        sizes = {k: nest_backend_instructions(nest, self.tensors)[0] for k, nest in enumerate(self.penguin.nests)}
-        shares = {k: _emitted_share(self.penguin.nests[k], plan) if plan is not None else 1.0
+        nests = self.penguin.nests
+        sizes = {k: nest_backend_instructions(nest, self.tensors)[0] for k, nest in enumerate(nests)}
+        shares = {k: _emitted_share(nests[k], plan) if plan is not None else 1.0
                   for k, plan in self.plans.items()}
         total = sum(sizes[k] * shares[k] for k in sizes)
-        small = sorted((k for k, plan in self.plans.items() if plan is not None and sizes[k] <= self.small_nest),
-                       key=sizes.__getitem__)
+        small = sorted((k for k, plan in self.plans.items()
+                        if plan is not None and sizes[k] <= self.small_nest), key=sizes.__getitem__)
         for k in small:
             grown = sizes[k] * (1.0 - shares[k])
             if total + grown > AUTO_SHALLOW_TOTAL:
