@@ -89,7 +89,7 @@ def test_run_scale_sets_rolled_beside_unrolled(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], without_jax: None
 ) -> None:
     out = tmp_path / "scale.json"
-    code = run_scale.main(["--family", "chain", "--sizes", "n=4,rows=1024,cols=512", "--reps", "1",
+    code = run_scale.main(["--family", "chain", "--sizes", "n=20,rows=1024,cols=512", "--reps", "1",
                            "--simulate", "--json", str(out)])
     assert code == 0
     rolled, unrolled = json.loads(out.read_text())["results"]
