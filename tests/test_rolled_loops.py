@@ -214,11 +214,11 @@ def test_num_stages_over_rolled_loops(tmp_path):
         assert result.returncode == 0, result.stderr
 
 
-def _pipelined_chain(rows: int) -> bir_pb2.Program:
+def _pipelined_chain(rows: int, jam: int = 0) -> bir_pb2.Program:
     """hlo_gen's six-op chain on f32[rows, 64], its row-tile loop pipelined in 3 stages, lowered rolled."""
     program = lower_module(parse_module_text(hlo_gen.chain(6, rows=rows, cols=64).encode()))
     optimize(program, pass_list("", 2), num_stages=3)
-    return lower_to_bir(program, loops="rolled")
+    return BirCodeGenLoop(program, "trn1", "rolled", jam=jam).run()
 
 
 def test_a_pipelined_loop_stays_a_loop_whose_widened_tiles_are_rings_of_slabs():
@@ -239,6 +239,7 @@ def test_a_pipelined_loop_stays_a_loop_whose_widened_tiles_are_rings_of_slabs():
                 name, slab = ap.tensor.split("#")[0].split("/")
                 rings.setdefault(name, set()).add(slab)
     assert len(rings) == 2 and all(slabs == {str(k) for k in range(copies)} for slabs in rings.values())
+    assert _pipelined_chain(1024 * 128, jam=1) == bir  # fewer copies than a ring's slabs: the plan's
 
 
 def test_a_small_pipelined_loop_unrolls_its_stages():

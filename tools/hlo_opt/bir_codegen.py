@@ -312,8 +312,8 @@ class BirCodeGenLoop:
         if rolled is not self.roll.axes[-1]:
             return 1
         copies = self.jam or self.roll.copies
-        if copies < self.roll.ring_depth:  # each iteration a ring holds needs its own slab
-            copies = self.roll.copies
+        if self.roll.rings and (copies < self.roll.ring_depth or rolled.trip < 2 * copies):
+            copies = self.roll.copies  # each iteration a ring holds needs its own slab (rolling.py)
         return copies if rolled.trip >= copies else 1
 
     def _open_loop(self, nest: penguin_pb2.LoopNest, axis: str, trip: int, copies: int, first: int) -> None:
