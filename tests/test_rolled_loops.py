@@ -82,6 +82,17 @@ def test_a_small_nest_unrolls_in_every_mode():
     assert entry.trip_count == 64
 
 
+def test_small_nests_unroll_only_while_the_program_stays_within_the_cap(monkeypatch):
+    """The 256 instructions of 64 add tiles unroll as a small nest of up to 300, unless the program
+    would then pass AUTO_SHALLOW_TOTAL (a program of many small nests stays rolled)."""
+    from ncc.tools.hlo_opt import bir_codegen
+
+    text = ADD.replace("ROWS", "8192").replace("COLS", "512")
+    assert not _entries(_bir(text, small_nest=300))
+    monkeypatch.setattr(bir_codegen, "AUTO_SHALLOW_TOTAL", 200)
+    assert _entries(_bir(text, small_nest=300))
+
+
 def test_unrolled_mode_keeps_no_loop_and_auto_rolls_only_a_large_program():
     small = ADD.replace("ROWS", "1024").replace("COLS", "512")
     assert not _entries(_bir(small, "unrolled"))
