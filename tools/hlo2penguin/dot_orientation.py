@@ -23,6 +23,7 @@ whose row-wise norm cannot join the dot's 512-column tiles; swapped, the block r
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 
 from ncc.schemas import common_pb2, hlo_pb2
@@ -72,20 +73,46 @@ FOLLOWS_LAYOUT = frozenset({"add", "subtract", "multiply", "divide", "maximum", 
                             "transpose", "bitcast", "slice"})
 
 
-def product_readers(comp: hlo_pb2.HloComputationProto, instructions: dict[int, hlo_pb2.HloInstructionProto],
+class Readers:
+    """A computation's instructions in program order and, for each, the instructions that read it:
+    built once per computation, so that each candidate dot's walk (product_readers) costs what it
+    reaches, not the whole computation."""
+
+    def __init__(self, comp: hlo_pb2.HloComputationProto) -> None:
+        self.root = comp.root_id or comp.instructions[-1].id
+        self.position = {instr.id: k for k, instr in enumerate(comp.instructions)}
+        self.users: dict[int, list[hlo_pb2.HloInstructionProto]] = {}
+        for instr in comp.instructions:
+            for operand in dict.fromkeys(instr.operand_ids):
+                self.users.setdefault(operand, []).append(instr)
+
+
+def product_readers(readers: Readers, instructions: dict[int, hlo_pb2.HloInstructionProto],
                     dot: hlo_pb2.HloInstructionProto) -> str:
     """DOTS when every reader of `dot`'s result, followed through FOLLOWS_LAYOUT ops of it and of
     broadcasts and constants (a bias, a GELU), is a dot; RESULT when the computation's root is
     the dot or one of those ops, or the first other reader is the root or a tuple (the module's
-    results); else OTHER (the first reader that mixes in another tensor)."""
+    results); else OTHER (the first reader, in program order, that mixes in another tensor)."""
     followed = {dot.id}
-    root = comp.root_id or comp.instructions[-1].id
-    for instr in comp.instructions:
-        if not followed.intersection(instr.operand_ids) or instr.opcode == "dot":
+    root = readers.root
+    pending: list[tuple[int, int]] = []  # (position, id) of the readers of what is followed
+
+    def reached(node: int) -> None:
+        for user in readers.users.get(node, ()):
+            heapq.heappush(pending, (readers.position[user.id], user.id))
+
+    reached(dot.id)
+    seen: set[int] = set()
+    while pending:
+        _, node = heapq.heappop(pending)
+        instr = instructions[node]
+        if node in seen or instr.opcode == "dot":
             continue
+        seen.add(node)
         operands = [instructions[i] for i in instr.operand_ids]
         if instr.opcode not in FOLLOWS_LAYOUT or not all(
                 op.id in followed or op.opcode in ("broadcast", "constant") for op in operands):
-            return RESULT if root in followed or instr.id == root or instr.opcode == "tuple" else OTHER
-        followed.add(instr.id)
+            return RESULT if root in followed or node == root or instr.opcode == "tuple" else OTHER
+        followed.add(node)
+        reached(node)
     return RESULT if root in followed else DOTS

@@ -46,7 +46,7 @@ from ncc.tools.hlo.literals import literal_to_numpy
 from ncc.tools.hlo2penguin import affine_masks
 from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
-from ncc.tools.hlo2penguin.dot_orientation import OTHER, product_readers, swap_pays
+from ncc.tools.hlo2penguin.dot_orientation import OTHER, Readers, product_readers, swap_pays
 from ncc.tools.hlo2penguin.expand import expand_composites
 from ncc.tools.hlo2penguin.hlo_cse import eliminate_common_subexpressions
 from ncc.tools.hlo2penguin.identities import identity_operand
@@ -131,6 +131,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         self.computations = {c.id: c for c in module.computations}
         self.instructions = {i.id: i for c in module.computations for i in c.instructions}
         self.computation_of = {i.id: c for c in module.computations for i in c.instructions}
+        self.readers: dict[int, Readers] = {}  # computation id -> its readers index (dot orientation)
         self.builder = ProgramBuilder(penguin_pb2.Program(name=module.name))
         self.produced: set[str] = set()  # HBM tensors written by a nest of this program
         self.plans: dict[str, TilePlan] = {}  # HBM tensor -> the plan of the elementwise nest that wrote it
@@ -808,7 +809,10 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         comp, known = self.computation_of.get(dot.id), self.instructions.get(dot.id)
         if comp is None or known is None or known.name != dot.name:
             return OTHER
-        return product_readers(comp, self.instructions, dot)
+        readers = self.readers.get(comp.id)
+        if readers is None:
+            readers = self.readers[comp.id] = Readers(comp)
+        return product_readers(readers, self.instructions, dot)
 
     def _swapped_dot(self, instr, lhs: View, rhs: View, shape: tuple[int, ...], dtype: int) -> View:
         """dot(lhs, rhs) computed as dot(rhs, lhs) and read back transposed (a view, no copy):
