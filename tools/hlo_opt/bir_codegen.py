@@ -612,9 +612,9 @@ class BirCodeGenLoop:
             slabs = self._copies(self.roll.axes[-1])
             inner = list(inner)
             for dim in rings:
+                slab = rows if dim == len(block) - 2 else 1  # a slab: 128 rows, or 1 of a leading dim
                 index[dim] = "~"
-                inner[dim] = starts[dim] // (rows if dim == len(block) - 2 else 1) % slabs * \
-                    (rows if dim == len(block) - 2 else 1)
+                inner[dim] = starts[dim] // slab % slabs * slab
         merged = self._merged_strides(tensor) if tensor.name in self.indexed_dims else {}
         base = 0  # an indexed array's block: its place in the buffer of the blocks merged
         for dim, stride in merged.items():
