@@ -315,6 +315,40 @@ def test_the_chain_of_the_scale_family_rolls_with_copies_per_body():
     assert any("*+1" in name for name in names)  # the body holds two iterations (unroll and jam)
 
 
+def test_roll_loops_rolls_the_runs_inside_a_frontend_loop_body_exactly():
+    """The chain's loop body holds two iterations of 300 ops: straight runs that repeat with a
+    period of three ops (multiply, add, tanh). roll_loops rolls them inside the Frontend's loop,
+    keeping that loop's variations outermost; the streams execute what codegen wrote, instance
+    for instance, and run alike."""
+    text = hlo_gen.hlo_text("chain", n=300, rows=1024, cols=512)
+    programs = {}
+    for label, passes in (("kept", [p for p in default_pipeline(2) if p != "roll_loops"]),
+                          ("rolled", default_pipeline(2))):
+        programs[label] = _bir(text)
+        ctx, _ = compile_program(programs[label], passes)
+    stats = ctx.stats["roll_loops"]
+    addresses = {b.name: b.address for b in programs["kept"].buffers}
+    addresses.update({b.name: b.address for b in programs["rolled"].buffers})
+    expanded = {label: {s.engine: s.instructions for s in loops.expand_streams(p.streams, "E603", 10**7)}
+                for label, p in programs.items()}
+    assert sorted(expanded["kept"]) == sorted(expanded["rolled"])
+    for engine, want in expanded["kept"].items():
+        got = expanded["rolled"][engine]
+        assert len(got) == len(want)
+        for a, b in zip(got, want, strict=True):
+            assert loops.canonical(a, addresses) == loops.canonical(b, addresses), (engine, a.name)
+    static = {label: sum(len(s.instructions) for s in p.streams) for label, p in programs.items()}
+    executed = sum(len(s) for s in expanded["kept"].values())
+    assert stats["dynamic_instructions"] == executed and stats["static_instructions"] == static["rolled"]
+    assert static["rolled"] < 0.25 * static["kept"] and stats["loop_depth"] == 2
+    rng = np.random.default_rng(0)
+    inputs = {"arg0": rng.standard_normal((1024, 512)).astype(np.float32)}
+    runs = {label: simulate_neff(build_neff(p), inputs) for label, p in programs.items()}
+    assert not runs["rolled"].races and runs["rolled"].deadlock is None
+    assert runs["rolled"].simulated_ns == runs["kept"].simulated_ns
+    np.testing.assert_array_equal(runs["rolled"].outputs["out0"], runs["kept"].outputs["out0"])
+
+
 def test_a_loop_follows_the_loop_before_it_iteration_by_iteration():
     """Two nests over the same rows (no fusion at -O0): the second loop's iteration r waits for
     the first's iteration r alone (an aligned dependence), not for the whole first loop; the

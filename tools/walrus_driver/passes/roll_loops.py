@@ -1,14 +1,19 @@
 """Roll each engine stream's repeated runs back into loops, with rotating addresses and waits.
 
-After codegen each engine's stream is every instruction the engine executes. A loop nest of the
-program shows there as a run of instructions repeating with a period: the same operations on
-the same tensors, whose HBM offsets advance by a fixed step, whose on-chip addresses cycle over
-the N buffers the allocator gave the iterations (address rotation: AddressRotation's rotating
-SBUF/PSUM addresses), and whose semaphore thresholds grow by what one iteration adds to each
-semaphore (the rotation waits: iteration i + N's writer of a buffer waits for iteration i's
-reader through a threshold that grows with i). This pass finds such runs and writes each as a
-`loop` entry and one body (docs/ir.md, Loops), innermost loops first, then loops of loops up to
-MAX_LOOP_DEPTH, so a nest's stream shrinks to about its static size.
+After codegen each engine's stream is the instructions the engine executes, with the loops the
+Frontend kept (`--loops rolled|auto`; codegen.py) around their bodies. A loop nest the Frontend
+unrolled, and a straight run inside a kept loop's body (the chain's body: two iterations of
+thousands of ops that repeat every three), show there as a run of instructions repeating with a
+period: the same operations on the same tensors, whose HBM offsets advance by a fixed step,
+whose on-chip addresses cycle over the N buffers the allocator gave the iterations (address
+rotation: AddressRotation's rotating SBUF/PSUM addresses), and whose semaphore thresholds grow by
+what one iteration adds to each semaphore (the rotation waits: iteration i + N's writer of a
+buffer waits for iteration i's reader through a threshold that grows with i). This pass finds
+such runs and writes each as a `loop` entry and one body (docs/ir.md, Loops), innermost loops
+first, then loops of loops up to MAX_LOOP_DEPTH, so a nest's stream shrinks to about its static
+size. A kept loop stays as codegen wrote it; inside its body the runs roll the same way, each
+instruction keeping the kept loops' variations outermost, and the kept loops count towards
+MAX_LOOP_DEPTH.
 
 A run is rolled only when every instance is reproduced exactly: each instruction's fields other
 than its offsets and thresholds (op, engine, queue, function, scalars, dtypes, shapes, strides,
@@ -26,11 +31,10 @@ entries of the same shape; a candidate's run is extended in numpy chunks, and it
 checked on a prefix first, so a position costs little when nothing repeats there and a rolled
 run costs about its length. The largest coverage wins (the shorter period on a tie).
 
-What it does not do yet: compile time still follows the dynamic instruction count, since every
-earlier pass sees the unrolled program (loops from the frontend on are the next step). Options:
+Options:
 `min_trip` (2) the fewest iterations worth a loop, `max_period` (512) the longest body searched,
 `max_depth` (MAX_LOOP_DEPTH) levels of nesting. Counters: static_instructions (stream entries,
-loops included), dynamic_instructions, loops, loop_depth.
+loops included), dynamic_instructions (executed), loops (kept ones included), loop_depth.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ncc.schemas import bir_pb2
-from ncc.tools.common.loops import LOOP_OP, MAX_LOOP_DEPTH, MAX_ROTATION
+from ncc.tools.common.loops import LOOP_OP, MAX_LOOP_DEPTH, MAX_ROTATION, check_stream
 from ncc.tools.target import wait_words
 from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
@@ -91,7 +95,22 @@ class _Loop:
         return [leaf for item in self.body for leaf in item.leaves()]
 
 
-_Item = _Leaf | _Loop
+@dataclass
+class _Kept:
+    """A loop the stream already had (the frontend's): kept as it is, its body rolled inside it.
+    Its key is its own, so no run of items holds it."""
+
+    index: int  # its `loop` entry in the stream codegen wrote
+    key: int
+    body: list[_Leaf | _Loop | _Kept]
+    ints: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    affine_only: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+    def leaves(self) -> list[_Leaf]:
+        return []
+
+
+_Item = _Leaf | _Loop | _Kept
 
 
 class _Keys:
@@ -112,10 +131,10 @@ def _leaf(index: int, instr: bir_pb2.Instruction, addresses: dict[str, int], key
         onchip = ap.memory in WHOLE_MEMORY
         operands.append(
             (ap.memory, ap.dtype, ap.partition_start, ap.partition_count, dims, "" if onchip else ap.tensor,
-             len(ap.loop) > 0)
+             tuple((v.step, tuple(v.rotation)) for v in ap.loop))
         )
         ints.append((addresses.get(ap.tensor, 0) if onchip else 0) + ap.offset)
-    waits = tuple((w.semaphore, w.HasField("value_lo"), len(w.loop_steps) > 0) for w in instr.waits)
+    waits = tuple((w.semaphore, w.HasField("value_lo"), tuple(w.loop_steps)) for w in instr.waits)
     ints.extend(w.value for w in instr.waits)
     shape = (
         instr.op, instr.engine, instr.dma_queue, instr.func, tuple(instr.scalars), instr.accumulate,
@@ -125,6 +144,25 @@ def _leaf(index: int, instr: bir_pb2.Instruction, addresses: dict[str, int], key
     affine = np.zeros(len(ints), dtype=bool)
     affine[len(ints) - len(instr.waits):] = True
     return _Leaf(index, keys(shape), np.array(ints, dtype=np.int64), affine)
+
+
+def _items(
+    instructions, start: int, end: int, addresses: dict[str, int], keys: _Keys
+) -> list[_Item]:
+    """Entries [start, end) of a stream as items: its loops as `_Kept`, with their bodies."""
+    items: list[_Item] = []
+    index = start
+    while index < end:
+        instr = instructions[index]
+        if instr.op == LOOP_OP:
+            body_end = index + 1 + int(instr.body_length)
+            body = _items(instructions, index + 1, body_end, addresses, keys)
+            items.append(_Kept(index, keys(("kept", index)), body))
+            index = body_end
+        else:
+            items.append(_leaf(index, instr, addresses, keys))
+            index += 1
+    return items
 
 
 # ---- finding repeated runs --------------------------------------------------------------------
@@ -283,6 +321,20 @@ class _Roller:
         return _Loop(reps, list(body), self.intern(signature), ints, affine)
 
 
+def _roll_levels(roller: _Roller, items: list[_Item], levels: int, kept_depth: int = 0) -> list[_Item]:
+    """`items` rolled up to `levels` levels deep, and the body of each kept loop among them rolled
+    within the levels left below it (MAX_LOOP_DEPTH counts both kinds of loop)."""
+    for _ in range(min(levels, MAX_LOOP_DEPTH - kept_depth)):
+        rolled = roller.roll(items)
+        if len(rolled) == len(items):
+            break
+        items = rolled
+    for item in items:
+        if isinstance(item, _Kept):
+            item.body = _roll_levels(roller, item.body, levels, kept_depth + 1)
+    return items
+
+
 def _prepend(leaf: _Leaf, k: int, variation: tuple[int, tuple[int, ...]]) -> None:
     while len(leaf.variations) < len(leaf.ints):
         leaf.variations.append([])
@@ -302,27 +354,37 @@ class _Writer:
         self.depth = 0
         self.onchip_used: set[int] = set()
 
-    def write(self, items: list[_Item], depth: int = 0) -> int:
-        """Append `items` at loop depth `depth`; the number of entries appended."""
+    def write(self, items: list[_Item], depth: int = 0, kept_depth: int = 0) -> int:
+        """Append `items` inside `kept_depth` kept loops and `depth` rolled ones; the number of
+        entries appended."""
         written = 0
         for item in items:
-            if isinstance(item, _Loop):
+            if isinstance(item, _Kept):
+                header = self.stream.instructions.add()
+                header.CopyFrom(self.original[item.index])
+                self.loops += 1
+                self.depth = max(self.depth, kept_depth + 1)
+                header.body_length = self.write(item.body, 0, kept_depth + 1)
+                written += 1 + header.body_length
+            elif isinstance(item, _Loop):
                 header = self.stream.instructions.add(
                     op=LOOP_OP, engine=self.stream.engine, name=f"loop{self.loops}", trip_count=item.trip
                 )
                 self.loops += 1
-                self.depth = max(self.depth, depth + 1)
-                header.body_length = self.write(item.body, depth + 1)
+                self.depth = max(self.depth, kept_depth + depth + 1)
+                header.body_length = self.write(item.body, depth + 1, kept_depth)
                 written += 1 + header.body_length
             elif depth == 0:
                 self.stream.instructions.append(self.original[item.index])
                 written += 1
             else:
-                self._body_instruction(item, depth)
+                self._body_instruction(item, depth, kept_depth)
                 written += 1
         return written
 
-    def _body_instruction(self, leaf: _Leaf, depth: int) -> None:
+    def _body_instruction(self, leaf: _Leaf, depth: int, kept_depth: int) -> None:
+        """`leaf` inside `depth` rolled loops within `kept_depth` kept ones: the kept loops'
+        variations (outermost) stay as codegen wrote them, the rolled loops' follow."""
         instr = self.stream.instructions.add()
         instr.CopyFrom(self.original[leaf.index])
         variations = leaf.variations or [[] for _ in leaf.ints]
@@ -332,18 +394,22 @@ class _Writer:
                 ap.tensor = WHOLE_MEMORY[ap.memory]
                 self.onchip_used.add(ap.memory)
             ap.offset = int(leaf.ints[k])
-            _set_variations(ap.loop, variations[k], depth)
+            kept = [(v.step, tuple(v.rotation)) for v in ap.loop] or [(0, ())] * kept_depth
+            _set_variations(ap.loop, kept + variations[k], kept_depth + depth)
             k += 1
         for wait in instr.waits:
             wait.value = int(leaf.ints[k])
-            if wait.HasField("value_lo"):
-                wait.value_lo, wait.value_hi = wait_words(wait.value)
+            kept_steps = list(wait.loop_steps) or [0] * kept_depth
             del wait.loop_steps[:]
             levels = variations[k]
             if any(rotation for _, rotation in levels):
                 raise AssertionError(f"roll_loops: a rotating wait threshold in {instr.name}")
-            if any(step for step, _ in levels):
-                wait.loop_steps.extend(step for step, _ in levels)
+            steps = kept_steps + [step for step, _ in levels]
+            if any(steps):
+                wait.loop_steps.extend(steps)
+            if wait.HasField("value_lo"):  # the words encode the first iteration's (lower_sync)
+                first = max(0, wait.value) if wait.loop_steps else wait.value
+                wait.value_lo, wait.value_hi = wait_words(first)
             k += 1
 
 
@@ -362,9 +428,6 @@ def run(ctx: PassContext) -> None:
         ctx.fail_needs_before("codegen (it rolls the per-engine streams codegen writes)")
     options: Options = ctx.options or Options()
     program = ctx.program
-    if any(i.op == LOOP_OP for s in program.streams for i in s.instructions):
-        ctx.set_stat("already_rolled", 1)
-        return
     addresses = {b.name: b.address for b in program.buffers}
     keys = _Keys()
     roller = _Roller(options, keys)
@@ -372,17 +435,13 @@ def run(ctx: PassContext) -> None:
     used: set[int] = set()
     for stream in program.streams:
         original = list(stream.instructions)
-        items: list[_Item] = [_leaf(k, instr, addresses, keys) for k, instr in enumerate(original)]
-        for _ in range(options.max_depth):
-            rolled = roller.roll(items)
-            if len(rolled) == len(items):
-                break
-            items = rolled
+        executed = check_stream(stream, "E410")
+        items = _roll_levels(roller, _items(original, 0, len(original), addresses, keys), options.max_depth)
         del stream.instructions[:]
         writer = _Writer(stream, original)
         writer.write(items)
         static += len(stream.instructions)
-        dynamic += len(original)
+        dynamic += executed
         loops += writer.loops
         depth = max(depth, writer.depth)
         used |= writer.onchip_used
