@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,24 @@ def test_every_model_evaluates_on_seeded_inputs(models_dir: Path) -> None:
 
 def run(body: str, *args: np.ndarray, regions: str = "") -> list[np.ndarray]:
     return evaluate(parse_hlo_text(f"HloModule t\n{regions}\nENTRY e {{\n{body}\n}}\n"), list(args))
+
+
+def test_a_long_chain_holds_only_its_live_values() -> None:
+    """200 ops on 1 MB arrays: each value is dropped after its last reader, so the evaluation's
+    peak stays a few arrays (holding them all would be 200 MB)."""
+    lines = ["HloModule chain", "ENTRY main {", "  x0 = f32[256,1024] parameter(0)"]
+    lines += [f"  x{i} = f32[256,1024] add(x{i - 1}, x{max(0, i - 2)})" for i in range(1, 200)]
+    lines += ["  ROOT x200 = f32[256,1024] tanh(x199)", "}"]
+    module = parse_hlo_text("\n".join(lines))
+    arg = np.full((256, 1024), 1e-30, np.float32)
+    tracemalloc.start()
+    try:
+        (got,) = evaluate(module, [arg])
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got.shape == (256, 1024) and np.isfinite(got).all()
+    assert peak < 20 * arg.nbytes, peak
 
 
 def test_slice_concatenate_transpose() -> None:

@@ -141,12 +141,29 @@ class _Evaluator:
         self.comps = {comp.id: comp for comp in module.computations}
         self.instrs = {instr.id: instr for comp in module.computations for instr in comp.instructions}
         self.reducer_kinds: dict[int, str | None] = {}
+        self.dead_after: dict[int, list[list[int]]] = {}
+
+    def _dead_after(self, comp: hlo_pb2.HloComputationProto) -> list[list[int]]:
+        """Per instruction of `comp`, the values no later instruction reads (the root's excepted):
+        dropped as soon as they die, so a long chain holds a few arrays, not all of them."""
+        if comp.id not in self.dead_after:
+            last_read = {instr.id: k for k, instr in enumerate(comp.instructions)}
+            for k, instr in enumerate(comp.instructions):
+                for operand in instr.operand_ids:
+                    last_read[operand] = k
+            dead: list[list[int]] = [[] for _ in comp.instructions]
+            for value, k in last_read.items():
+                if value != comp.root_id:
+                    dead[k].append(value)
+            self.dead_after[comp.id] = dead
+        return self.dead_after[comp.id]
 
     def run(self, comp: hlo_pb2.HloComputationProto, args: list, scalar_region: bool = False):
         """Evaluate `comp` on `args`. In a scalar region (a reducer folded over arrays) values carry
         extra leading dimensions, so ops that only reshape scalars are identities."""
         values: dict[int, object] = {}
-        for instr in comp.instructions:
+        dead_after = self._dead_after(comp)
+        for k, instr in enumerate(comp.instructions):
             operands = [values[i] for i in instr.operand_ids]
             opcode = instr.opcode
             if opcode == "parameter":
@@ -170,6 +187,8 @@ class _Evaluator:
                 values[instr.id] = self.run(reducer, operands[k:] + operands[:k], True)
             else:
                 values[instr.id] = _OPS[opcode](self, instr, operands)
+            for value in dead_after[k]:
+                del values[value]
         return values[comp.root_id]
 
     # ---- data movement ---------------------------------------------------------------------------
