@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ncc.schemas import bir_pb2
-from ncc.tools.common.loops import LOOP_OP, MAX_LOOP_DEPTH, MAX_ROTATION, check_stream
+from ncc.tools.common.loops import LOOP_OP, MAX_LOOP_DEPTH, MAX_ROTATION
 from ncc.tools.target import wait_words
 from ncc.tools.walrus_driver.analysis import birutil
 from ncc.tools.walrus_driver.context import PassContext
@@ -101,6 +101,7 @@ class _Kept:
     Its key is its own, so no run of items holds it."""
 
     index: int  # its `loop` entry in the stream codegen wrote
+    trip: int
     key: int
     body: list[_Leaf | _Loop | _Kept]
     ints: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
@@ -157,7 +158,7 @@ def _items(
         if instr.op == LOOP_OP:
             body_end = index + 1 + int(instr.body_length)
             body = _items(instructions, index + 1, body_end, addresses, keys)
-            items.append(_Kept(index, keys(("kept", index)), body))
+            items.append(_Kept(index, int(instr.trip_count), keys(("kept", index)), body))
             index = body_end
         else:
             items.append(_leaf(index, instr, addresses, keys))
@@ -321,6 +322,11 @@ class _Roller:
         return _Loop(reps, list(body), self.intern(signature), ints, affine)
 
 
+def _executed(items: list[_Item]) -> int:
+    """Instructions `items` execute (before rolling: a leaf once, a kept loop its body trip times)."""
+    return sum(item.trip * _executed(item.body) if isinstance(item, _Kept) else 1 for item in items)
+
+
 def _roll_levels(roller: _Roller, items: list[_Item], levels: int, kept_depth: int = 0) -> list[_Item]:
     """`items` rolled up to `levels` levels deep, and the body of each kept loop among them rolled
     within the levels left below it (MAX_LOOP_DEPTH counts both kinds of loop)."""
@@ -435,8 +441,9 @@ def run(ctx: PassContext) -> None:
     used: set[int] = set()
     for stream in program.streams:
         original = list(stream.instructions)
-        executed = check_stream(stream, "E410")
-        items = _roll_levels(roller, _items(original, 0, len(original), addresses, keys), options.max_depth)
+        items = _items(original, 0, len(original), addresses, keys)
+        executed = _executed(items)
+        items = _roll_levels(roller, items, options.max_depth)
         del stream.instructions[:]
         writer = _Writer(stream, original)
         writer.write(items)
