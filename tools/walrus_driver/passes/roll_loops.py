@@ -115,36 +115,41 @@ _Item = _Leaf | _Loop | _Kept
 
 
 class _Keys:
-    """Interns shape tuples as small ints (equal shapes, equal ids)."""
+    """Interns shapes (serialized instructions, loop signatures) as small ints (equal shapes,
+    equal ids)."""
 
     def __init__(self) -> None:
-        self.ids: dict[tuple, int] = {}
+        self.ids: dict[bytes | tuple, int] = {}
 
-    def __call__(self, shape: tuple) -> int:
+    def __call__(self, shape: bytes | tuple) -> int:
         return self.ids.setdefault(shape, len(self.ids))
 
 
 def _leaf(index: int, instr: bir_pb2.Instruction, addresses: dict[str, int], keys: _Keys) -> _Leaf:
-    operands = []
+    """The instruction's ints, and its shape: the instruction serialized without them and without
+    its name, id and source (an on-chip operand also without its buffer, whose address is in its
+    int), so equal shapes mean instructions that differ in their ints alone."""
+    shape = bir_pb2.Instruction()
+    shape.CopyFrom(instr)
+    shape.id, shape.name, shape.source = 0, "", ""
+    shape.ClearField("in_loop")
     ints: list[int] = []
-    for ap in (*instr.outputs, *instr.inputs):
-        dims = tuple((d.stride, d.count) for d in ap.dims)
-        onchip = ap.memory in WHOLE_MEMORY
-        operands.append(
-            (ap.memory, ap.dtype, ap.partition_start, ap.partition_count, dims, "" if onchip else ap.tensor,
-             tuple((v.step, tuple(v.rotation)) for v in ap.loop))
-        )
-        ints.append((addresses.get(ap.tensor, 0) if onchip else 0) + ap.offset)
-    waits = tuple((w.semaphore, w.HasField("value_lo"), tuple(w.loop_steps)) for w in instr.waits)
-    ints.extend(w.value for w in instr.waits)
-    shape = (
-        instr.op, instr.engine, instr.dma_queue, instr.func, tuple(instr.scalars), instr.accumulate,
-        tuple(sorted(instr.attributes.items())), len(instr.outputs), tuple(operands), waits,
-        tuple((u.semaphore, u.increment) for u in instr.updates),
-    )
+    for ap in (*shape.outputs, *shape.inputs):
+        if ap.memory in WHOLE_MEMORY:
+            ints.append(addresses.get(ap.tensor, 0) + ap.offset)
+            ap.tensor = ""
+        else:
+            ints.append(ap.offset)
+        ap.offset = 0
+    for wait in shape.waits:
+        ints.append(wait.value)
+        wait.value = 0
+        if wait.HasField("value_lo"):  # present or not is part of the shape; the words are the int's
+            wait.value_lo = wait.value_hi = 0
     affine = np.zeros(len(ints), dtype=bool)
     affine[len(ints) - len(instr.waits):] = True
-    return _Leaf(index, keys(shape), np.array(ints, dtype=np.int64), affine)
+    key = keys(shape.SerializeToString(deterministic=True))
+    return _Leaf(index, key, np.array(ints, dtype=np.int64), affine)
 
 
 def _items(
