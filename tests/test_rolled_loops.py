@@ -82,6 +82,27 @@ def test_a_small_nest_unrolls_in_every_mode():
     assert entry.trip_count == 64
 
 
+SLICE = """HloModule c
+ENTRY main {
+  x = f32[ROWS,512] parameter(0)
+  ROOT t = f32[HALF,512] slice(x), slice={[0:ROWS:2], [0:512]}
+}
+"""
+
+
+def test_a_nest_of_transfers_alone_unrolls_up_to_four_times_the_small_nest():
+    """A strided slice is a nest of dmas alone, bound by its queues: 192 transfers unroll (at
+    most 4 x SMALL_NEST), 768 keep their loop; an add of as many instructions keeps its loop."""
+    def slice_of(rows: int) -> str:
+        return SLICE.replace("ROWS", str(rows)).replace("HALF", str(rows // 2))
+
+    assert not _entries(_bir(slice_of(49152), small_nest=SMALL_NEST))
+    assert _entries(_bir(slice_of(49152)))  # small_nest=0: every nest a loop fits keeps it
+    (entry,) = _entries(_bir(slice_of(196608), small_nest=SMALL_NEST))
+    assert entry.trip_count == 384
+    assert _entries(_bir(ADD.replace("ROWS", "12288").replace("COLS", "512"), small_nest=SMALL_NEST))
+
+
 def test_small_nests_unroll_only_while_the_program_stays_within_the_cap(monkeypatch):
     """The 256 instructions of 64 add tiles unroll as a small nest of up to 300, unless the program
     would then pass AUTO_SHALLOW_TOTAL (a program of many small nests stays rolled)."""
