@@ -271,9 +271,16 @@ class _Transposed:
                  ) -> None:
         self.writes = writes
         self.nonfinite = nonfinite
-        # as the pass found them (affine_tail's "named in one nest only"); None: no affine tails
+        # tensor -> the nests naming it, as the pass found them (affine_tail's "named in one nest
+        # only"); None when the pass moves no norm's γ and β (forward_tiles(affine_tails=False)),
+        # which then spares building it
         self.nests_of = nests_of
         self.made: dict[tuple, tuple[penguin_pb2.TensorDecl, penguin_pb2.Access]] = {}
+
+    @property
+    def affine_tails(self) -> bool:
+        """Whether a transpose's copy may apply a norm's γ and β (affine_tail.py)."""
+        return self.nests_of is not None
 
     @staticmethod
     def key(load: penguin_pb2.Statement, tile_access: penguin_pb2.Access, target: penguin_pb2.TensorDecl,
@@ -331,6 +338,22 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
         return [_statement(load, "tensor_copy", common_pb2.DVE, target_access, tile_access, ".forward")]
     if (part_b, free_b) != (rank_a - 1, rank_a - 2) or max(extents[-2:]) > PARTITIONS:
         return None
+    return _forward_transposed(load, source, mapping, starts, extents, nest, program, tensors, plan,
+                               transposed)
+
+
+def _forward_transposed(load: penguin_pb2.Statement, source: _Source, mapping: _Mapping,
+                        starts: list[penguin_pb2.AffineExpr], extents: list[int], nest: penguin_pb2.LoopNest,
+                        program: penguin_pb2.Program, tensors: dict[str, penguin_pb2.TensorDecl], plan: _Plan,
+                        transposed: _Transposed) -> list[penguin_pb2.Statement] | None:
+    """`load` of the tile box (`starts`, `extents`) with its two minor dimensions swapped: a PE
+    transpose into a staging tile, then a copy to the load's target on ACT, or, where the tile is
+    the output of a norm's affine tail (affine_tail.py), an activation that applies its γ and β
+    on the way out; a copy of an earlier such transpose of the same box when there is one. None
+    where the PE would not move the values exactly."""
+    target_access = load.outputs[0]
+    target = tensors[target_access.tensor]
+    tile_access = penguin_pb2.Access(tensor=source.tile.name, starts=starts, extents=extents)
     if target.dtype not in _PE_EXACT:
         return None
     if source.tile.name in transposed.nonfinite:
@@ -338,7 +361,8 @@ def _rewrite(load: penguin_pb2.Statement, source: _Source, nest: penguin_pb2.Loo
         return None
     producer = program.nests[source.nest]
     tail = None
-    if transposed.nests_of is not None and not _pipelined_axis(producer) and not mapping.span:
+    if transposed.affine_tails and not _pipelined_axis(producer) and not mapping.span:
+        assert transposed.nests_of is not None
         tail = affine_tail(producer, source.tile.name, tensors, transposed.nests_of, source.nest)
     loads = None
     if tail is not None and tail.data not in transposed.nonfinite:
