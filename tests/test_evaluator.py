@@ -72,6 +72,38 @@ def test_a_long_chain_holds_only_its_live_values() -> None:
     assert peak < 20 * arg.nbytes, peak
 
 
+def test_a_reduce_inside_a_reducer_drops_the_values_of_its_own_position() -> None:
+    """A reducer that itself reduces (a scalar region's reduce names its own split of the
+    operands): the values dropped after it are those its position frees, not another's."""
+    text = """HloModule nested
+inner {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT m = f32[] maximum(a, b)
+}
+outer {
+  x = f32[] parameter(0)
+  nx = f32[] negate(x)
+  y = f32[] parameter(1)
+  s = f32[] add(nx, y)
+  z = f32[] constant(0)
+  r = f32[] reduce(s, z), dimensions={}, to_apply=inner
+  ROOT u = f32[] add(r, y)
+}
+ENTRY main {
+  p = f32[4,8] parameter(0)
+  c = f32[] constant(0)
+  ROOT out = f32[4] reduce(p, c), dimensions={1}, to_apply=outer
+}
+"""
+    x = np.arange(32, dtype=np.float32).reshape(4, 8) / 10 - 1
+    (got,) = evaluate(parse_hlo_text(text), [x])
+    expected = np.zeros(4, np.float32)
+    for column in x.T:
+        expected = np.maximum(column - expected, 0) + column
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
 def test_slice_concatenate_transpose() -> None:
     x = np.arange(24, dtype=np.float32).reshape(4, 6)
     (s,) = run("x = f32[4,6] parameter(0)\nROOT s = f32[2,2] slice(x), slice={[1:4:2], [0:6:4]}", x)

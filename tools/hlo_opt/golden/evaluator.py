@@ -163,7 +163,7 @@ class _Evaluator:
         extra leading dimensions, so ops that only reshape scalars are identities."""
         values: dict[int, object] = {}
         dead_after = self._dead_after(comp)
-        for k, instr in enumerate(comp.instructions):
+        for position, instr in enumerate(comp.instructions):
             operands = [values[i] for i in instr.operand_ids]
             opcode = instr.opcode
             if opcode == "parameter":
@@ -187,7 +187,7 @@ class _Evaluator:
                 values[instr.id] = self.run(reducer, operands[k:] + operands[:k], True)
             else:
                 values[instr.id] = _OPS[opcode](self, instr, operands)
-            for value in dead_after[k]:
+            for value in dead_after[position]:
                 del values[value]
         return values[comp.root_id]
 
