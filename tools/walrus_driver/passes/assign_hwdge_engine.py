@@ -107,7 +107,7 @@ def run(ctx: PassContext) -> None:
         sinks = {dma.id for dma in dmas if deps.out_degree(dma.id) == 0}
     ctx.unpooled_dmas = sinks
     ctx.queue_pools = _assign_queues(
-        dmas, target.dma_queues, budget, ctx.costs(), _bursts(program), widen, sinks
+        dmas, target.dma_queues, budget, ctx.costs(), _bursts(program), widen, sinks, _runs(ctx, dmas)
     )
     queues_used = len({d.dma_queue for d in dmas})
 
@@ -184,6 +184,15 @@ def _bursts(program: bir_pb2.Program) -> dict[int, int]:
     return burst_of
 
 
+def _runs(ctx: PassContext, dmas: list[bir_pb2.Instruction]) -> dict[int, int]:
+    """How many times each dma of a program that keeps loops runs (the product of its loops'
+    trips; none listed: once each)."""
+    if not ctx.loop_entries:
+        return {}
+    nest = ctx.loops()
+    return {dma.id: nest.trips(nest.owner(dma.id)) for dma in dmas if nest.owner(dma.id) in nest.loops}
+
+
 def _assign_queues(
     dmas: list[bir_pb2.Instruction],
     num_queues: int,
@@ -192,14 +201,18 @@ def _assign_queues(
     burst_of: dict[int, int] | None = None,
     widen: bool = True,
     sinks: set[int] | None = None,
+    runs: dict[int, int] | None = None,
 ) -> dict[int, list[int]]:
     """Give each trigger engine a pool of queues in proportion to its bytes (`widen`: then as wide
     as its widest burst where others can spare queues), and each dma the least loaded queue (by
     bytes) of its engine's pool that no other dma of its burst took yet; returns the pools. A dma
     in `sinks` (nothing waits for it) needs no semaphore: it takes any queue and counts for no
-    pool, though its engine still gets one (pre_sched may move stores to any engine with a pool)."""
-    burst_of, sinks = burst_of or {}, sinks or set()
-    moved = [max(1, table(dma).moved_bytes) for dma in dmas]
+    pool, though its engine still gets one (pre_sched may move stores to any engine with a pool).
+    `runs`: how many times a dma of a loop body runs, which its bytes count that many times (the
+    body's few transfers carry most of a rolled program's bytes: counted once, the engine
+    triggering them got a pool of 4 queues, busy 104 us each, while 12 moved 27-60 us)."""
+    burst_of, sinks, runs = burst_of or {}, sinks or set(), runs or {}
+    moved = [max(1, table(dma).moved_bytes) * runs.get(dma.id, 1) for dma in dmas]
     demand: Counter[int] = Counter()
     sizes: Counter[int] = Counter(burst_of.values())
     widest: Counter[int] = Counter()

@@ -204,9 +204,13 @@ class _Machine:
     every_queue: list[int]
     queue_of: dict[int, int] = field(default_factory=dict)
     start_of: dict[int, float] = field(default_factory=dict)  # id -> when it was placed to start
+    # per queue, what the blocks scheduled before this one run on it (Surroundings.queue_load):
+    # of queues equally free, the least loaded takes a transfer
+    queue_load: tuple[float, ...] = ()
 
     @classmethod
-    def fresh(cls, table: costs.CostTable, pools: dict[int, list[int]] | None = None) -> _Machine:
+    def fresh(cls, table: costs.CostTable, pools: dict[int, list[int]] | None = None,
+              queue_load: tuple[float, ...] = ()) -> _Machine:
         queues = max(1, table.target.dma_queues)
         every = list(range(queues))
         return cls(
@@ -216,6 +220,7 @@ class _Machine:
             [_QueueTimeline(table.target.dma_fixed_latency_ns) for _ in range(queues)],
             defaultdict(lambda: every, pools or {}),
             every,
+            queue_load=queue_load or (0.0,) * queues,
         )
 
     def start_time(self, engine: int, cost: costs.Cost, earliest: float) -> float:
@@ -229,10 +234,11 @@ class _Machine:
         """(transfer start, queue, interval index) on the queue of the dma's pool (every queue
         for one nothing waits for) where it starts first; among queues where it starts equally
         soon, the one idle longest (of those whose last transfer ends before it), so idle queues
-        take turns as they did when only that end was kept."""
+        take turns as they did when only that end was kept; then the one the blocks before left
+        least loaded (`queue_load`)."""
         best_start = best_tail = math.inf
         best_queue = best_index = -1
-        queues, length = self.queues, form.cost.transfer_ns
+        queues, length, load = self.queues, form.cost.transfer_ns, self.queue_load
         for queue in self.every_queue if form.any_queue else self.pools[form.engine]:
             timeline = queues[queue]
             ends = timeline.ends
@@ -243,7 +249,8 @@ class _Machine:
                 continue
             else:  # a queue that cannot start it sooner than the best so far is left early
                 start, index = timeline.slot(issue_end, length, best_start)
-            if start < best_start or (start == best_start and tail < best_tail):
+            if start < best_start or (start == best_start and (
+                    tail < best_tail or (tail == best_tail and load[queue] < load[best_queue]))):
                 best_start, best_tail, best_queue, best_index = start, tail, queue, index
         return best_start, best_queue, best_index
 
@@ -308,10 +315,11 @@ def _place_in_order(
     table: costs.CostTable,
     pools: dict[int, list[int]] | None,
     alternatives: dict[int, list[_Form]] | None = None,
+    queue_load: tuple[float, ...] = (),
 ) -> tuple[float, _Machine, dict[int, _Form]]:
     """(makespan, machine, forms chosen) of executing the instructions in this order (in order per
     engine); with `alternatives`, each runs on the engine of its forms that finishes it first."""
-    machine = _Machine.fresh(table, pools)
+    machine = _Machine.fresh(table, pools, queue_load)
     finish: dict[int, float] = {}
     chosen: dict[int, _Form] = {}
     for node in order:
@@ -368,10 +376,14 @@ def schedule_blocks(
     options = Options(**{**options.__dict__, "release_loads": False})
     in_loop = Options(**{**options.__dict__, "choose_triggers": False,
                          "pressure_fraction": min(options.pressure_fraction, LOOP_PRESSURE_FRACTION)})
+    queue_load = [0.0] * max(1, ctx.target.dma_queues)
     for block, touched, surroundings in zip(blocks, touched_by_block, around, strict=True):
+        runs = nest.trips(nest.owner(block[0].id)) if nest.owner(block[0].id) in nest.loops else 1
         if len(block) < 2:
             new_order += block
+            _load_queues(queue_load, block, runs, ctx.costs())
             continue
+        surroundings = surroundings._replace(queue_load=tuple(queue_load))
         sub_program = bir_pb2.Program(name=program.name, target=program.target,
                                       buffers=[buffers[name] for name in touched if name in buffers])
         sub = PassContext(program=sub_program,
@@ -390,6 +402,7 @@ def schedule_blocks(
         for instr in sub.program.instructions:  # the block's order and the forms it chose
             by_id[instr.id].CopyFrom(instr)
             new_order.append(by_id[instr.id])
+        _load_queues(queue_load, block, runs, ctx.costs())
         triggers.update(sub.triggers_before_schedule or {})
         for name, value in sub.stats.get(ctx.current_label, {}).items():
             summed = name.startswith("est_makespan") or name.endswith("_moved")
@@ -410,11 +423,24 @@ def schedule_blocks(
     ctx.set_stat("blocks", len(blocks))
 
 
+def _load_queues(load: list[float], block: list[bir_pb2.Instruction], runs: int,
+                 table: costs.CostTable) -> None:
+    """Add to `load` (ns per queue) the transfers of a block whose instructions run `runs` times."""
+    for instr in block:
+        if is_dma(instr.op) and 0 <= instr.dma_queue < len(load):
+            load[instr.dma_queue] += runs * table(instr).transfer_ns
+
+
 class Surroundings(NamedTuple):
     """What allocation keeps live around a block of a program that keeps loops (`_surroundings`)."""
 
     reserved: dict[int, int]  # memory -> bytes counted as live over the whole block
     counted: frozenset[str]  # the buffers among them that the block touches
+    # ns each DMA queue transfers, over every iteration, for the blocks before this one: a block
+    # scheduled alone starts with every queue free, and each body's transfers went to queues 0, 1,
+    # ... in turn until the loops' bodies piled onto the first queues (a rolled max-pool: queue 0
+    # busy 286 us, queue 15 15 us)
+    queue_load: tuple[float, ...] = ()
 
 
 def _surroundings(
@@ -543,7 +569,8 @@ def schedule(
     # produces from: in a forked child while the list scheduler runs here (its makespan, queue
     # choices and those loads' start times come back, dicts cheap to send).
     def place_input_order() -> tuple[float, dict[int, int], dict[int, float]]:
-        makespan, machine, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools)
+        makespan, machine, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools,
+                                               queue_load=around.queue_load if around else ())
         starts = {node: machine.start_of[node] for node in sources}
         return makespan, machine.queue_of, starts
 
@@ -594,7 +621,8 @@ def schedule(
         # Placed here while the child may still place the plain input order (a schedule is
         # mostly abandoned early: stacked attention's at step 598 of 115k).
         act_forms = {node: [f for f in forms if not f.dma] for node, forms in alternatives.items()}
-        with_act = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms)
+        with_act = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms,
+                                   around.queue_load if around else ())
     makespan_before, in_order_queues, _ = as_it_stands.result()
     in_order_makespan, in_order_chosen = makespan_before, {}
     if with_act is not None and with_act[0] < makespan_before:
@@ -684,7 +712,7 @@ def _list_schedule(
     bytes of a memory pass its size and the input order fits (the caller keeps the input order)."""
     table = ctx.costs()
     pressure = _Pressure.build(ctx, instructions, fraction, capacity, around)
-    machine = _Machine.fresh(table, ctx.queue_pools)
+    machine = _Machine.fresh(table, ctx.queue_pools, around.queue_load if around else ())
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float, release)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
