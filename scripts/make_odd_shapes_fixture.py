@@ -10,6 +10,13 @@ argK and JAX's outputs outK; bf16 values stored as float32):
   reduce_3_129_65  exp, a sum and a max over the middle axis of f32[3, 129, 65], transposed
   attention_300    softmax(q kᵀ / √72) v on f32[300, 72]
   mlp_bf16         gelu(x @ w1) @ w2, bf16[257, 129] @ bf16[129, 511] @ bf16[511, 67]
+  conv_dilated     a convolution of f32[3, 37, 29, 5] by a 3 x 4 kernel to 7 channels, NHWC:
+                   stride (2, 1), rows dilated 2, padding (2, 1) and (0, 3)
+  maxpool_mean     a 3 x 3 max pool, stride 2, padding 1, of f32[2, 31, 27, 10], then the mean over
+                   the rows and columns
+  attention_bhqk   batched heads, bf16: softmax(q kᵀ / 5) v over [2, 3, 45 | 61, 25], the
+                   probabilities rounded to bf16, f32 accumulation, output in [b, q, h, d] order
+  segment_sum      rows of f32[203, 9] added by their s32 segment ids into 17 segments (a scatter)
 
 Usage: python scripts/make_odd_shapes_fixture.py
 """
@@ -45,21 +52,45 @@ def main() -> None:
     def mlp(x, w1, w2):
         return jax.nn.gelu(x @ w1) @ w2
 
+    def conv(x, w):
+        return jax.lax.conv_general_dilated(x, w, (2, 1), ((2, 1), (0, 3)), rhs_dilation=(2, 1),
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    def maxpool(x):
+        padding = ((0, 0), (1, 1), (1, 1), (0, 0))
+        pooled = jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 3, 3, 1), (1, 2, 2, 1), padding)
+        return pooled.mean(axis=(1, 2))
+
+    def bhqk(q, k, v):
+        s = jnp.einsum("bhqd,bhkd->bhqk", q, k, preferred_element_type=jnp.float32) / 5.0
+        p = jax.nn.softmax(s, axis=-1).astype(bf16)
+        return jnp.einsum("bhqk,bhkd->bqhd", p, v, preferred_element_type=jnp.float32)
+
+    def segments(x, ids):
+        return jax.ops.segment_sum(x, ids, num_segments=17)
+
     models = {
         "chain_1031": (chain, [((1031, 130), jnp.float32)]),
         "reduce_3_129_65": (reduce, [((3, 129, 65), jnp.float32)]),
         "attention_300": (attention, [((300, 72), jnp.float32)] * 3),
         "mlp_bf16": (mlp, [((257, 129), bf16), ((129, 511), bf16), ((511, 67), bf16)]),
+        "conv_dilated": (conv, [((3, 37, 29, 5), jnp.float32), ((3, 4, 5, 7), jnp.float32)]),
+        "maxpool_mean": (maxpool, [((2, 31, 27, 10), jnp.float32)]),
+        "attention_bhqk": (bhqk, [((2, 3, 45, 25), bf16), ((2, 3, 61, 25), bf16), ((2, 3, 61, 25), bf16)]),
+        "segment_sum": (segments, [((203, 9), jnp.float32), ((203,), 17)]),  # an int: ids below it
     }
     FOLDER.mkdir(parents=True, exist_ok=True)
     for name, (function, shapes) in models.items():
-        args = [jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype) for shape, dtype in shapes]
+        args = [jnp.asarray(rng.integers(0, dtype, shape), jnp.int32) if isinstance(dtype, int)
+                else jnp.asarray(rng.standard_normal(shape).astype(np.float32), dtype)
+                for shape, dtype in shapes]
         lowered = jax.jit(function).lower(*args)
         hlo = lowered.compiler_ir("hlo")
         (FOLDER / f"{name}.hlo.pb").write_bytes(hlo.as_serialized_hlo_module_proto())
         (FOLDER / f"{name}.hlo").write_text(hlo.as_hlo_text())
         outputs = jax.tree_util.tree_leaves(lowered.compile()(*args))
-        arrays = {f"arg{k}": np.asarray(a, np.float32) for k, a in enumerate(args)}
+        arrays = {f"arg{k}": np.asarray(a, np.int32 if a.dtype == jnp.int32 else np.float32)
+                  for k, a in enumerate(args)}
         arrays.update({f"out{k}": np.asarray(o, np.float32) for k, o in enumerate(outputs)})
         np.savez(FOLDER / f"{name}.io.npz", **arrays)
         print(f"wrote {FOLDER / name}.* (JAX {jax.__version__})")
