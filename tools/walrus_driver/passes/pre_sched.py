@@ -204,13 +204,13 @@ class _Machine:
     every_queue: list[int]
     queue_of: dict[int, int] = field(default_factory=dict)
     start_of: dict[int, float] = field(default_factory=dict)  # id -> when it was placed to start
-    # per queue, what the blocks scheduled before this one run on it (Surroundings.queue_load):
-    # of queues equally free, the least loaded takes a transfer
-    queue_load: tuple[float, ...] = ()
+    # per queue, how much it is wanted (_queue_rank): of queues equally free, the least wanted
+    # takes a transfer
+    queue_rank: tuple[tuple[int, float], ...] = ()
 
     @classmethod
     def fresh(cls, table: costs.CostTable, pools: dict[int, list[int]] | None = None,
-              queue_load: tuple[float, ...] = ()) -> _Machine:
+              queue_rank: tuple[tuple[int, float], ...] = ()) -> _Machine:
         queues = max(1, table.target.dma_queues)
         every = list(range(queues))
         return cls(
@@ -220,7 +220,7 @@ class _Machine:
             [_QueueTimeline(table.target.dma_fixed_latency_ns) for _ in range(queues)],
             defaultdict(lambda: every, pools or {}),
             every,
-            queue_load=queue_load or (0.0,) * queues,
+            queue_rank=queue_rank or ((0, 0.0),) * queues,
         )
 
     def start_time(self, engine: int, cost: costs.Cost, earliest: float) -> float:
@@ -234,11 +234,10 @@ class _Machine:
         """(transfer start, queue, interval index) on the queue of the dma's pool (every queue
         for one nothing waits for) where it starts first; among queues where it starts equally
         soon, the one idle longest (of those whose last transfer ends before it), so idle queues
-        take turns as they did when only that end was kept; then the one the blocks before left
-        least loaded (`queue_load`)."""
+        take turns as they did when only that end was kept; then the least wanted (`queue_rank`)."""
         best_start = best_tail = math.inf
         best_queue = best_index = -1
-        queues, length, load = self.queues, form.cost.transfer_ns, self.queue_load
+        queues, length, rank = self.queues, form.cost.transfer_ns, self.queue_rank
         for queue in self.every_queue if form.any_queue else self.pools[form.engine]:
             timeline = queues[queue]
             ends = timeline.ends
@@ -250,7 +249,7 @@ class _Machine:
             else:  # a queue that cannot start it sooner than the best so far is left early
                 start, index = timeline.slot(issue_end, length, best_start)
             if start < best_start or (start == best_start and (
-                    tail < best_tail or (tail == best_tail and load[queue] < load[best_queue]))):
+                    tail < best_tail or (tail == best_tail and rank[queue] < rank[best_queue]))):
                 best_start, best_tail, best_queue, best_index = start, tail, queue, index
         return best_start, best_queue, best_index
 
@@ -315,11 +314,11 @@ def _place_in_order(
     table: costs.CostTable,
     pools: dict[int, list[int]] | None,
     alternatives: dict[int, list[_Form]] | None = None,
-    queue_load: tuple[float, ...] = (),
+    queue_rank: tuple[tuple[int, float], ...] = (),
 ) -> tuple[float, _Machine, dict[int, _Form]]:
     """(makespan, machine, forms chosen) of executing the instructions in this order (in order per
     engine); with `alternatives`, each runs on the engine of its forms that finishes it first."""
-    machine = _Machine.fresh(table, pools, queue_load)
+    machine = _Machine.fresh(table, pools, queue_rank)
     finish: dict[int, float] = {}
     chosen: dict[int, _Form] = {}
     for node in order:
@@ -421,6 +420,22 @@ def schedule_blocks(
     for name, value in totals.items():
         ctx.set_stat(name, value)
     ctx.set_stat("blocks", len(blocks))
+
+
+def _queue_rank(instructions: list[bir_pb2.Instruction], pools: dict[int, list[int]] | None,
+                load: tuple[float, ...], queues: int) -> tuple[tuple[int, float], ...]:
+    """Per queue, how much it is wanted: how many of the engines triggering these instructions'
+    dmas have it in their pool, then what the blocks before left on it (`load`). Of idle queues a
+    transfer takes the least wanted, leaving shared ones to engines with fewer choices: a rolled
+    body's loads (SP: 13 queues) took 4 of the 8 its stores (ACT) could use, and those 4 carried
+    both at every iteration, 115 us against 23 on queues the block's stores could not use."""
+    queues = max(1, queues)
+    wanted = [0] * queues
+    for engine in {instr.engine for instr in instructions if is_dma(instr.op)}:
+        for queue in (pools or {}).get(engine, range(queues)):
+            if queue < queues:
+                wanted[queue] += 1
+    return tuple(zip(wanted, load or (0.0,) * queues, strict=True))
 
 
 def _load_queues(load: list[float], block: list[bir_pb2.Instruction], runs: int,
@@ -537,6 +552,8 @@ def schedule(
         if forms:
             alternatives[node] = forms
     original_index = {node: position for position, node in enumerate(input_order)}
+    rank = _queue_rank(instructions, ctx.queue_pools, around.queue_load if around else (),
+                       ctx.target.dma_queues)
     priority: dict[int, float] = {}
     for node in reversed(deps.topological_order()):
         latency = own[node].cost.latency_ns
@@ -570,7 +587,7 @@ def schedule(
     # choices and those loads' start times come back, dicts cheap to send).
     def place_input_order() -> tuple[float, dict[int, int], dict[int, float]]:
         makespan, machine, _ = _place_in_order(input_order, deps, own, table, ctx.queue_pools,
-                                               queue_load=around.queue_load if around else ())
+                                               queue_rank=rank)
         starts = {node: machine.start_of[node] for node in sources}
         return makespan, machine.queue_of, starts
 
@@ -604,6 +621,7 @@ def schedule(
                 # (a fraction over 1 turns the pressure term off, and this with it)
                 (capacity, functools.partial(input_order_fits, fraction)) if fraction <= 1 else None,
                 release,
+                rank,
             )
             if made is not None and acceptable is not None and not acceptable([by_id[n] for n in made.order]):
                 made, refused = None, refused + 1
@@ -621,8 +639,7 @@ def schedule(
         # Placed here while the child may still place the plain input order (a schedule is
         # mostly abandoned early: stacked attention's at step 598 of 115k).
         act_forms = {node: [f for f in forms if not f.dma] for node, forms in alternatives.items()}
-        with_act = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms,
-                                   around.queue_load if around else ())
+        with_act = _place_in_order(input_order, deps, own, table, ctx.queue_pools, act_forms, rank)
     makespan_before, in_order_queues, _ = as_it_stands.result()
     in_order_makespan, in_order_chosen = makespan_before, {}
     if with_act is not None and with_act[0] < makespan_before:
@@ -705,6 +722,7 @@ def _list_schedule(
     around: Surroundings | None,
     abandon: tuple[dict[int, int], Callable[[], bool]] | None,
     release: dict[int, float],
+    rank: tuple[tuple[int, float], ...] = (),
 ) -> _Schedule | None:
     """One run of the list scheduler under a live-bytes limit of `fraction` of each memory. An
     instruction runs as `own` says or, with entries in `alternatives`, waits on their engines too.
@@ -712,7 +730,7 @@ def _list_schedule(
     bytes of a memory pass its size and the input order fits (the caller keeps the input order)."""
     table = ctx.costs()
     pressure = _Pressure.build(ctx, instructions, fraction, capacity, around)
-    machine = _Machine.fresh(table, ctx.queue_pools, around.queue_load if around else ())
+    machine = _Machine.fresh(table, ctx.queue_pools, rank)
     indegree = {node: deps.in_degree(node) for node in deps.nodes}
     earliest: dict[int, float] = defaultdict(float, release)
     # Per engine: "waiting" heap keyed by earliest start, "available" heap keyed by priority.
