@@ -60,7 +60,13 @@ overlap at run time through the engines' separate streams and rotating buffers, 
 order. A block's live-bytes limit leaves out what allocation keeps live over the whole block
 without the block's order deciding it (`_surroundings`: buffers live before or after the
 block, or over a whole loop body), so the block's schedule fits beside them; a loop body's limit
-is LOOP_PRESSURE_FRACTION of that, as its buffers rotate through two copies.
+is LOOP_PRESSURE_FRACTION of that, as its buffers rotate through two copies. A block's model
+starts with every DMA queue free, but a body's transfers hold their queues at every run: so a block
+starts from the load the blocks before left on each queue (`Surroundings.queue_load`, each
+transfer counted once per run) and, of queues equally free, a transfer takes the one fewest of the
+block's trigger engines can use, then the least loaded (`_queue_rank`). Scheduled on fresh queues,
+every body had put its first transfers on queues 0, 1, ... in turn (a rolled max pool: queue 0 busy
+286 us, queue 15 15 us; ResNet stage 1 6,062.6 -> 5,664.2 us with this).
 
 The new order is written to program.instructions (the input order stays when the model says it
 is faster). With `tries` > 1 (--optlevel 3) the scheduler runs again under other pressure limits
@@ -552,8 +558,9 @@ def schedule(
         if forms:
             alternatives[node] = forms
     original_index = {node: position for position, node in enumerate(input_order)}
-    rank = _queue_rank(instructions, ctx.queue_pools, around.queue_load if around else (),
-                       ctx.target.dma_queues)
+    # (a block of a program that keeps loops; a straight-line program keeps the pools' order)
+    rank = _queue_rank(instructions, ctx.queue_pools, around.queue_load, ctx.target.dma_queues) \
+        if around is not None else ()
     priority: dict[int, float] = {}
     for node in reversed(deps.topological_order()):
         latency = own[node].cost.latency_ns
