@@ -131,6 +131,10 @@ class LoopNest:
             count *= self.loops[loop].trip
         return count
 
+    def runs(self, instruction_id: int) -> int:
+        """How many times an instruction runs (1 at the top level)."""
+        return self.trips(self.owner(instruction_id))
+
     @staticmethod
     def _shared(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
         shared = []

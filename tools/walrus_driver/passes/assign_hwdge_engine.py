@@ -190,7 +190,7 @@ def _runs(ctx: PassContext, dmas: list[bir_pb2.Instruction]) -> dict[int, int]:
     if not ctx.loop_entries:
         return {}
     nest = ctx.loops()
-    return {dma.id: nest.trips(nest.owner(dma.id)) for dma in dmas if nest.owner(dma.id) in nest.loops}
+    return {dma.id: nest.runs(dma.id) for dma in dmas}
 
 
 def _assign_queues(

@@ -59,7 +59,7 @@ def run(ctx: PassContext) -> None:
         runs = None
         if ctx.loop_entries:
             nest = ctx.loops()
-            runs = {instr.id: nest.trips(nest.owner(instr.id)) for instr in program.instructions}
+            runs = {instr.id: nest.runs(instr.id) for instr in program.instructions}
         bound = costs.lower_bound_ns(program.instructions, deps, ctx.target, ctx.costs(), flow_only=True,
                                      topological=True, runs=runs)
     program.attributes["walrus.lower_bound_ns"] = f"{bound['lower_bound_ns']:.1f}"

@@ -383,7 +383,7 @@ def schedule_blocks(
                          "pressure_fraction": min(options.pressure_fraction, LOOP_PRESSURE_FRACTION)})
     queue_load = [0.0] * max(1, ctx.target.dma_queues)
     for block, touched, surroundings in zip(blocks, touched_by_block, around, strict=True):
-        runs = nest.trips(nest.owner(block[0].id)) if nest.owner(block[0].id) in nest.loops else 1
+        runs = nest.runs(block[0].id)
         if len(block) < 2:
             new_order += block
             _load_queues(queue_load, block, runs, ctx.costs())

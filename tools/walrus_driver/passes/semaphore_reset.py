@@ -103,8 +103,7 @@ def _loop_barrier(ctx: PassContext) -> None:
     final: dict[int, int] = {}
     for instr in program.instructions:
         for update in instr.updates:
-            final[update.semaphore] = final.get(update.semaphore, 0) + update.increment * nest.trips(
-                nest.owner(instr.id))
+            final[update.semaphore] = final.get(update.semaphore, 0) + update.increment * nest.runs(instr.id)
     arriving = sorted(engine for engine in _last_waiting_position(program) if engine != birutil.SP)
     next_id = birutil.next_instruction_id(program)
     waits = sorted(final.items())

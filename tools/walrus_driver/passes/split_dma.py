@@ -128,7 +128,7 @@ def _most_run_first(ctx: PassContext, ids: list[int]) -> list[int]:
     if not ctx.loop_entries:
         return ids
     nest = ctx.loops()
-    runs = {node: nest.trips(nest.owner(node)) for node in ids}
+    runs = {node: nest.runs(node) for node in ids}
     return sorted(ids, key=lambda node: -runs[node])  # stable: program order among equals
 
 
