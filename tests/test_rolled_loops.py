@@ -532,3 +532,28 @@ def test_auto_keeps_one_loop_per_nest_where_the_unrolled_inner_ones_fit(monkeypa
     assert auto_nested and all(name.endswith("loop.k") for name in auto_nested)  # dots' reduction loops
     monkeypatch.setattr(bir_codegen, "AUTO_SHALLOW_TOTAL", 1_000)  # the program past the cap
     assert nested_loops("auto") == (rolled_loops, rolled_nested)
+
+
+def test_the_loops_walked_in_a_forked_child_give_the_same_dependences_and_program():
+    """With `fork` the analyzer walks the loop bodies (and searches what they carry) in a child
+    while it walks the top level, then adds the child's edges in one process's order. Forced
+    either way on a rolled two-layer attention: after the run that follows allocation, every
+    node's predecessors in the same order with the same codes and the same carried dependences;
+    after every pass, the same program."""
+    text = hlo_gen.hlo_text("attention", seq=2048, d=512, layers=2)
+    found = {}
+    for fork in ("no", "yes"):
+        passes = [p.replace("anti_dependency_analyzer", f"anti_dependency_analyzer{{fork={fork}}}")
+                  for p in default_pipeline(2)]
+        through = passes.index(f"anti_dependency_analyzer{{fork={fork}}}", 2) + 1  # the second run
+        ctx, _ = compile_program(_bir(text), passes[:through])
+        for run in ("anti_dependency_analyzer", "anti_dependency_analyzer#2"):
+            assert ctx.stats[run]["forked"] == int(fork == "yes") and ctx.stats[run]["loops"] > 4
+        graph = [(node, list(ctx.deps.pred_codes(node).items()), list(ctx.deps.successors(node)))
+                 for node in ctx.deps.nodes]
+        program = _bir(text)
+        compile_program(program, passes)
+        del program.attributes["walrus.pipeline"]
+        found[fork] = (graph, list(ctx.carried), program.SerializeToString())
+    assert found["yes"] == found["no"]
+    assert found["no"][1]  # the loops carry something: the child's half was not empty

@@ -45,6 +45,9 @@ from ncc.tools.walrus_driver.context import ANTI, FLOW, ORDERED, OUTPUT, PassCon
 from ncc.tools.walrus_driver.registry import register
 
 NAME = "anti_dependency_analyzer"
+# A static program with loops costs more per instruction (boxes swept over loops, carried
+# searches): a fork pays from fewer instructions (measured below, docs/performance.md)
+LOOP_FORK_MIN_INSTRUCTIONS = 5_000
 
 
 @dataclass
@@ -52,8 +55,9 @@ class Options:
     sbuf_page_bytes: int = 4096  # region page size for SBUF lookups
     psum_page_bytes: int = 2048  # one PSUM bank
     hbm_page_rows: int = 16  # rows of an HBM tensor (its last dimension) per lookup page
-    # yes | no | auto (= from forked.MIN_INSTRUCTIONS up): the HBM walk runs in a forked child
-    # while this process walks SBUF and PSUM
+    # yes | no | auto (= from forked.MIN_INSTRUCTIONS up, in a program with loops from
+    # LOOP_FORK_MIN_INSTRUCTIONS): the HBM walk runs in a forked child while this process walks
+    # SBUF and PSUM; in a program with loops, the loops' walks while this process walks the top level
     fork: str = "auto"
 
 
@@ -99,7 +103,8 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     if ctx.hbm_widths is None:  # one view per tensor for as long as footprints stay cached
         ctx.hbm_widths = birutil.hbm_widths(program)
     if ctx.loop_entries:
-        _analyze_loops(ctx, use_addresses)
+        many = len(program.instructions) >= LOOP_FORK_MIN_INSTRUCTIONS
+        _analyze_loops(ctx, use_addresses, options.fork == "yes" or (options.fork == "auto" and many))
         return
     hbm_edges = ctx.hbm_edges
     hbm_walk = None
@@ -128,15 +133,17 @@ def analyze(ctx: PassContext, use_addresses: bool, options: Options | None = Non
     ctx.set_stat("forked", int(fork))
 
 
-def _analyze_loops(ctx: PassContext, use_addresses: bool) -> None:
+def _analyze_loops(ctx: PassContext, use_addresses: bool, fork: bool) -> None:
     """A program that keeps loops: the DAG of one iteration and the carried dependences
-    (analysis/loop_deps.py); the static program is small, so no walk is forked."""
-    analysis = loop_deps.LoopDeps(ctx.program, ctx.loops(), use_addresses, ctx.hbm_widths or {})
+    (analysis/loop_deps.py); with `fork`, the loops' walks run in a forked child while this
+    process walks the top level."""
+    analysis = loop_deps.LoopDeps(ctx.program, ctx.loops(), use_addresses, ctx.hbm_widths or {}, fork)
     _install(ctx, analysis.graph(), use_addresses)
     ctx.carried = analysis.carried
     ctx.set_stat("edges_carried", len(analysis.carried))
     ctx.set_stat("loops", len(analysis.nest.loops))
     ctx.set_stat("loops_aligned", analysis.aligned)
+    ctx.set_stat("forked", int(analysis.forked))
 
 
 def _install(ctx: PassContext, graph: DepGraph, use_addresses: bool) -> None:
