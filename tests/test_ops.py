@@ -509,6 +509,35 @@ DEPTHWISE = Case(
 )
 
 
+# mixed precision as JAX's preferred_element_type writes it: bf16 operands, an f32 result (a dense
+# convolution and a depthwise one), and int8 operands with an s32 result (was refused: E203)
+MIXED_CONVOLUTIONS = Case(
+    "mixed_convolutions",
+    """HloModule mixed_convolutions
+ENTRY main {
+  x = bf16[2,11,9,16] parameter(0)
+  w = bf16[3,3,16,24] parameter(1)
+  dw = bf16[3,3,1,16] parameter(2)
+  q = s8[1,9,9,4] parameter(3)
+  k = s8[3,3,4,5] parameter(4)
+  c = f32[2,6,9,24] convolution(x, w), window={size=3x3 stride=2x1 pad=1_1x1_1},
+    dim_labels=b01f_01io->b01f
+  d = f32[2,11,9,16] convolution(x, dw), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f,
+    feature_group_count=16
+  i = s32[1,9,9,5] convolution(q, k), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  ROOT out = (f32[2,6,9,24], f32[2,11,9,16], s32[1,9,9,5]) tuple(c, d, i)
+}
+""",
+    lambda rng: [_halves(rng, (2, 11, 9, 16)), _halves(rng, (3, 3, 16, 24)), _halves(rng, (3, 3, 1, 16)),
+                 rng.integers(-100, 100, (1, 9, 9, 4)).astype(np.int8),
+                 rng.integers(-100, 100, (3, 3, 4, 5)).astype(np.int8)],
+    lambda x, w, dw, q, k: (
+        _conv_nhwc(x, w, (2, 1), ((1, 1), (1, 1))),
+        _conv_nhwc(x, dw, (1, 1), ((1, 1), (1, 1)), groups=16),
+        _conv_nhwc(q, k.astype(np.int64), (1, 1), ((1, 1), (1, 1))).astype(np.int32)),
+)
+
+
 def test_a_depthwise_convolution_runs_on_the_vector_engines() -> None:
     """One feature a group is a multiply-add per tap, not a one-column matmul per feature."""
     from ncc.tools.hlo.hlo_text import parse_hlo_text
@@ -1362,8 +1391,8 @@ ENTRY main {
 )
 
 CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT, CONTROL_FLOW,
-         ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, INDEXED, RUNTIME_WINDOWS, SCATTERS, SEGMENT_SUMS,
-         CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT, BITS,
+         ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, MIXED_CONVOLUTIONS, INDEXED, RUNTIME_WINDOWS, SCATTERS,
+         SEGMENT_SUMS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT, BITS,
          SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
 
 
@@ -1630,3 +1659,22 @@ def test_verify_on_inputs_with_nans_follows_total_order(tmp_path: Path) -> None:
     compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"),
                        "--verify-inputs", str(inputs), timeout=300)
     assert compiled.returncode == 0, compiled.stderr
+
+
+def test_a_square_root_power_of_minus_infinity_is_plus_infinity(tmp_path: Path) -> None:
+    """power(x, 0.5) is C's pow, as XLA computes it: +inf at -inf and +0 at -0. numpy's power takes
+    0.5 as a square root (nan and -0 there), so --verify-inputs failed a correct NEFF with E610."""
+    model, inputs, out = tmp_path / "m.hlo", tmp_path / "in.npz", tmp_path / "out.npz"
+    model.write_text("HloModule m\nENTRY e {\n  x = f32[6] parameter(0)\n  c = f32[] constant(0.5)\n"
+                     "  b = f32[6] broadcast(c), dimensions={}\n  ROOT p = f32[6] power(x, b)\n}\n")
+    x = np.array([-np.inf, -0.0, -4.0, 0.0, np.inf, 4.0], dtype=np.float32)
+    np.savez(inputs, arg0=x)
+    neff = tmp_path / "m.neff"
+    compiled = run_ncc("compile", str(model), "--output", str(neff), "--verify-inputs", str(inputs),
+                       timeout=120)
+    assert compiled.returncode == 0, compiled.stderr
+    ran = run_ncc("run", str(neff), "--inputs", str(inputs), "--output", str(out), timeout=120)
+    assert ran.returncode == 0, ran.stderr
+    got = np.load(out)["out0"]
+    np.testing.assert_array_equal(got, np.array([np.inf, 0.0, np.nan, 0.0, np.inf, 2.0], dtype=np.float32))
+    assert not np.signbit(got[1])

@@ -89,7 +89,8 @@ BINARY_FUNCS = frozenset(
 
 _ARITHMETIC = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply, "maximum": np.maximum,
                "minimum": np.minimum}
-_FLOAT_ONLY = {"divide": np.divide, "power": np.power, "remainder": np.fmod, "atan2": np.arctan2}
+_FLOAT_ONLY = {"divide": np.divide, "power": numerics.float_power, "remainder": np.fmod,
+               "atan2": np.arctan2}
 _BITWISE = {"and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor}
 _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
             "ge": np.greater_equal}

@@ -61,6 +61,19 @@ def int_remainder(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.n
     return wrap(np.where(b == 0, a, rest), bits, signed)
 
 
+def float_power(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IEEE/C pow, as XLA computes `power` on floats. numpy's power takes an exponent of 0.5 as a
+    square root, which differs at two bases: pow(-inf, 0.5) is +inf (numpy: nan) and pow(-0, 0.5)
+    is +0 (numpy: -0)."""
+    result = np.power(a, b)
+    half = b == 0.5
+    if np.any(half):
+        a, half = np.broadcast_arrays(a, half)
+        fixed = np.where(half & (a == -np.inf), np.inf, np.where(half & (a == 0), 0.0, result))
+        result = fixed.astype(result.dtype)
+    return result
+
+
 def int_power(a: np.ndarray, b: np.ndarray, bits: int, signed: bool) -> np.ndarray:
     """XLA integer power by squaring, wrapping; a negative exponent gives 0 (1 for base 1, ±1 for -1)."""
     a, b = np.broadcast_arrays(_bits(a), _bits(b))

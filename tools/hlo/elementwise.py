@@ -54,7 +54,8 @@ _NUMPY_BINARY: dict[str, Callable] = {
     "minimum": np.minimum, "atan2": np.arctan2, "and": np.bitwise_and, "or": np.bitwise_or,
     "xor": np.bitwise_xor,
 }
-_FLOAT_ONLY_BINARY: dict[str, Callable] = {"divide": np.divide, "power": np.power, "remainder": np.fmod}
+_FLOAT_ONLY_BINARY: dict[str, Callable] = {"divide": np.divide, "power": numerics.float_power,
+                                                     "remainder": np.fmod}
 
 
 def round_to(values: np.ndarray, kind: int) -> np.ndarray:

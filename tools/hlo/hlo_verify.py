@@ -672,9 +672,12 @@ class _Verifier:
     def _convolution(self, instr: Instr, ops: list[Instr]) -> None:
         _count(instr, ops, 2)
         lhs, rhs = _arrays(instr, ops)
-        _same_types(instr, [lhs, rhs, instr.shape])
-        if lhs.element_type == T.PRED:
+        kinds = {lhs.element_type, rhs.element_type, instr.shape.element_type}
+        if T.PRED in kinds:
             raise _bad(instr, "convolution is not defined on pred")
+        if not (kinds <= FLOAT_TYPES or kinds <= INTEGER_TYPES):  # a mixed precision one (JAX's
+            # preferred_element_type: bf16 operands, an f32 result) is a float convolution still
+            _same_types(instr, [lhs, rhs, instr.shape])
         dn = instr.convolution_dimension_numbers
         labelled = ((lhs, [dn.input_batch_dimension, dn.input_feature_dimension,
                            *dn.input_spatial_dimensions]),
