@@ -17,6 +17,10 @@ argK and JAX's outputs outK; bf16 values stored as float32):
   attention_bhqk   batched heads, bf16: softmax(q kᵀ / 5) v over [2, 3, 45 | 61, 25], the
                    probabilities rounded to bf16, f32 accumulation, output in [b, q, h, d] order
   segment_sum      rows of f32[203, 9] added by their s32 segment ids into 17 segments (a scatter)
+  triangular_loop  fori_loop(0, 6) around fori_loop(0, i) on f32[37, 129]: an inner loop whose trip
+                   count is the outer loop's counter (the outer loop unrolls so that it folds)
+  conv_bf16_f32    a bf16 convolution with an f32 result (preferred_element_type), [2, 19, 23, 16]
+                   by a 3 x 3 kernel to 24 channels, stride (2, 1), padding (1, 1) and (0, 2)
 
 Usage: python scripts/make_odd_shapes_fixture.py
 """
@@ -69,6 +73,16 @@ def main() -> None:
     def segments(x, ids):
         return jax.ops.segment_sum(x, ids, num_segments=17)
 
+    def triangular(x):
+        def outer(i, y):
+            return jax.lax.fori_loop(0, i, lambda j, z: z * 0.9 + jnp.sin(z + j), y)
+        return jax.lax.fori_loop(0, 6, outer, x)
+
+    def conv_bf16(x, w):
+        return jax.lax.conv_general_dilated(x, w, (2, 1), ((1, 1), (0, 2)),
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+                                            preferred_element_type=jnp.float32)
+
     models = {
         "chain_1031": (chain, [((1031, 130), jnp.float32)]),
         "reduce_3_129_65": (reduce, [((3, 129, 65), jnp.float32)]),
@@ -78,6 +92,8 @@ def main() -> None:
         "maxpool_mean": (maxpool, [((2, 31, 27, 10), jnp.float32)]),
         "attention_bhqk": (bhqk, [((2, 3, 45, 25), bf16), ((2, 3, 61, 25), bf16), ((2, 3, 61, 25), bf16)]),
         "segment_sum": (segments, [((203, 9), jnp.float32), ((203,), 17)]),  # an int: ids below it
+        "triangular_loop": (triangular, [((37, 129), jnp.float32)]),
+        "conv_bf16_f32": (conv_bf16, [((2, 19, 23, 16), bf16), ((3, 3, 16, 24), bf16)]),
     }
     FOLDER.mkdir(parents=True, exist_ok=True)
     for name, (function, shapes) in models.items():

@@ -1,8 +1,10 @@
 """Models no part of ncc was tuned on (tests/data/odd/, scripts/make_odd_shapes_fixture.py): prime and
 off-by-a-few extents, so row tiles end in part tiles and reductions and contractions run over
-tails; a strided, dilated, padded convolution, a padded max pool, batched bf16 heads and a
-scatter by segment ids. Each compiles with its loops rolled and with `auto`, verifies against the golden
-evaluator, runs race-free, and matches JAX's outputs; rolled and auto compute the same values."""
+tails; a strided, dilated, padded convolution, a padded max pool, batched bf16 heads, a
+scatter by segment ids, a bf16 convolution with an f32 result and a loop whose inner loop runs
+as many trips as the outer one's counter (session 24's models nobody tuned for: refused before).
+Each compiles with its loops rolled and with `auto`, verifies against the golden evaluator, runs
+race-free, and matches JAX's outputs; rolled and auto compute the same values."""
 
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ F32_RELATIVE_L2 = 1e-5
 
 
 def test_the_fixtures_are_there():
-    assert MODELS == ["attention_300", "attention_bhqk", "chain_1031", "conv_dilated", "maxpool_mean",
-                      "mlp_bf16", "reduce_3_129_65", "segment_sum"]
+    assert MODELS == ["attention_300", "attention_bhqk", "chain_1031", "conv_bf16_f32", "conv_dilated",
+                      "maxpool_mean", "mlp_bf16", "reduce_3_129_65", "segment_sum", "triangular_loop"]
 
 
 @pytest.mark.slow

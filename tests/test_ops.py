@@ -1593,6 +1593,42 @@ ENTRY main {{
     assert sum(nest.source == "y" for nest in lower_module(parse_hlo_text(module(3))).nests) == 3
 
 
+def test_a_counter_that_doubles_is_folded_trip_by_trip_not_extrapolated() -> None:
+    """while (i < 2**30) i *= 2 runs 30 trips. Its first two trips (2, 4) looked affine, the
+    extrapolation 2, 4, 6, ... never reached 2**30 within a million trips, and the loop was refused
+    (E207) without the closed form ever being checked; now the check fails, and the loop is folded
+    trip by trip: 30 trips, unrolled, computing what the interpreter computes."""
+    from ncc.tools.hlo.hlo_text import parse_hlo_text
+    from ncc.tools.hlo2penguin.lower import lower_module
+
+    text = """HloModule m
+body {
+  s = (s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  two = s32[] constant(2)
+  j = s32[] multiply(i, two)
+  x = f32[4] get-tuple-element(s), index=1
+  y = f32[4] exponential(x)
+  ROOT t = (s32[], f32[4]) tuple(j, y)
+}
+cond {
+  s = (s32[], f32[4]) parameter(0)
+  i = s32[] get-tuple-element(s), index=0
+  n = s32[] constant(1073741824)
+  ROOT lt = pred[] compare(i, n), direction=LT
+}
+ENTRY main {
+  one = s32[] constant(1)
+  x = f32[4] parameter(0)
+  init = (s32[], f32[4]) tuple(one, x)
+  ROOT w = (s32[], f32[4]) while(init), condition=cond, body=body
+}
+"""
+    for loops in ("auto", "rolled", "unrolled"):
+        program = lower_module(parse_hlo_text(text), loops)
+        assert sum(nest.source == "y" for nest in program.nests) == 30, loops
+
+
 def test_a_jax_comparator_runs_once_per_element_not_per_comparison() -> None:
     """A float sort by a TOTALORDER compare lowers to about as many nests as an integer sort (the
     total-order keys are made once, not in every comparison), and JAX's comparator, which

@@ -95,8 +95,11 @@ class ControlOps:
             if kept is not None:
                 return kept
         if trips is not None and trips > MAX_UNROLLED_ITERATIONS:
-            raise CompileError("E207", f"while loop '{instr.name}' runs {trips:,} iterations: more than "
-                                       f"{MAX_UNROLLED_ITERATIONS:,} unrolled, and it cannot stay a loop",
+            if trips == MAX_UNROLLED_ITERATIONS + 1:  # folded one trip at a time: only "past the limit"
+                runs = f"more than {MAX_UNROLLED_ITERATIONS:,} iterations, the most a loop is unrolled"
+            else:
+                runs = f"{trips:,} iterations: more than {MAX_UNROLLED_ITERATIONS:,} unrolled"
+            raise CompileError("E207", f"while loop '{instr.name}' runs {runs}, and it cannot stay a loop",
                                instr.name)
         budget = Budget(self.builder.program, instr.name, "while loop", planned=trips or 0)
         for _ in range(MAX_UNROLLED_ITERATIONS):

@@ -33,6 +33,7 @@ A mixin of Lowering (lower.py), like control.py.
 from __future__ import annotations
 
 from ncc.schemas import hlo_pb2, penguin_pb2
+from ncc.tools.common.errors import CompileError
 from ncc.tools.common.loops import REPEAT
 from ncc.tools.common.penguin_budget import nest_backend_instructions, with_pieces
 from ncc.tools.hlo2penguin.trip_fold import FoldedTrips, steps_evenly
@@ -79,6 +80,12 @@ class RepeatOps:
                 raise _NotRepeatable
             steps = self._trial_steps(instr, body, state, folded, kinds, carries, start, trips)
         except _NotRepeatable:
+            self._restore(before)
+            return None
+        except CompileError as error:  # a loop inside whose trips follow this loop's counter (a
+            # triangular fori_loop) folds only once this loop is unrolled: unroll it
+            if error.code != "E207":
+                raise
             self._restore(before)
             return None
         name = self.builder.unique(f"{instr.name}.repeat")

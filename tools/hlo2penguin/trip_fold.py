@@ -115,6 +115,20 @@ def fold_trips(fold_values: FoldValues, body: hlo_pb2.HloComputationProto,
         return tuple(None if slope is None else _cast(s1.astype(np.float64) + (trips - 1) * slope, s1.dtype)
                      for s1, slope in zip(second, slopes, strict=True))
 
+    def after_trips(trips: np.ndarray) -> dict[int, Folded] | None:
+        """The body folded on the closed form's state at `trips`, when its results are the closed
+        form's state at the next trips (the induction step), else None."""
+        values = fold_values(body, [state(trips)])
+        after = values[body_root]
+        if not isinstance(after, tuple) or len(after) != len(first):
+            return None
+        for got, want in zip(after, state(trips + 1), strict=True):
+            if (want is None) != (not _per_trip(got, len(trips))):
+                return None
+            if want is not None and not np.array_equal(np.broadcast_to(got.reshape(-1), want.shape), want):
+                return None  # the closed form does not hold at some trip
+        return values
+
     count, span = None, FIRST_SPAN
     while count is None:
         span = min(span, limit)
@@ -126,24 +140,17 @@ def fold_trips(fold_values: FoldValues, body: hlo_pb2.HloComputationProto,
         stops = np.flatnonzero(~verdicts.astype(bool))
         if len(stops):
             count = int(stops[0]) + 1
-        elif span >= limit:
-            return FoldedTrips(limit + 1, [], True)
+        elif span >= limit:  # past the limit, if the closed form holds that far (a counter that
+            # doubles does not: its first two trips extrapolated, it ran 2, 4, 6, ... past 2**30)
+            return FoldedTrips(limit + 1, [], True) if after_trips(trips) is not None else None
         else:
             span *= 8
     series: list[np.ndarray | None] = [None] * len(first)
     evenly = True
     if count > 1:
-        trips = np.arange(1, count)
-        values = fold_values(body, [state(trips)])
-        after = values[body_root]
-        if not isinstance(after, tuple) or len(after) != len(first):
+        values = after_trips(np.arange(1, count))
+        if values is None:
             return None
-        expected = state(trips + 1)
-        for got, want in zip(after, expected, strict=True):
-            if (want is None) != (not _per_trip(got, count - 1)):
-                return None
-            if want is not None and not np.array_equal(np.broadcast_to(got.reshape(-1), want.shape), want):
-                return None  # the closed form does not hold at some trip
         for key, value in trip0.items():  # every scalar the body computes, at every trip
             later = values.get(key)
             if _scalar(value) and _per_trip(later, count - 1):
