@@ -1505,7 +1505,8 @@ def test_refusals_name_the_instruction(tmp_path: Path, text: str, code: str, wor
 
 
 def test_computed_loop_bound_is_refused_naming_the_loop(tmp_path: Path) -> None:
-    """A while whose condition depends on computed data cannot be unrolled: E207 names it."""
+    """A while whose condition depends on computed data cannot be unrolled: E207 names it, and
+    where the framework made it (its metadata: JAX's op name and the user's source line)."""
     model = tmp_path / "m.hlo"
     model.write_text("""HloModule m
 body {
@@ -1534,12 +1535,14 @@ ENTRY main {
   x = f32[4] parameter(0)
   c = s32[] constant(0)
   init = (f32[4], s32[]) tuple(x, c)
-  ROOT w = (f32[4], s32[]) while(init), condition=cond, body=body
+  ROOT w = (f32[4], s32[]) while(init), condition=cond, body=body,
+    metadata={op_name="jit(newton)/while" source_file="/home/me/solver.py" source_line=12}
 }
 """)
     compiled = run_ncc("compile", str(model), "--output", str(tmp_path / "m.neff"), timeout=60)
     assert compiled.returncode != 0, compiled.stderr
     assert "[E207]" in compiled.stderr and "'w'" in compiled.stderr, compiled.stderr
+    assert "(at w, from jit(newton)/while at solver.py:12)" in compiled.stderr, compiled.stderr
 
 
 def test_zero_element_iota_of_a_huge_axis_materializes_nothing(tmp_path: Path) -> None:

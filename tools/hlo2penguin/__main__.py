@@ -7,7 +7,10 @@ evaluator reads, whatever the input format was) and the Penguin program (--outpu
 from __future__ import annotations
 
 import argparse
+import os
 
+from ncc.schemas import hlo_pb2
+from ncc.tools.common.errors import CompileError
 from ncc.tools.common.protoio import write_proto
 from ncc.tools.common.toolmain import exit_now, run_tool
 
@@ -19,17 +22,39 @@ def _body(args: argparse.Namespace) -> None:
     from ncc.tools.hlo2penguin.lower import lower_module
 
     module = load_module(args.input)
-    verify_module(module)
-    program = lower_module(module, args.loops)
-    # Refuse a module too large to unroll before any later job runs: here by what the Penguin
-    # optimizer cannot remove (a 25,000-op chain fuses from 2M to 100k instructions); the Frontend
-    # job checks the exact count after its passes, before unrolling. A program whose loops may
-    # stay loops (--loops auto or rolled) is counted by the Frontend, as it will be emitted.
-    if args.loops == "unrolled":
-        check_budget(program, surviving=True)
+    try:
+        verify_module(module)
+        program = lower_module(module, args.loops)
+        # Refuse a module too large to unroll before any later job runs: here by what the Penguin
+        # optimizer cannot remove (a 25,000-op chain fuses from 2M to 100k instructions); the
+        # Frontend job checks the exact count after its passes, before unrolling. A program whose
+        # loops may stay loops (--loops auto or rolled) is counted by the Frontend, as it will be emitted.
+        if args.loops == "unrolled":
+            check_budget(program, surviving=True)
+    except CompileError as error:
+        error.location = with_source(module, error.location)
+        raise
     if args.module_output:
         write_proto(args.module_output, module)
     write_proto(args.output, program)
+
+
+def with_source(module: hlo_pb2.HloModuleProto, location: str) -> str:
+    """`location`, where it names an instruction of the module that carries the framework's
+    metadata, followed by where the framework made it: JAX's op name (its last 80 characters) and
+    source line, so that a diagnostic on `while.26` says it is igamma's loop in the user's file."""
+    if not location:
+        return location
+    for computation in module.computations:
+        for instr in computation.instructions:
+            if instr.name == location:
+                metadata = instr.metadata
+                name = metadata.op_name[-80:]
+                line = f"{os.path.basename(metadata.source_file)}:{metadata.source_line}" \
+                    if metadata.source_file else ""
+                origin = " at ".join(part for part in (name, line) if part)
+                return f"{location}, from {origin}" if origin else location
+    return location
 
 
 def main() -> None:
