@@ -377,8 +377,10 @@ ENTRY main {
   ROOT out = (s32[300], f32[300], s32[1001]) tuple(i, v, ci)
 }
 """,
-    # ties are common (values rounded to 0.25), so the first-index rule is exercised
-    lambda rng: [np.round(rng.standard_normal((300, 1001)) * 4).astype(np.float32) / 4],
+    # ties are common (values rounded to 0.25), so the first-index rule is exercised; so are rows and
+    # columns with several NaNs, whose first one JAX's comparator returns in a left fold (first_nan.py)
+    lambda rng: [np.where(rng.random((300, 1001)) < 0.003, np.float32(np.nan),
+                          np.round(rng.standard_normal((300, 1001)) * 4).astype(np.float32) / 4)],
     lambda x: (np.argmax(x, axis=1).astype(np.int32), x.max(axis=1), np.argmax(x, axis=0).astype(np.int32)),
 )
 

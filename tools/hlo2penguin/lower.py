@@ -48,6 +48,7 @@ from ncc.tools.hlo2penguin.bits import BIT_COUNTS, BitOps
 from ncc.tools.hlo2penguin.control import ControlOps
 from ncc.tools.hlo2penguin.dot_orientation import OTHER, Readers, product_readers, swap_pays
 from ncc.tools.hlo2penguin.expand import expand_composites
+from ncc.tools.hlo2penguin.first_nan import FirstNanOps
 from ncc.tools.hlo2penguin.hlo_cse import eliminate_common_subexpressions
 from ncc.tools.hlo2penguin.identities import identity_operand
 from ncc.tools.hlo2penguin.indexed import IndexedOps
@@ -117,7 +118,7 @@ REDUCERS = {"add": ("add", 0.0), "maximum": ("maximum", -np.inf), "minimum": ("m
 
 
 
-class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, RandomOps):
+class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, RandomOps, FirstNanOps):
     """Walks the entry computation in order and emits Penguin tensors and nests."""
 
     def __init__(self, module: hlo_pb2.HloModuleProto, loops: str = "auto",
@@ -609,9 +610,12 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
         def combine(first: list[Value], second: list[Value], shape: tuple[int, ...]) -> list[Value]:
             return self._apply_reducer(reducer, first + second, shape)
 
+        columns = rows
         rows = self._halving(instr, rows, combine)
         starts = [broadcast_to(init, kept_shape + (1,)) for init in inits]
         results = self._apply_reducer(reducer, starts + rows, kept_shape + (1,))
+        if self._keeps_first_nan(instr, reducer, inputs, inits, reduced):  # first_nan.py
+            results[1] = self._first_nan_index(instr, columns, results)
         shaped = [self._reshape_value(value, kept_shape, instr.name) for value in results]
         return tuple(shaped) if k > 1 else shaped[0]
 
