@@ -18,6 +18,7 @@ from ncc.tools.common import loops
 from ncc.tools.common.errors import CompileError
 from ncc.tools.hlo.hlo_reader import parse_module_text
 from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo2penguin.trip_fold import steps_evenly
 from ncc.tools.hlo_opt import bir_codegen
 from ncc.tools.hlo_opt.bir_codegen import lower_to_bir
 from ncc.tools.hlo_opt.golden.evaluator import evaluate
@@ -270,3 +271,12 @@ def test_a_loop_that_never_ends_by_its_counter_is_refused_at_once():
     with pytest.raises(CompileError) as info:
         _lower(text.replace("constant(100)", "constant(7)"))
     assert info.value.code == "E207" and "1,000,000" in str(info.value)
+
+
+def test_a_value_the_same_at_every_trip_steps_evenly_even_when_infinite():
+    """A max's -inf written in the body is the same at every trip: the trips lower alike (it kept
+    a rolled stack of softmax layers unrolled); an infinity that changes, or a NaN next to a
+    number, does not step evenly."""
+    assert steps_evenly(np.array([-np.inf] * 5)) and steps_evenly(np.array([np.nan] * 3))
+    assert steps_evenly(np.array([3.0, 5.0, 7.0]))
+    assert not steps_evenly(np.array([1.0, np.inf, np.inf])) and not steps_evenly(np.array([1.0, np.nan]))

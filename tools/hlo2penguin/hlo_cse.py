@@ -39,7 +39,7 @@ _KEEP = frozenset({
 def eliminate_common_subexpressions(module: hlo_pb2.HloModuleProto) -> hlo_pb2.HloModuleProto:
     """`module` itself when no instruction repeats an earlier one, else a copy with each repeat
     dropped and its readers (and the root) reading the earlier instruction."""
-    alike = _alike_computations(module)
+    alike = alike_computations(module)
     found = [_repeats(comp, alike) for comp in module.computations]  # by id: the same in a copy
     if not any(found):
         return module
@@ -60,14 +60,14 @@ def eliminate_common_subexpressions(module: hlo_pb2.HloModuleProto) -> hlo_pb2.H
     return merged
 
 
-def _alike_computations(module: hlo_pb2.HloModuleProto) -> dict[int, int]:
+def alike_computations(module: hlo_pb2.HloModuleProto) -> dict[int, int]:
     """Computation id -> the id of the first computation with the same instructions (JAX gives
     each reduce a reducer of its own: two sums of the same data name two `add` computations)."""
     first: dict[bytes, int] = {}
     alike: dict[int, int] = {}
     for comp in module.computations:  # callees come before their callers
         position = {instr.id: index for index, instr in enumerate(comp.instructions)}
-        text = b"".join(_key(instr, [position.get(o, -1) for o in instr.operand_ids], alike)
+        text = b"".join(computed_key(instr, [position.get(o, -1) for o in instr.operand_ids], alike)
                         for instr in comp.instructions)
         alike[comp.id] = first.setdefault(text + str(position.get(comp.root_id)).encode(), comp.id)
     return alike
@@ -86,7 +86,7 @@ def _repeats(comp: hlo_pb2.HloComputationProto, alike: dict[int, int]) -> dict[i
     for instr in comp.instructions:
         if instr.opcode in _KEEP or instr.control_predecessor_ids:
             continue
-        key = _key(instr, [number.get(o, o) for o in instr.operand_ids], alike)
+        key = computed_key(instr, [number.get(o, o) for o in instr.operand_ids], alike)
         number[instr.id] = first.setdefault(key, instr.id)
         if all(o in fixed for o in instr.operand_ids):
             fixed.add(instr.id)
@@ -95,7 +95,7 @@ def _repeats(comp: hlo_pb2.HloComputationProto, alike: dict[int, int]) -> dict[i
     return replaced
 
 
-def _key(instr: Instr, operands: list[int], alike: dict[int, int]) -> bytes:
+def computed_key(instr: Instr, operands: list[int], alike: dict[int, int]) -> bytes:
     """What the instruction computes: its proto without its own id, name and source position,
     with `operands` for its operand ids and each called computation's first alike."""
     bare = Instr()

@@ -64,6 +64,7 @@ from ncc.tools.hlo2penguin.nest_builder import (
 )
 from ncc.tools.hlo2penguin.random import RandomOps
 from ncc.tools.hlo2penguin.repeat import RepeatOps
+from ncc.tools.hlo2penguin.reroll import reroll_repeats
 from ncc.tools.hlo2penguin.sorting import SortOps
 from ncc.tools.hlo2penguin.tile_plan import (
     FEW_TILES,
@@ -1008,7 +1009,11 @@ def lower_module(module: hlo_pb2.HloModuleProto, loops: str = "auto",
     """Lower a verified module to a Penguin program (repeated instructions merged first:
     hlo_cse.py; composite ops expanded: expand.py; and transposes of dots folded into them:
     transpose_folding.py); `loops` is --loops, and a while loop stays a loop (repeat.py) when
-    `loops` allows and its trips would unroll to at least `repeat_above` backend instructions."""
-    module = eliminate_common_subexpressions(module)
-    return Lowering(expand_composites(fold_transposes(module)), loops, repeat_above).run()
+    `loops` allows and its trips would unroll to at least `repeat_above` backend instructions.
+    Unless `loops` is "unrolled", repeated blocks of straight-line code are first rolled into a
+    while loop (reroll.py)."""
+    module = expand_composites(fold_transposes(eliminate_common_subexpressions(module)))
+    if loops != "unrolled":
+        module = reroll_repeats(module)
+    return Lowering(module, loops, repeat_above).run()
 

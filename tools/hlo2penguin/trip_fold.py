@@ -47,11 +47,15 @@ class FoldedTrips:
 
 
 def steps_evenly(values: np.ndarray) -> bool:
-    """Whether the values, one per trip, are first + t * step (NaN never is)."""
+    """Whether the values, one per trip, are first + t * step: the same at every trip (an
+    infinity or a NaN too: a body's -inf for a max), or finite and affine in the trip."""
     if len(values) < 2:
         return True
     series = np.asarray(values, dtype=np.float64)
-    return bool(np.array_equal(series, series[0] + (series[1] - series[0]) * np.arange(len(series))))
+    if np.array_equal(series, np.full_like(series, series[0]), equal_nan=True):
+        return True
+    with np.errstate(invalid="ignore"):
+        return bool(np.array_equal(series, series[0] + (series[1] - series[0]) * np.arange(len(series))))
 
 
 def fold_loop(fold_values: FoldValues, body: hlo_pb2.HloComputationProto,

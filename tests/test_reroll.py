@@ -1,0 +1,131 @@
+"""Repeated blocks of straight-line HLO rolled back into a while loop (hlo2penguin/reroll.py):
+which runs of blocks are found, what stops them, and that a rolled stack of layers compiles to the
+same outputs as its layers unrolled."""
+
+from __future__ import annotations
+
+import hlo_gen
+import numpy as np
+import pytest
+from orchestrator_support import ncc
+
+from ncc.schemas import penguin_pb2
+from ncc.tools.hlo.hlo_reader import parse_module_text
+from ncc.tools.hlo.hlo_types import entry_computation
+from ncc.tools.hlo.hlo_verify import verify_module
+from ncc.tools.hlo2penguin import reroll
+from ncc.tools.hlo2penguin.hlo_cse import alike_computations
+from ncc.tools.hlo2penguin.lower import lower_module
+
+BIG = "f32[4096,4096]"  # 256 tiles an op: the blocks below hold enough work to roll
+
+
+def _chain(blocks: int, reads: str = "x{i}", tail: str = "") -> str:
+    """`blocks` blocks of x{i+1} = tanh(x{i} * w + c) over BIG; `reads` is the multiply's other
+    operand in block i (w: the weight, every block the same)."""
+    lines = [f"  x0 = {BIG} parameter(0)", f"  w = {BIG} parameter(1)", "  k = f32[] constant(0.5)",
+             f"  c = {BIG} broadcast(k), dimensions={{}}"]
+    for i in range(blocks):
+        other = reads.format(i=i, prev=max(i - 1, 0))
+        lines += [f"  m{i} = {BIG} multiply(x{i}, {other})", f"  a{i} = {BIG} add(m{i}, c)",
+                  f"  x{i + 1} = {BIG} tanh(a{i})"]
+    lines += tail.format(last=blocks).splitlines()
+    root = lines[-1].split("=")[0].strip()
+    return "HloModule chain\n\nENTRY main {\n" + "\n".join(lines) + f"\n  ROOT out = {BIG} copy({root})\n}}\n"
+
+
+def _region(text: str) -> reroll.Region | None:
+    module = parse_module_text(text.encode())
+    return reroll.find_region(entry_computation(module), alike_computations(module))
+
+
+@pytest.fixture
+def no_grouping(monkeypatch):
+    """Blocks rolled one to a trip, whatever they carry: the tests look at which blocks are found."""
+    monkeypatch.setattr(reroll, "WORK_PER_CARRIED_TILE", 0)
+
+
+def test_blocks_reading_the_one_before_and_a_shared_weight_roll_into_one_loop(no_grouping):
+    region = _region(_chain(6, reads="w"))
+    assert (region.start, region.period, region.blocks) == (4, 3, 6)
+    assert region.carried == (2,) and region.initial == (0,)  # x{i+1}, from x0
+    assert region.invariants == (1, 3)  # w and the broadcast constant
+    module = reroll.reroll_repeats(parse_module_text(_chain(6, reads="w").encode()))
+    verify_module(module)
+    entry = entry_computation(module)
+    assert [i.opcode for i in entry.instructions].count("while") == 1
+    assert not any(i.opcode == "tanh" for i in entry.instructions)
+
+
+def test_a_block_that_reads_two_blocks_back_is_not_rolled(no_grouping):
+    """Block i multiplies by x{i-1}: a value two blocks old is carried, not one."""
+    assert _region(_chain(6, reads="x{prev}")) is None
+
+
+def test_a_value_read_after_the_blocks_that_is_not_carried_shortens_the_run(no_grouping):
+    """After the blocks, a6 (the last block's add, which no block carries) is read: the last
+    block stays straight-line code and reads the loop's result."""
+    text = _chain(7, reads="w", tail=f"  y = {BIG} add(a6, x{{last}})")
+    assert _region(text).blocks == 6
+    module = reroll.reroll_repeats(parse_module_text(text.encode()))
+    verify_module(module)
+    assert [i.opcode for i in entry_computation(module).instructions].count("tanh") == 1
+
+
+def test_too_few_blocks_or_too_little_work_are_not_rolled(no_grouping, monkeypatch):
+    assert _region(_chain(reroll.MIN_BLOCKS - 1, reads="w")) is None
+    monkeypatch.setattr(reroll, "MIN_WORK", 3 * 256 * 6 + 1)
+    assert _region(_chain(6, reads="w")) is None
+
+
+def test_elementwise_blocks_are_grouped_until_a_trip_pays_for_its_carries():
+    """Three elementwise ops a block carry a whole tensor: unrolled, consecutive blocks fuse and
+    keep it on chip, so a trip must hold WORK_PER_CARRIED_TILE ops per carried tile's worth."""
+    assert _region(_chain(40, reads="w")) is None  # 40 blocks: fewer than MIN_BLOCKS trips of 43
+    region = _region(_chain(43 * 4 + 2, reads="w"))
+    assert region.period == 3 * 43 and region.blocks == 4
+
+
+def test_a_random_number_in_the_block_is_never_rolled(no_grouping):
+    lines = _chain(6, reads="w").splitlines()
+    for i in range(6):  # each block's constant c replaced by a fresh random draw
+        lines = [line.replace(f"a{i} = {BIG} add(m{i}, c)",
+                              f"r{i} = {BIG} rng(k, k), distribution=rng_uniform\n"
+                              f"  a{i} = {BIG} add(m{i}, r{i})") for line in lines]
+    assert _region("\n".join(lines)) is None
+
+
+def test_a_stack_of_shared_weight_layers_is_one_kept_loop():
+    """hlo_gen's attention stack (one set of weights for every layer) lowers to one Repeat region
+    running a layer a trip; the unrolled lowering has a layer's nests per layer."""
+    module = parse_module_text(hlo_gen.attention(4096, 1024, 9).encode())
+    rolled = lower_module(module, "rolled")
+    unrolled = lower_module(module, "unrolled")
+    assert [(r.trips) for r in rolled.repeats] == [9]
+    assert len(unrolled.nests) > 7 * len(rolled.nests)
+
+
+@pytest.mark.slow
+def test_a_rolled_stack_of_layers_matches_its_unrolled_compile(tmp_path):
+    """Eight attention layers at seq 1024, d 512, rolled two layers a trip: `--verify` holds the
+    NEFF to the golden evaluation of the module as written, and `ncc run` gives the unrolled
+    compile's outputs."""
+    model = tmp_path / "att.hlo"
+    model.write_text(hlo_gen.attention(1024, 512, 8))
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "in.npz", arg0=rng.standard_normal((1024, 512)).astype(np.float32) * 0.1,
+             **{f"arg{i}": rng.standard_normal((512, 512)).astype(np.float32) * 0.04 for i in (1, 2, 3)})
+    outputs = {}
+    for loops in ("auto", "unrolled"):
+        neff = tmp_path / f"{loops}.neff"
+        result = ncc("compile", model, "--loops", loops, "--verify", "-o", neff,
+                     "--workdir", tmp_path / loops)
+        assert result.returncode == 0, result.stderr
+        run = ncc("run", neff, "--inputs", tmp_path / "in.npz", "--output", tmp_path / f"{loops}.npz")
+        assert run.returncode == 0, run.stderr
+        with np.load(tmp_path / f"{loops}.npz") as out:
+            outputs[loops] = out["out0"]
+    program = penguin_pb2.Program()
+    program.ParseFromString((tmp_path / "auto" / "01_HLOToTensorizer" / "penguin.pb").read_bytes())
+    assert [r.trips for r in program.repeats] == [4]
+    np.testing.assert_allclose(outputs["auto"], outputs["unrolled"], rtol=1e-5, atol=1e-6)
