@@ -49,7 +49,8 @@ _FLOAT_RE = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
 _WORD_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-+%")
-_WORD_CHARS = _WORD_START - {"%"}
+# what follows a word's first character: _WORD_START but "%", and no "-" that begins a "->"
+_WORD_TAIL = re.compile(r"(?:[A-Za-z0-9_.+]|-(?!>))*")
 _PUNCT = frozenset("{}()[],=:?")
 _OPENERS = {"{": "}", "(": ")", "[": "]"}
 _CLOSERS = frozenset(_OPENERS.values())
@@ -132,9 +133,7 @@ def tokenize(text: str) -> list[Token]:
             i += 1
             continue
         if c in _WORD_START:
-            j = i + 1
-            while j < n and text[j] in _WORD_CHARS and not (text[j] == "-" and text.startswith("->", j)):
-                j += 1
+            j = _WORD_TAIL.match(text, i + 1).end()
             tokens.append(Token("w", text[i:j], line, col, i, j))
             i = j
             continue
@@ -200,6 +199,7 @@ class _Parser:
 
     def __init__(self, text: str) -> None:
         self.toks = tokenize(text)
+        self.toks += [self.toks[-1]] * 3  # peek() looks up to 2 past the end: it finds the eof there
         self.pos = 0
         self.next_id = 1
         self.calls: list[_PendingCall] = []
@@ -209,7 +209,7 @@ class _Parser:
 
     # ---- token helpers -------------------------------------------------------------------------
     def peek(self, ahead: int = 0) -> Token:
-        return self.toks[min(self.pos + ahead, len(self.toks) - 1)]
+        return self.toks[self.pos + ahead]
 
     def next(self) -> Token:
         tok = self.toks[self.pos]

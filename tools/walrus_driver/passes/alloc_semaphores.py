@@ -203,19 +203,23 @@ def _clocks(walk: syncmodel.ClockWalk, group: list[tuple[int, Carried | None]]) 
 
 def _carried_waits(ctx: PassContext, by_id: dict[int, bir_pb2.Instruction]) -> dict[int, list[Carried]]:
     """The carried dependences that need a wait, by consumer: not those one thread orders (a
-    queue thread, an engine, or a dma triggered on the engine that produced its source), and of
+    queue thread, an engine, or a dma triggered on the engine that produced its source), of
     several on one producing thread and loop only the one at the shortest distance from the
-    latest producer."""
+    latest producer, and not one that an earlier instruction of the consumer's stream waits for
+    already: a stream runs in order, so once it has waited for the producing thread's count at
+    some iteration, what that thread did up to then is done for every instruction after it (a
+    layer loop's body had every instruction wait on every thread of the iteration before)."""
     best: dict[tuple[int, syncmodel.Thread, int, int | None], Carried] = {}
     position = {instr.id: index for index, instr in enumerate(ctx.program.instructions)}
+    # per instruction id: its access thread, and its engine where it is not a dma (a dma's trigger
+    # engine does not order its completion)
+    threads = {node: syncmodel.access_thread(instr) for node, instr in by_id.items()}
+    engines = {node: None if is_dma(instr.op) else instr.engine for node, instr in by_id.items()}
     for dependence in ctx.carried:
-        producer, consumer = by_id.get(dependence.src), by_id.get(dependence.dst)
-        if producer is None or consumer is None:
+        thread, consumer_thread = threads.get(dependence.src), threads.get(dependence.dst)
+        if thread is None or consumer_thread is None or thread == consumer_thread:
             continue
-        thread = syncmodel.access_thread(producer)
-        if thread == syncmodel.access_thread(consumer):
-            continue
-        if not is_dma(producer.op) and producer.engine == consumer.engine:
+        if engines[dependence.src] is not None and engines[dependence.src] == by_id[dependence.dst].engine:
             continue  # the consumer's engine (or its trigger) runs after the producer completed
         key = (dependence.dst, thread, dependence.loop, dependence.src_loop)
         old = best.get(key)
@@ -223,7 +227,14 @@ def _carried_waits(ctx: PassContext, by_id: dict[int, bir_pb2.Instruction]) -> d
         if old is None or rank < (old.distance, -position[old.src]):
             best[key] = dependence
     result: dict[int, list[Carried]] = {}
-    for (consumer, *_), dependence in sorted(best.items(), key=lambda item: item[0][0]):
+    waited: dict[tuple, tuple[int, int]] = {}  # (stream, thread, loop, src_loop) -> (distance, producer)
+    for (consumer, thread, loop, src_loop), dependence in sorted(best.items(),
+                                                                 key=lambda item: position[item[0][0]]):
+        stream = (by_id[consumer].engine, thread, loop, src_loop)
+        mine, before = (dependence.distance, position[dependence.src]), waited.get(stream)
+        if before is not None and (before[0] < mine[0] or before[0] == mine[0] and before[1] >= mine[1]):
+            continue
+        waited[stream] = mine
         result.setdefault(consumer, []).append(dependence)
     return result
 
