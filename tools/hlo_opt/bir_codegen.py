@@ -92,6 +92,7 @@ SMALL_NEST = 128
 SMALL_COPY_FACTOR = 4
 AUTO_REDUCTION_BYTES = 64 * 1024  # ... and a dot's reduction loop unrolled puts at most this in one body
 BARRIER_BODY = 1_000  # a Repeat region's loop of this many instructions or more is a barrier loop
+BARRIER_TRIP = 10_000  # ... or whose trip executes this many (its inner loops' iterations counted)
 
 
 class BirCodeGenLoop:
@@ -159,11 +160,29 @@ class BirCodeGenLoop:
         """Close a Repeat region's loop; a large one is synchronized as a barrier between trips
         (tools/common/loops.py, CARRIED): its dependences pair by pair cost time and waits that
         grow with the square of the body (1.5M and 118k for a 4,842-instruction decoder layer),
-        and its trips overlap little anyway."""
+        and its trips overlap little anyway. Large: BARRIER_BODY instructions written, or
+        BARRIER_TRIP executed a trip (a rolled attention layer: 623 written, 37k executed, whose
+        pairs were 120k carried edges, a second of the analyzer's time)."""
+        start = self.open_loops[0].start
         entry = self.open_loops[0].entry
         self._close_loop()
-        if entry.body_length >= BARRIER_BODY:
+        if entry.body_length >= BARRIER_BODY or self._executed(start, entry.body_length) >= BARRIER_TRIP:
             entry.attributes[CARRIED] = BARRIER
+
+    def _executed(self, start: int, length: int) -> int:
+        """The instructions one iteration of the loop whose body is bir.instructions[start:start
+        + length] executes: each counted once per iteration of the loops inside that hold it."""
+        executed, open_ends = 0, []  # (end of an inner loop's body, its iterations times the outer's)
+        for index in range(start, start + length):
+            while open_ends and index >= open_ends[-1][0]:
+                open_ends.pop()
+            times = open_ends[-1][1] if open_ends else 1
+            instr = self.bir.instructions[index]
+            if instr.op == LOOP_OP:
+                open_ends.append((index + 1 + instr.body_length, times * max(instr.trip_count, 1)))
+            else:
+                executed += times
+        return executed
 
     def _open_region(self, region: penguin_pb2.Repeat) -> None:
         """The loop of a Repeat region (a while loop kept as a loop): its nests are the body."""
