@@ -31,6 +31,7 @@ The evaluator runs the module as written, so `--verify` compares the rolled prog
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,7 +136,7 @@ class _Search:
             return 0
         if instr.opcode == "dot" and self.operands[i][0] >= 0:
             sizes = dims(self.instrs[self.operands[i][0]].shape)
-            depth = int(np.prod([sizes[d] for d in instr.dot_dimension_numbers.lhs_contracting_dimensions]))
+            depth = math.prod(sizes[d] for d in instr.dot_dimension_numbers.lhs_contracting_dimensions)
             rate = 4 if self.instrs[self.operands[i][0]].shape.element_type == T.F32 else 1
             return int(self.tiles[i]) * -(-depth // 128) * rate
         return int(self.tiles[i])
@@ -269,7 +270,7 @@ def _tiles(shape: Shape) -> int:
 def _elements(shape: Shape) -> int:
     if shape.element_type == T.TUPLE:
         return sum(_elements(s) for s in shape.tuple_shapes)
-    return int(np.prod(dims(shape), dtype=np.int64))
+    return math.prod(shape.dimensions)
 
 
 # ---- rolling them ----------------------------------------------------------------------------------
