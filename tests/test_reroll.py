@@ -158,3 +158,22 @@ def test_a_rolled_layer_a_trip_is_synchronized_as_a_barrier_between_trips(tmp_pa
     stats = json.loads((tmp_path / "w" / "03_WalrusDriver" / "stats.json").read_text())
     analyses = [p["stats"] for p in stats["passes"] if p["name"] == "anti_dependency_analyzer"]
     assert all(a["edges_carried"] < 10_000 for a in analyses)
+
+
+def test_a_search_that_finds_nothing_stops_within_its_steps(monkeypatch):
+    """A running product by a new parameter at every step looks periodic at every period (the
+    same multiply, its operands shifted), but no block carries from one to the next alone: each
+    reads a parameter of its own. The search gives up after SEARCH_STEPS (it took 22 s on 8,000
+    instructions) and says there is nothing to roll; a search with steps to spare still finds
+    the chain's blocks."""
+    lines = [f"  p{i} = f32[8] parameter({i})" for i in range(2001)]
+    lines += ["  m0 = f32[8] multiply(p0, p0)"]
+    lines += [f"  m{i} = f32[8] multiply(m{i - 1}, p{i})" for i in range(1, 2000)]
+    text = "HloModule product\n\nENTRY main {\n" + "\n".join(lines) + "\n  ROOT r = f32[8] negate(m1999)\n}\n"
+    steps = []
+    spend = reroll._Search._spend
+    monkeypatch.setattr(reroll._Search, "_spend", lambda self, n: (steps.append(n), spend(self, n)))
+    assert _region(text) is None
+    assert sum(steps) <= reroll.SEARCH_STEPS + max(steps)
+    monkeypatch.setattr(reroll, "WORK_PER_CARRIED_TILE", 0)
+    assert _region(_chain(6, reads="w")) is not None

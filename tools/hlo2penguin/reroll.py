@@ -47,6 +47,12 @@ Shape = hlo_pb2.ShapeProto
 MIN_BLOCKS = 4          # fewer blocks are not rolled (repeat.py keeps no loop of fewer trips)
 MAX_PERIOD = 4_096      # the longest block looked for, in HLO instructions
 MAX_REGIONS = 8         # rolled per module; each search is over the whole entry computation
+# the search's steps (an instruction compared with the one a period later, or checked as a
+# block's) before it settles for the best found so far: a running product multiplied by a new
+# parameter at each of 8,000 steps otherwise took 22 s to find nothing; the 12,500-op chain
+# needs 12,641
+SEARCH_STEPS = 250_000
+ELEMENT_COMPARES = 200_000_000  # the periods tried times the instructions they compare
 TILE_ELEMENTS = 128 * 512
 MIN_WORK = 4_096        # tiles of work (one op on 128 x 512 elements) the runs must hold
 # tiles of work a trip must hold per tile it carries: each carried tile goes to HBM and back and is
@@ -124,6 +130,11 @@ class _Search:
             else:
                 kinds.append(keys.setdefault(computed_key(instr, [], alike), len(keys)))
         self.kinds = np.array(kinds, dtype=np.int64)
+        # per instruction, how far back its nearest operand is: a carried value is read at most
+        # two blocks' length after it is written
+        self.nearest = np.array([min((i - o for o in ops if o >= 0), default=len(self.instrs))
+                                 for i, ops in enumerate(self.operands)], dtype=np.int64)
+        self.steps_left = SEARCH_STEPS
         self.tiles = np.array([_tiles(instr.shape) for instr in self.instrs], dtype=np.int64)
         self.work = np.array([self._work(i) for i in range(len(self.instrs))], dtype=np.int64)
 
@@ -141,6 +152,11 @@ class _Search:
             return int(self.tiles[i]) * -(-depth // 128) * rate
         return int(self.tiles[i])
 
+    def _spend(self, steps: int) -> None:
+        self.steps_left -= steps
+        if self.steps_left < 0:
+            raise _SearchSpent
+
     def shifted_alike(self, i: int, period: int) -> bool:
         """Instruction i + period is instruction i shifted: each operand shifted or the same."""
         pairs = zip(self.operands[i], self.operands[i + period], strict=True)
@@ -152,12 +168,14 @@ class _Search:
         same = self.kinds[:-period] == self.kinds[period:]
         least = (MIN_BLOCKS - 1) * period
         edges = np.flatnonzero(np.diff(np.concatenate(([0], same.astype(np.int8), [0]))))
-        return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a >= least]
+        return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)
+                if b - a >= least and bool((self.nearest[a:b] < 2 * period).any())]
 
     def shifted_runs(self, period: int, a: int, b: int) -> list[tuple[int, int]]:
         """The parts of run [a, b) where every i also has i + period shifted alike, long enough
         for MIN_BLOCKS blocks."""
         found, least, start = [], (MIN_BLOCKS - 1) * period, None
+        self._spend(b - a)
         for i in range(a, b + 1):
             if i < b and self.shifted_alike(i, period):
                 start = i if start is None else start
@@ -176,6 +194,7 @@ class _Search:
         if start < 0 or blocks < MIN_BLOCKS:
             return None
         end = start + period * blocks
+        self._spend(period)
         initial: dict[int, int] = {}  # offset of a carried member -> position of its initial value
         invariants = set()
         for i in range(start, start + period):
@@ -223,22 +242,36 @@ def find_region(comp: hlo_pb2.HloComputationProto, alike: dict[int, int]) -> Reg
     n = len(search.instrs)
     best: Region | None = None
     covered: list[tuple[int, int, int]] = []  # (period, start, end) of regions found
-    for period in range(1, min(n // MIN_BLOCKS, MAX_PERIOD) + 1):
-        for a, b in search.runs(period):
-            if any(period % p == 0 and min(e, b + period) - max(s, a) >= 0.9 * (b + period - a)
-                   for p, s, e in covered):
-                continue  # a multiple of a period already found over (most of) the same run
-            for c, d in search.shifted_runs(period, a, b):
-                region = search.best_in_run(period, c, d)
-                if region is None:
-                    continue
-                covered.append((period, region.start, region.end))
-                if int(search.work[region.start:region.end].sum()) < MIN_WORK:
-                    continue
-                grouped = _grouped(search, region)
-                if grouped is not None and (best is None or _better(grouped, best)):
-                    best = grouped
+    try:
+        for period in range(1, min(n // MIN_BLOCKS, MAX_PERIOD, ELEMENT_COMPARES // max(n, 1)) + 1):
+            best = _best_of_period(search, period, covered, best)
+    except _SearchSpent:
+        pass  # the best found so far
     return best
+
+
+def _best_of_period(search: _Search, period: int, covered: list[tuple[int, int, int]],
+                    best: Region | None) -> Region | None:
+    """`best`, or a region of `period` blocks that beats it (find_region)."""
+    for a, b in search.runs(period):
+        if any(period % p == 0 and min(e, b + period) - max(s, a) >= 0.9 * (b + period - a)
+               for p, s, e in covered):
+            continue  # a multiple of a period already found over (most of) the same run
+        for c, d in search.shifted_runs(period, a, b):
+            region = search.best_in_run(period, c, d)
+            if region is None:
+                continue
+            covered.append((period, region.start, region.end))
+            if int(search.work[region.start:region.end].sum()) < MIN_WORK:
+                continue
+            grouped = _grouped(search, region)
+            if grouped is not None and (best is None or _better(grouped, best)):
+                best = grouped
+    return best
+
+
+class _SearchSpent(Exception):
+    """The search used its SEARCH_STEPS."""
 
 
 def _better(a: Region, b: Region) -> bool:
