@@ -429,7 +429,7 @@ def render(results: list[ScaleResult], reps: int) -> str:
                 ),
                 fmt(None if r.simulated_ns is None else r.simulated_ns / 1000, ".1f", " us"),
                 fmt(r.xla_cpu_compile_s, ".3f", " s"),
-                fmt(r.ratio_to_xla, ".0f", "x"),
+                fmt(r.ratio_to_xla, ".0f" if (r.ratio_to_xla or 0) >= 10 else ".2f", "x"),  # the chain: 0.31x
             ]
         )
     lines = _splice_errors(run_bench._table(header, rows), results) if results else []
