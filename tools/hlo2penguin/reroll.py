@@ -2,10 +2,10 @@
 rerolling).
 
 Why: a framework that traces a Python loop writes its body once per iteration. A stack of layers
-that share their weights (the scale family's 9 attention layers, an ALBERT-style encoder, a fixed-
-step solver unrolled by `fori_loop(..., unroll=True)`, PyTorch/XLA's traced loops) reaches ncc as
-R copies of the same instructions, and every job after the first lowered, optimized, scheduled and
-packed all R of them. Rolled back into a `while` here, the body becomes one Repeat region
+that share their weights (the scale family's 9 attention layers, an ALBERT-style encoder), a
+chain that repeats its ops, or any loop PyTorch/XLA traces reaches ncc as R copies of the same
+instructions, and every job after the first lowered, optimized, scheduled and packed all R of
+them. Rolled back into a `while` here, the body becomes one Repeat region
 (repeat.py) and the backend sees it once: compile time follows the program's size, not R.
 
 What is found, in the entry computation (instructions in the order written, operands first): R >=
@@ -24,7 +24,9 @@ period found is the one that covers most instructions; among its phases, the one
 fewest values. Blocks are grouped `per_trip` to a trip, so that a trip holds enough work that its
 carries' round trip through HBM (repeat.py) is a small part of it; the blocks left over stay
 straight-line code after the loop. Nothing is rolled unless the runs hold at least MIN_WORK tiles of
-work: a small repetition unrolls anyway, and rolled and unrolled again would only reorder it.
+work: a small repetition unrolls anyway, and rolled and unrolled again would only reorder it. The
+search is bounded (SEARCH_STEPS): a module that looks periodic everywhere and rolls nowhere costs
+a fraction of a second.
 
 The evaluator runs the module as written, so `--verify` compares the rolled program against it.
 """
