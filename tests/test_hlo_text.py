@@ -122,6 +122,29 @@ def test_syntax_variants() -> None:
     verify_module(module)
 
 
+def test_a_shape_written_again_reads_as_written_each_time() -> None:
+    """The parser keeps the shapes it has read by their text: the same characters with a layout
+    after them, a tiled layout, or a space inside are other shapes, and an error is an error again."""
+    text = """
+    ENTRY e {
+      a = f32[2,3]{0,1} parameter(0)
+      b = f32[2,3] parameter(1)
+      c = f32[2,3]{0,1} add(a, a)
+      d = f32[2,3]{1,0:T(8,128)} add(b, b)
+      e = f32[2, 3] add(b, b)
+      ROOT f = (f32[2,3], f32[2,3]{0,1}) tuple(b, c)
+    }
+    """
+    instrs = by_name(parse_hlo_text(text).computations[0])
+    layouts = {name: list(instrs[name].shape.layout.minor_to_major) for name in "abcde"}
+    assert layouts == {"a": [0, 1], "b": [1, 0], "c": [0, 1], "d": [1, 0], "e": [1, 0]}
+    assert [list(s.layout.minor_to_major) for s in instrs["f"].shape.tuple_shapes] == [[1, 0], [0, 1]]
+    for bad in ("f32[2,3]{0,2}", "f32[2,,3]"):
+        twice = f"ENTRY e {{\n  a = {bad} parameter(0)\n  ROOT b = {bad} negate(a)\n}}\n"
+        with pytest.raises(CompileError):
+            verify_module(parse_hlo_text(twice))
+
+
 def test_no_entry_no_root_and_literals() -> None:
     module = parse_hlo_text("""
     first {

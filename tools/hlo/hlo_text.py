@@ -52,6 +52,10 @@ _WORD_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 # what follows a word's first character: _WORD_START but "%", and no "-" that begins a "->"
 _WORD_TAIL = re.compile(r"(?:[A-Za-z0-9_.+]|-(?!>))*")
 _PUNCT = frozenset("{}()[],=:?")
+# An array shape written with no spaces, `f32[512,1024]` or `f32[512,1024]{1,0}`, not followed by
+# more of a layout: the text the parser reads once and then takes from its cache (a module of
+# 12,500 instructions writes a handful of shapes 30,000 times).
+_PLAIN_SHAPE_RE = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\](?:\{[0-9,]*\})?(?![{:A-Za-z0-9_.+\-])")
 _OPENERS = {"{": "}", "(": ")", "[": "]"}
 _CLOSERS = frozenset(_OPENERS.values())
 _VALUE_ENDS = _CLOSERS | {","}
@@ -198,6 +202,7 @@ class _Parser:
     """Recursive descent over the token list; every loop consumes a token or raises."""
 
     def __init__(self, text: str) -> None:
+        self.text = text
         self.toks = tokenize(text)
         self.toks += [self.toks[-1]] * 3  # peek() looks up to 2 past the end: it finds the eof there
         self.pos = 0
@@ -206,6 +211,7 @@ class _Parser:
         self.shapes: dict[int, hlo_pb2.ShapeProto] = {}  # instruction id -> its shape, for inference
         self.nested: list[hlo_pb2.HloInstructionProto] = []  # nested operands of the instruction being read
         self.nested_count = 0
+        self.plain_shapes: dict[str, tuple[hlo_pb2.ShapeProto, int]] = {}  # text -> (shape, tokens read)
 
     # ---- token helpers -------------------------------------------------------------------------
     def peek(self, ahead: int = 0) -> Token:
@@ -341,6 +347,22 @@ class _Parser:
 
     # ---- shapes --------------------------------------------------------------------------------
     def shape(self, depth: int = 0) -> hlo_pb2.ShapeProto:
+        """The shape written next. The proto returned may be shared: callers copy it."""
+        tok = self.peek()
+        plain = _PLAIN_SHAPE_RE.match(self.text, tok.start) if tok.kind == "w" else None
+        if plain is None:
+            return self.parse_shape(depth)
+        known = self.plain_shapes.get(plain.group())
+        if known is not None:
+            self.pos += known[1]
+            return known[0]
+        start = self.pos
+        shape = self.parse_shape(depth)
+        if self.toks[self.pos - 1].end == plain.end():
+            self.plain_shapes[plain.group()] = (shape, self.pos - start)
+        return shape
+
+    def parse_shape(self, depth: int = 0) -> hlo_pb2.ShapeProto:
         if depth > MAX_NESTING:
             raise self.error("shape nesting is too deep")
         shape = hlo_pb2.ShapeProto()

@@ -81,7 +81,12 @@ def select_act_functions(program: penguin_pb2.Program) -> ActFunctionStats:
     stats = ActFunctionStats()
     f32 = {t.name for t in program.tensors if t.dtype == common_pb2.F32}
     readers = Counter(a.tensor for nest in program.nests for st in nest.statements for a in st.inputs)
-    found: dict[tuple, str | None] = {}  # a cone's operations up to a statement -> the function
+    # A cone's operations up to a statement, numbered as a trie: (the number of those up to the
+    # statement before, or -1; this statement's operation) -> a number. A key is then found in
+    # constant time at each statement, not by hashing the whole prefix (a fused chain's cones are
+    # 256 statements long, and there are hundreds of them).
+    prefixes: dict[tuple[int, tuple], int] = {}
+    found: dict[int, str | None] = {}  # the number of a cone's operations up to a statement -> the function
     for nest in program.nests:
         changed: set[int] = set()
         for x, cone in _cones(nest, f32):
@@ -92,12 +97,13 @@ def select_act_functions(program: penguin_pb2.Program) -> ActFunctionStats:
             values: list[np.ndarray] | None = None
             replace: list[tuple[int, str]] = []
             sizes = _closure_sizes(structure)
+            key = -1
             for position in range(len(cone)):
+                key = prefixes.setdefault((key, structure[position]), len(prefixes))
                 st = nest.statements[cone[position]]
                 out = st.outputs[0].tensor
                 if sizes[position] < MIN_STATEMENTS or readers[out] == inside[out]:
                     continue  # too short; or only the cone reads it: a later statement is the one to replace
-                key = structure[:position + 1]
                 if key not in found:
                     values = values if values is not None else _evaluate(structure)
                     found[key] = _matching_function(values[position])
@@ -256,22 +262,43 @@ def _evaluate(structure: tuple) -> list[np.ndarray]:
 
 
 _EXPECTED: dict[str, np.ndarray] = {}  # each ACT function at SAMPLES, computed when first asked
-# A few samples spread over SAMPLES, tried first: a function that disagrees anywhere there is out
-# without the whole comparison (most are: a long fused chain asks about hundreds of cones).
+# A few samples spread over SAMPLES, tried first, for every function at once: a function that
+# disagrees anywhere there is out without the whole comparison (most are: a long fused chain asks
+# about hundreds of cones, and there are two dozen functions).
 _PROBE = np.linspace(0, _FINITE.stop - 1, 257).astype(np.int64)
+_PROBED: list[np.ndarray] = []  # [functions, probes]: ACT_FUNCTIONS at SAMPLES[_PROBE], in order
+
+
+def _expected(func: str) -> np.ndarray:
+    if func not in _EXPECTED:
+        with np.errstate(all="ignore"):
+            _EXPECTED[func] = np.asarray(alu.ACT_FUNCTIONS[func](SAMPLES), dtype=np.float32)
+    return _EXPECTED[func]
 
 
 def _matching_function(values: np.ndarray) -> str | None:
     """The ACT function that agrees with `values` at SAMPLES within TOLERANCE, if one does."""
+    if not _PROBED:
+        _PROBED.append(np.stack([_expected(func)[_PROBE] for func in alu.ACT_FUNCTIONS]))
     with np.errstate(all="ignore"):
-        for func, compute in alu.ACT_FUNCTIONS.items():
-            if func not in _EXPECTED:
-                _EXPECTED[func] = np.asarray(compute(SAMPLES), dtype=np.float32)
-            expected = _EXPECTED[func]
-            if _agrees(values[_PROBE], expected[_PROBE]) and _agrees(values[_FINITE], expected[_FINITE]) \
+        for row in np.flatnonzero(_may_agree(values[_PROBE], _PROBED[0])):
+            func = list(alu.ACT_FUNCTIONS)[row]
+            expected = _expected(func)
+            if _agrees(values[_FINITE], expected[_FINITE]) \
                     and _agrees_beyond(values[_FINITE.stop:], expected[_FINITE.stop:]):
                 return func
     return None
+
+
+def _may_agree(values: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """Per row of `expected` [functions, samples]: whether `values` passes `_agrees`'s tests but
+    the sign of zeros (which the full comparison makes), all rows in one go."""
+    nan = np.isnan(expected)
+    infinite = np.isinf(expected)
+    error = np.abs(values.astype(np.float64) - expected)
+    close = error <= TOLERANCE * np.abs(expected.astype(np.float64)) + ABS_FLOOR  # False at NaN or inf
+    same = np.where(nan, np.isnan(values), np.where(infinite, values == expected, close))
+    return same.all(axis=1)
 
 
 def _agrees_beyond(values: np.ndarray, expected: np.ndarray) -> bool:
