@@ -579,7 +579,8 @@ ENTRY main {
 
 
 # windows whose starts are computed in several dimensions, or in one while the window is part of
-# another: one dimension at a time (rows of the first, then the window of those), each start clamped
+# another: one dimension at a time (rows of the first, then the window of those), each start clamped;
+# and an update that is one constant (`x.at[i:i+2].set(7)`: a splat, no tensor of its own)
 RUNTIME_WINDOWS = Case(
     "runtime_windows",
     """HloModule runtime_windows
@@ -594,7 +595,13 @@ ENTRY main {
   b = f32[3,7,4] dynamic-slice(v, c, j, i), dynamic_slice_sizes={3,7,4}
   d = f32[37,129] dynamic-update-slice(x, u, i, j)
   e = f32[37,129] dynamic-update-slice(x, u, c, j)
-  ROOT out = (f32[5,17], f32[3,7,4], f32[37,129], f32[37,129]) tuple(a, b, d, e)
+  z = s32[] constant(0)
+  seven = f32[] constant(7)
+  rows = f32[2,129] broadcast(seven), dimensions={}
+  cols = f32[37,3] broadcast(seven), dimensions={}
+  f = f32[37,129] dynamic-update-slice(x, rows, i, z)
+  g = f32[37,129] dynamic-update-slice(x, cols, z, j)
+  ROOT out = (f32[5,17], f32[3,7,4], f32[37,129], f32[37,129], f32[37,129], f32[37,129]) tuple(a, b, d, e, f, g)
 }
 """,
     lambda rng: [rng.standard_normal((37, 129)).astype(np.float32), np.int32(35), np.int32(-4),
@@ -611,7 +618,9 @@ def _runtime_windows_reference(x, i, j, v, u):
     b = v[2:5, at(j, 40, 7):at(j, 40, 7) + 7, at(i, 9, 4):at(i, 9, 4) + 4]
     d = _updated(x, u, at(i, 37, 5), at(j, 129, 17))
     e = _updated(x, u, 2, at(j, 129, 17))
-    return a, b, d, e
+    f = _updated(x, np.full((2, 129), 7, np.float32), at(i, 37, 2), 0)
+    g = _updated(x, np.full((37, 3), 7, np.float32), 0, at(j, 129, 3))
+    return a, b, d, e, f, g
 
 
 def _indexed_reference(table, tokens, cache, new, pos):

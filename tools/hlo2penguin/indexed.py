@@ -22,7 +22,7 @@ from ncc.tools.hlo.index_math import (
 )
 from ncc.tools.hlo2penguin.control import Budget
 from ncc.tools.hlo2penguin.nest_builder import PARTITIONS, Tiling, add_statement
-from ncc.tools.hlo2penguin.values import FREE_TILE, POOL, SP, Splat, Value, product
+from ncc.tools.hlo2penguin.values import FREE_TILE, POOL, SP, Splat, Value, product, transposed
 from ncc.tools.hlo2penguin.views import View
 
 # A scatter-add of count rows into extent rows runs as a one-hot matmul up to this many elements
@@ -258,7 +258,7 @@ class IndexedOps:
         back = tuple(int(k) for k in np.argsort(order))
         self._copy_into(operand, laid_out.transpose(back), instr.name)
         rows = self._window_rows(instr, starts[d], shape[d], update.shape[d])
-        self._scatter_rows(instr, laid_out, rows, update.transpose(order))
+        self._scatter_rows(instr, laid_out, rows, transposed(update, order))
         return laid_out.transpose(back)
 
     def _scatter(self, instr, ops: list[Value], shape: tuple[int, ...], dtype: int) -> View:
@@ -292,8 +292,7 @@ class IndexedOps:
         values = self._reshape_value(ordered, (count, *row_shape), instr.name)
         back = tuple(int(k) for k in np.argsort(order))
         if self._sums_by_matmul(instr, dtype, count, shape[d]):
-            moved = operand.transpose(order) if isinstance(operand, View) else \
-                Splat(operand.value, operand.dtype, tuple(shape[k] for k in order))
+            moved = transposed(operand, order)
             return self._scatter_add_by_matmul(instr, moved, rows, values).transpose(back)
         laid_out = self._new_output(instr, tuple(shape[k] for k in order), dtype)
         self._copy_into(operand, laid_out.transpose(back), instr.name)

@@ -88,6 +88,7 @@ from ncc.tools.hlo2penguin.values import (
     broadcast_to,
     is_integer,
     product,
+    transposed,
 )
 from ncc.tools.hlo2penguin.views import View
 from ncc.tools.hlo2penguin.windows import WindowOps
@@ -459,8 +460,7 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
             # the operands are a tensor stored transposed (a swapped dot's product): compute in
             # its memory order and read the result back through the same transpose
             permuted = tuple(shape[d] for d in order)
-            walked = [op.transpose(order) if isinstance(op, View) else Splat(op.value, op.dtype, permuted)
-                      for op in ops]
+            walked = [transposed(op, order) for op in ops]
             result_ = self._elementwise(instr, walked, permuted, dtype)
             if isinstance(result_, View):
                 self.swapped.add(result_.base)

@@ -41,5 +41,12 @@ def broadcast_to(value: Value, shape: tuple[int, ...]) -> Value:
     return value.broadcast(shape, ())
 
 
+def transposed(value: View | Splat, order: tuple[int, ...]) -> View | Splat:
+    """`value` with its dimensions in `order` (a splat needs no data moved)."""
+    if isinstance(value, Splat):
+        return Splat(value.value, value.dtype, tuple(value.shape[k] for k in order))
+    return value.transpose(order)
+
+
 def product(sizes: tuple[int, ...]) -> int:
     return int(np.prod(sizes, dtype=np.int64))
