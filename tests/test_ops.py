@@ -67,6 +67,27 @@ FLOAT_UNARY = Case(
                np.vectorize(math.erf)(x.astype(np.float64))),
 )
 
+# -0 through ACT's functions: sqrt, tanh and sin keep it, so 1/f(-0) is -inf, and rsqrt(-0) is -inf
+# (an activation's bias of +0 would have made every -0 +0)
+Z = "f32[3,5]"
+SIGNED_ZEROS = Case(
+    "signed_zeros",
+    _module("signed_zeros", [Z], [
+        "one = f32[] constant(1)",
+        f"ones = {Z} broadcast(one), dimensions={{}}",
+        f"r = {Z} rsqrt(p0)",
+        f"sq = {Z} sqrt(p0)",
+        f"th = {Z} tanh(p0)",
+        f"sn = {Z} sine(p0)",
+        f"isq = {Z} divide(ones, sq)",
+        f"ith = {Z} divide(ones, th)",
+        f"isn = {Z} divide(ones, sn)",
+    ], [f"{Z} r", f"{Z} isq", f"{Z} ith", f"{Z} isn"]),
+    lambda rng: [np.array([[-0.0, 0.0, -0.0, 4.0, 0.25]] * 3, dtype=np.float32)],
+    lambda x: (np.float32(1) / np.sqrt(x), np.float32(1) / np.sqrt(x), np.float32(1) / np.tanh(x),
+               np.float32(1) / np.sin(x)),
+)
+
 G = "f32[65,301]"
 FLOAT_BINARY = Case(
     "float_binary",
@@ -601,7 +622,8 @@ ENTRY main {
   cols = f32[37,3] broadcast(seven), dimensions={}
   f = f32[37,129] dynamic-update-slice(x, rows, i, z)
   g = f32[37,129] dynamic-update-slice(x, cols, z, j)
-  ROOT out = (f32[5,17], f32[3,7,4], f32[37,129], f32[37,129], f32[37,129], f32[37,129]) tuple(a, b, d, e, f, g)
+  ROOT out = (f32[5,17], f32[3,7,4], f32[37,129], f32[37,129], f32[37,129], f32[37,129])
+    tuple(a, b, d, e, f, g)
 }
 """,
     lambda rng: [rng.standard_normal((37, 129)).astype(np.float32), np.int32(35), np.int32(-4),
@@ -1401,10 +1423,10 @@ ENTRY main {
         np.cumsum(small.astype(np.float64), axis=1) + (50 - np.arange(50))),
 )
 
-CASES = [FLOAT_UNARY, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT, CONTROL_FLOW,
-         ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, MIXED_CONVOLUTIONS, INDEXED, RUNTIME_WINDOWS, SCATTERS,
-         SEGMENT_SUMS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT, BITS,
-         SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
+CASES = [FLOAT_UNARY, SIGNED_ZEROS, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT,
+         CONTROL_FLOW, ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, MIXED_CONVOLUTIONS, INDEXED, RUNTIME_WINDOWS,
+         SCATTERS, SEGMENT_SUMS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT,
+         BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]
 
 
 @pytest.mark.slow

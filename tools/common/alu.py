@@ -32,6 +32,10 @@ def act_operand_problem(role: str, inputs: int) -> str:
         return f"act_operand {role!r} does not name its {inputs - 1} operand(s) after input 0"
     return ""
 
+# ACT's (scale, bias) that pass func's input through unchanged: a bias of -0, since x + (-0) is x
+# for every x, -0 included, while x + (+0) makes -0 +0 (rsqrt(-0) is -inf, rsqrt(+0) +inf).
+IDENTITY_SCALE_BIAS = (1.0, -0.0)
+
 ACT_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "identity": lambda x: x,
     "exp": np.exp,

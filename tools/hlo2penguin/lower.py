@@ -33,6 +33,7 @@ import numpy as np
 
 from ncc.schemas import common_pb2, hlo_pb2, penguin_pb2
 from ncc.tools.common import affine
+from ncc.tools.common.alu import IDENTITY_SCALE_BIAS
 from ncc.tools.common.dtypes import from_compute, is_float, is_signed
 from ncc.tools.common.errors import CompileError
 from ncc.tools.common.penguin_budget import AUTO_ROLL_ABOVE
@@ -485,7 +486,8 @@ class Lowering(IndexedOps, WindowOps, ControlOps, RepeatOps, SortOps, BitOps, Ra
             func = BINARY.get(opcode) or COMPARE[instr.comparison_direction]
             body.binary(func, engine, out_box, ops[0], ops[1])
         elif opcode in ACTIVATIONS and is_float(dtype):
-            body.emit("activation", ACT, out_box, [ops[0]], func=ACTIVATIONS[opcode], scalars=(1.0, 0.0))
+            body.emit("activation", ACT, out_box, [ops[0]], func=ACTIVATIONS[opcode],
+                      scalars=IDENTITY_SCALE_BIAS)
         elif opcode == "negate":
             body.binary("multiply", engine, out_box, ops[0], Splat(-1.0, dtype, shape))
         elif opcode == "abs" and not is_signed(dtype):

@@ -333,7 +333,7 @@ def _become_activation(st: penguin_pb2.Statement, func: str, x_access: penguin_p
     del st.inputs[:]
     st.inputs.append(x_access)
     del st.scalars[:]
-    st.scalars.extend([1.0, 0.0])  # scale, bias
+    st.scalars.extend(alu.IDENTITY_SCALE_BIAS)  # scale, bias
     st.attributes.pop("reverse", None)
 
 

@@ -21,14 +21,14 @@ it (BERT's layer: 49 of its 170 µs of softmax DVE work). Within one nest this p
     ACT as an identity activation with that bias, while the nest's DVE work (DVE and POOL share
     a port) exceeds ACT's: ResNet's batch norms were four DVE passes a tile and one on ACT.
     A subtract takes the negated column, computed in a one-element-per-partition `tensor_scalar`
-    before it. The values are the subtract's and add's, except that a sum of −0 and −0 (the
-    only one whose zero is negative) comes out +0: the activation adds its scalar bias of 0 first.
+    before it. The values are the subtract's and add's, −0 included: the activation adds its
+    scalar bias of −0 first (alu.IDENTITY_SCALE_BIAS), which changes no value.
     When the moved statement's result only feeds a max(·, 0) on DVE (a ReLU after the norm), the
     activation computes the relu itself (ACT's relu is that maximum), and the max goes.
 
 The first three give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
-once, ACT's scale of 1 and bias of 0 change no value (a −0 becomes +0, as the activation's bias
-of 0 already made it), and the sum adds the written values in the order tensor_reduce does. So
+once, ACT's scale of 1 and bias of −0 change no value (a bias of +0, which an activation may
+also carry, makes −0 +0), and the sum adds the written values in the order tensor_reduce does. So
 the fold applies only where those hold: the subtract writes f32 from float operands, the
 activation has scale 1 and bias 0, the two run under the same predicates and nothing between them
 writes what the activation now reads (or, for the sum, touches the reduce's output).
@@ -39,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ncc.schemas import common_pb2, penguin_pb2
+from ncc.tools.common.alu import IDENTITY_SCALE_BIAS
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.hlo_opt.passes import nests_naming, same_box, writers_and_readers
 from ncc.tools.hlo_opt.passes.broadcast_operands import BROADCAST, broadcast_inputs
@@ -190,7 +191,7 @@ class _NestFolder:
         st.op, st.engine, st.func = "activation", common_pb2.ACT, "square"
         del st.inputs[1:]
         del st.scalars[:]
-        st.scalars.extend([1.0, 0.0])
+        st.scalars.extend(IDENTITY_SCALE_BIAS)
         self._link(k)
         if self.fold_sum(k):
             return True
@@ -296,7 +297,7 @@ def _balance_shifts(program: penguin_pb2.Program, nest: penguin_pb2.LoopNest,
             negations[k], bias = _negation(program, tensors, st, bias)
         st.op, st.engine, st.func = "activation", common_pb2.ACT, "identity"
         del st.scalars[:]
-        st.scalars.extend([1.0, 0.0])
+        st.scalars.extend(IDENTITY_SCALE_BIAS)
         del st.inputs[:]
         st.inputs.extend([data, bias])
         st.attributes[BROADCAST] = "1"

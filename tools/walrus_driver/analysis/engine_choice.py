@@ -29,7 +29,7 @@ import math
 from typing import NamedTuple
 
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common.alu import ACT_OPERAND
+from ncc.tools.common.alu import ACT_OPERAND, IDENTITY_SCALE_BIAS
 from ncc.tools.common.dtypes import is_float
 from ncc.tools.walrus_driver.analysis import birutil
 
@@ -63,7 +63,7 @@ class ActForm(NamedTuple):
     op: str
     inputs: int | None = None  # the inputs it keeps, None for all (x·x as square(x) reads x once)
     func: str | None = None
-    scale_bias: tuple[float, float] = (1.0, 0.0)
+    scale_bias: tuple[float, float] = IDENTITY_SCALE_BIAS
     scale_input: int = -1  # the input that becomes the per-partition scale operand (-1: none)
 
     def apply(self, instr: bir_pb2.Instruction) -> None:
