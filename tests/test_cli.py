@@ -232,6 +232,10 @@ def test_run_compares_nan_and_infinities_with_the_reference_as_equal(tmp_path: P
     np.savez(tmp_path / "wrong.npz", arg0=x, arg1=y, out0=expected)
     ncc("run", neff, "--inputs", tmp_path / "wrong.npz", "--output", out, "--report", report)
     assert json.loads(report.read_text())["reference_comparison"][0]["max_abs_error"] == float("inf")
+    np.savez(tmp_path / "shape.npz", arg0=x, arg1=y, out0=expected[:5])  # a reference of another shape
+    result = ncc("run", neff, "--inputs", tmp_path / "shape.npz", "--output", out)
+    assert "out0: not compared with the reference in shape.npz: shape [128, 512] but expected [5, 512]" \
+        in result.stdout
 
 
 @pytest.mark.slow

@@ -67,8 +67,8 @@ FLOAT_UNARY = Case(
                np.vectorize(math.erf)(x.astype(np.float64))),
 )
 
-# -0 through ACT's functions: sqrt, tanh and sin keep it, so 1/f(-0) is -inf, and rsqrt(-0) is -inf
-# (an activation's bias of +0 would have made every -0 +0)
+# -0 through ACT's functions: sqrt, tanh, sin and sign keep it, so 1/f(-0) is -inf, and rsqrt(-0) is
+# -inf (an activation's bias of +0 would have made every -0 +0; numpy's sign makes it +0, XLA's not)
 Z = "f32[3,5]"
 SIGNED_ZEROS = Case(
     "signed_zeros",
@@ -82,10 +82,12 @@ SIGNED_ZEROS = Case(
         f"isq = {Z} divide(ones, sq)",
         f"ith = {Z} divide(ones, th)",
         f"isn = {Z} divide(ones, sn)",
-    ], [f"{Z} r", f"{Z} isq", f"{Z} ith", f"{Z} isn"]),
+        f"sg = {Z} sign(p0)",
+        f"isg = {Z} divide(ones, sg)",
+    ], [f"{Z} r", f"{Z} isq", f"{Z} ith", f"{Z} isn", f"{Z} isg"]),
     lambda rng: [np.array([[-0.0, 0.0, -0.0, 4.0, 0.25]] * 3, dtype=np.float32)],
     lambda x: (np.float32(1) / np.sqrt(x), np.float32(1) / np.sqrt(x), np.float32(1) / np.tanh(x),
-               np.float32(1) / np.sin(x)),
+               np.float32(1) / np.sin(x), np.float32(1) / np.where(x == 0, x, np.sign(x))),
 )
 
 G = "f32[65,301]"

@@ -258,6 +258,9 @@ def run(args: argparse.Namespace) -> int:
         if row["max_abs_error"] is not None:
             error = row["max_abs_error"]
             print(f"ncc: {row['name']}: max |error| vs the reference in {args.inputs.name}: {error:.3g}")
+        elif row["detail"]:
+            detail = row["detail"]
+            print(f"ncc: {row['name']}: not compared with the reference in {args.inputs.name}: {detail}")
     where = {"log": args.report} if args.report else {}
     if result.deadlock:
         raise NccError.of("R002", f"deadlock while running {args.neff}: {result.deadlock}", **where)

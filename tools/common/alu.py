@@ -48,7 +48,7 @@ ACT_FUNCTIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "relu": lambda x: np.maximum(x, np.float32(0)),
     "square": lambda x: x * x,
     "abs": np.abs,
-    "sign": np.sign,
+    "sign": numerics.sign,
     "expm1": np.expm1,
     "log1p": np.log1p,
     "sin": np.sin,

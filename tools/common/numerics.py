@@ -122,6 +122,11 @@ def shift_right_arithmetic(a: np.ndarray, b: np.ndarray, bits: int, signed: bool
     return wrap(np.right_shift(as_signed, amount), bits, signed)
 
 
+def sign(x: np.ndarray) -> np.ndarray:
+    """XLA's sign: -1, +1, or x itself at ±0 and NaN (numpy's sign makes -0 +0)."""
+    return np.where(x == 0, x, np.sign(x))
+
+
 def round_half_away(x: np.ndarray) -> np.ndarray:
     """Round to nearest, ties away from zero (XLA round-nearest-afz), without the x + 0.5 error."""
     truncated = np.trunc(x)

@@ -104,7 +104,7 @@ def _apply(opcode: str, ops: list[np.ndarray], kind: int) -> np.ndarray:
     if opcode == "abs":
         return np.abs(ops[0])
     if opcode == "sign":
-        return np.sign(ops[0])
+        return numerics.sign(ops[0])
     if opcode == "not":
         return np.logical_not(ops[0]) if kind == T.PRED else np.invert(ops[0])
     if opcode in INTEGER_UNARY:

@@ -106,7 +106,8 @@ class ControlOps:
             verdict = self._computation(condition, [state])
             if not isinstance(verdict, Splat):
                 raise CompileError("E207", f"while loop '{instr.name}' has a trip count not known at compile "
-                                           "time: its condition depends on computed data", instr.name)
+                                           "time: its condition depends on the module's inputs or on data "
+                                           "computed from them", instr.name)
             if not verdict.value:
                 return state
             state = self._computation(body, [state])
