@@ -129,10 +129,12 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--loops", choices=LOOP_MODES, default=DEFAULT_LOOPS,
-        help="rolled: a loop whose iterations lower alike stays a loop in BIR and the NEFF (but in a nest "
-        "of at most 128 instructions, 512 of transfers alone), so the compile costs what the program's "
+        help="rolled: a loop nest whose iterations lower alike stays a loop in BIR and the NEFF (but in a "
+        "nest of at most 128 instructions, 512 of transfers alone), so the compile costs what the program's "
         "text costs; unrolled: every loop is unrolled; auto: rolled for a "
-        f"program that would unroll to 20,000 backend instructions or more (default {DEFAULT_LOOPS})",
+        f"program that would unroll to 20,000 backend instructions or more (default {DEFAULT_LOOPS}). "
+        "Under auto and rolled an HLO while loop stays a loop where its trips would unroll to 20,000 "
+        "backend instructions or more",
     )
 
 
