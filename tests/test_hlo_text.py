@@ -145,6 +145,48 @@ def test_a_shape_written_again_reads_as_written_each_time() -> None:
             verify_module(parse_hlo_text(twice))
 
 
+def test_what_jax_prints_parses() -> None:
+    """finfo(f32).min as JAX prints it (-3.40282347e+38, past the largest f32 before rounding) and
+    bf16's; the stack-frame sections of `.compile().as_text()`; `}, execution_thread=` after a body."""
+    text = """HloModule m, is_scheduled=true
+
+FileNames
+1 "/tmp/f.py"
+
+FunctionNames
+1 "<lambda>"
+
+FileLocations
+1 {file_name_id=1 function_name_id=1 line=6 end_line=6 column=20 end_column=37}
+
+StackFrames
+1 {file_location_id=1 parent_frame_id=1}
+
+add_c {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}, execution_thread="host"
+
+ENTRY main {
+  x = f32[4] parameter(0), metadata={op_name="x" stack_frame_id=1}
+  lo = f32[] constant(-3.40282347e+38)
+  hi = bf16[] constant(3.38953139e+38)
+  z = f32[] constant(0)
+  ROOT r = f32[] reduce(x, z), dimensions={0}, to_apply=add_c
+}
+"""
+    module = parse_hlo_text(text)
+    add_c, main = module.computations
+    assert add_c.execution_thread == "host" and main.name == "main"
+    instrs = by_name(main)
+    assert list(instrs["lo"].literal.f32s) == [float(np.finfo(np.float32).min)]
+    assert np.frombuffer(instrs["hi"].literal.bf16s, "<u2")[0] == 0x7F7F  # bf16's largest finite
+    for past in ("f32[] constant(3.5e+38)", "bf16[] constant(3.4e+38)", "f16[] constant(65520)"):
+        with pytest.raises(CompileError, match="out of range"):
+            parse_hlo_text(f"ENTRY e {{\n  ROOT c = {past}\n}}\n")
+
+
 def test_no_entry_no_root_and_literals() -> None:
     module = parse_hlo_text("""
     first {

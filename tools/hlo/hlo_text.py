@@ -39,8 +39,12 @@ _INT_RANGES = {
     T.S32: (-(1 << 31), (1 << 31) - 1), T.S64: (-(1 << 63), (1 << 63) - 1),
     T.U8: (0, (1 << 8) - 1), T.U16: (0, (1 << 16) - 1), T.U32: (0, (1 << 32) - 1), T.U64: (0, (1 << 64) - 1),
 }
-_FLOAT_MAX = {T.F16: 65504.0, T.BF16: 3.3895313892515355e38, T.F32: 3.4028234663852886e38,
-              T.F64: 1.7976931348623157e308}
+# A float constant must round to a finite value of its type: its magnitude below the midpoint
+# between the largest finite value and the next power of two (JAX prints finfo(f32).min as
+# -3.40282347e+38, a little past the largest f32, which rounds to it). A bf16 constant is rounded
+# to f32 first, so its bound leaves room for that rounding (an f32 ulp there is 2^104).
+_ROUNDS_FINITE_BELOW = {T.F16: 65520.0, T.BF16: 2.0**128 - 2.0**119 - 2.0**104, T.F32: 2.0**128 - 2.0**103,
+                        T.F64: math.inf}
 _INT64 = _INT_RANGES[T.S64]
 _INT32 = _INT_RANGES[T.S32]
 
@@ -52,6 +56,7 @@ _WORD_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 # what follows a word's first character: _WORD_START but "%", and no "-" that begins a "->"
 _WORD_TAIL = re.compile(r"(?:[A-Za-z0-9_.+]|-(?!>))*")
 _PUNCT = frozenset("{}()[],=:?")
+_STACK_FRAME_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
 # An array shape written with no spaces, `f32[512,1024]` or `f32[512,1024]{1,0}`, not followed by
 # more of a layout: the text the parser reads once and then takes from its cache (a module of
 # 12,500 instructions writes a handful of shapes 30,000 times).
@@ -792,6 +797,16 @@ class _Parser:
             if not self.at("}"):
                 self.expect(",", "or '}' between frontend attributes")
 
+    def computation_attributes(self, comp: hlo_pb2.HloComputationProto) -> None:
+        """`, key=value` pairs of a computation: its execution_thread kept, the others skipped."""
+        while self.accept(","):
+            key = self.word("an attribute name")
+            self.expect("=", f"after attribute '{key}'")
+            if key == "execution_thread" and self.peek().kind == "s":
+                comp.execution_thread = self.string()
+            else:
+                self.skip_value()
+
     def computation(self) -> _Computation:
         is_entry = False
         if self.peek().kind == "w" and self.peek().text == "ENTRY" and self.peek(1).kind == "w":
@@ -803,13 +818,7 @@ class _Parser:
             self.skip_balanced()
             self.expect("->", "after a computation's parameter list")
             self.shape()
-        while self.accept(","):
-            key = self.word("an attribute name")
-            self.expect("=", f"after attribute '{key}'")
-            if key == "execution_thread" and self.peek().kind == "s":
-                comp.execution_thread = self.string()
-            else:
-                self.skip_value()
+        self.computation_attributes(comp)
         self.expect("{", f"to open computation '{comp.name}'")
         names: dict[str, int] = {}
         control: list[tuple[hlo_pb2.HloInstructionProto, str, Token]] = []
@@ -827,6 +836,7 @@ class _Parser:
                     raise self.error(f"computation '{comp.name}' has more than one ROOT", root_tok)
                 root_id = instr.id
             instrs.append(instr)
+        self.computation_attributes(comp)  # XLA prints `}, execution_thread="..."` after the body
         if not instrs:
             raise self.error(f"computation '{comp.name}' has no instructions", name_tok)
         comp.root_id = instrs[-1].id if root_id is None else root_id
@@ -839,6 +849,24 @@ class _Parser:
         return _Computation(comp, instrs, is_entry, name_tok)
 
     # ---- the module ----------------------------------------------------------------------------
+    def at_section(self) -> bool:
+        """At one of the stack-frame sections, its name followed by an entry or another section."""
+        name, after = self.peek(), self.peek(1)
+        return name.kind == "w" and name.text in _STACK_FRAME_SECTIONS and after.kind == "w" and (
+            bool(_INT_RE.fullmatch(after.text)) or after.text in _STACK_FRAME_SECTIONS)
+
+    def skip_stack_frame_sections(self) -> None:
+        """Skip what XLA prints between the module's header and its computations when it keeps
+        source locations (JAX's `.compile().as_text()`): `FileNames`, `FunctionNames`,
+        `FileLocations` and `StackFrames`, each a list of `N "string"` or `N {key=value ...}`.
+        Instructions point into them with `stack_frame_id`, which metadata skips as well."""
+        while self.at_section():
+            self.pos += 1
+            while self.peek().kind == "w" and _INT_RE.fullmatch(self.peek().text) and (
+                    self.peek(1).kind == "s" or (self.peek(1).kind == "p" and self.peek(1).text == "{")):
+                self.pos += 1
+                self.skip_atom()
+
     def module(self) -> hlo_pb2.HloModuleProto:
         module = hlo_pb2.HloModuleProto(name="module")
         if self.peek().kind == "w" and self.peek().text == "HloModule":
@@ -855,6 +883,7 @@ class _Parser:
                     self.frontend_attributes(module.frontend_attributes)
                 else:
                     self.skip_value()
+        self.skip_stack_frame_sections()
         comps: list[_Computation] = []
         while self.peek().kind != "eof":
             comps.append(self.computation())
@@ -899,7 +928,7 @@ def _scalar_value(tok: Token, kind: int) -> object:
         raise _syntax(f"expected a number for a {type_name(kind)} constant, found '{text}'",
                       tok.line, tok.col)
     value = float(text)
-    if not abs(value) <= _FLOAT_MAX[kind]:
+    if not abs(value) < _ROUNDS_FINITE_BELOW[kind]:
         raise _syntax(f"constant {text} is out of range for {type_name(kind)}", tok.line, tok.col)
     return value
 
