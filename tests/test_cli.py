@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -161,14 +162,28 @@ def test_inspect_of_a_non_neff_is_the_readers_diagnostic(tmp_path: Path) -> None
     assert result.returncode == 1 and "bogus.neff" in line
 
 
-def test_run_with_unreadable_inputs_is_u008(tmp_path: Path) -> None:
+def _bad_member(path: Path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("arg0.npy", b"garbage")
+
+
+@pytest.mark.parametrize("name, write, why", [
+    ("in.npz", lambda p: p.write_text("not a zip"), "as an .npz file"),
+    ("in.npy", lambda p: np.save(p, np.zeros(3, np.float32)), "one array (.npy)"),
+    ("in.npz", lambda p: np.savez(p, arg0=np.ones(3, np.complex64)), "complex64 values"),
+    ("in.npz", lambda p: np.savez(p, arg0=np.array(["1.5"])), "<U3 values"),
+    ("in.npz", _bad_member, "member 'arg0' is not a numpy array"),
+], ids=["not-a-zip", "npy", "complex", "strings", "bad-member"])
+def test_run_with_unreadable_inputs_is_u008(tmp_path: Path, name: str, write, why: str) -> None:
+    """Inputs ncc run cannot take: one coded line saying why (a .npy crashed it, a complex input
+    lost its imaginary part with numpy's warning, a garbage member was an input of shape [])."""
     neff = tmp_path / "m.neff"
     neff.write_bytes(b"x")
-    bad = tmp_path / "in.npz"
-    bad.write_text("not a zip")
+    bad = tmp_path / name
+    write(bad)
     result = ncc("run", neff, "--inputs", bad, "--output", tmp_path / "o.npz")
-    assert_one_line_error(result, "U008")
-    assert result.returncode == 2
+    line = assert_one_line_error(result, "U008")
+    assert result.returncode == 2 and why in line
 
 
 # -- end to end: compile, run, inspect ------------------------------------------------------------

@@ -124,11 +124,21 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     import numpy as np
 
     try:
-        with np.load(path, allow_pickle=False) as data:
+        loaded = np.load(path, allow_pickle=False)
+        if not isinstance(loaded, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one array (.npy), not named arrays arg0, arg1, ...")
+        with loaded as data:
             arrays = {name: data[name] for name in data.files}
+        for name, array in arrays.items():
+            if not isinstance(array, np.ndarray):  # a member that is not an .npy array comes as bytes
+                raise ValueError(f"its member {name!r} is not a numpy array")
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         raise NccError.of("U008", f"cannot read inputs {path} as an .npz file: {err}") from None
     args = {name: array for name, array in arrays.items() if re.fullmatch(r"arg\d+", name)}
+    for name, array in sorted(args.items()):
+        if array.dtype.kind not in "biuf":  # complex, strings, dates, records: no input type holds them
+            raise NccError.of("U008", f"input {name} in {path} holds {array.dtype} values; ncc takes "
+                                      "booleans, integers and floats")
     reference = {name: array for name, array in arrays.items() if re.fullmatch(r"out\d+", name)}
     return args, reference, sorted(set(arrays) - set(args) - set(reference))
 
