@@ -16,6 +16,7 @@ docs/diagnostics.md is the user-facing copy of this table.
 from __future__ import annotations
 
 import enum
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,3 +184,14 @@ class NccError(Exception):
     def of(cls, code: str, message: str, **where: object) -> NccError:
         """Shorthand: `NccError.of("U001", "model not found: x")`."""
         return cls(NccDiagnostic(code, message, **where))  # type: ignore[arg-type]
+
+
+def require_file(path: Path, what: str) -> None:
+    """[U001] unless `path` is a file this process can read, saying which it is not (`what`: the
+    model, NEFF, inputs...)."""
+    if not path.exists():
+        raise NccError.of("U001", f"{what} file not found: {path}")
+    if not path.is_file():
+        raise NccError.of("U001", f"{what} is not a file: {path}")
+    if not os.access(path, os.R_OK):
+        raise NccError.of("U001", f"{what} file is not readable: {path}")

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, printable
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, printable, require_file
 from ncc.schemas import bir_pb2, common_pb2
 from ncc.tools.common import loops
 from ncc.tools.common.dtypes import itemsize
@@ -197,8 +197,7 @@ def render(info: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if not args.neff.is_file():
-        raise NccError.of("U001", f"NEFF file not found: {args.neff}")
+    require_file(args.neff, "NEFF")
     from ncc.tools.common.errors import CompileError
     from ncc.tools.packager.neff import read_neff
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from ncc.orchestrator.config import THREAD_POOL_ENV
-from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, require_file
 from ncc.orchestrator.outputs import OutputError, check_writable, is_stream, write_output
 from ncc.orchestrator.versions import ncc_version
 
@@ -90,8 +90,7 @@ def _outputs(args: argparse.Namespace) -> list[tuple[str, Path]]:
 
 def _check_paths(args: argparse.Namespace) -> None:
     for path, what in ((args.neff, "NEFF"), (args.inputs, "inputs")):
-        if not path.is_file():
-            raise NccError.of("U001", f"{what} file not found: {path}")
+        require_file(path, what)
     taken = {args.neff.resolve(): "the NEFF", args.inputs.resolve(): "the inputs"}
     for flag, path in _outputs(args):
         if not path.absolute().parent.is_dir():

@@ -23,7 +23,7 @@ import zipfile
 from dataclasses import dataclass
 
 from ncc.orchestrator.config import settings
-from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
+from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, require_file
 from ncc.orchestrator.options import CompileOptions
 from ncc.orchestrator.outputs import OutputError, check_writable
 from ncc.orchestrator.pipeline import luigi_setup
@@ -99,12 +99,7 @@ class CommandDriver:
     def validate(self) -> None:
         """Raise NccError for a request that cannot be compiled; create nothing on failure."""
         model, output = self.options.model, self.options.output
-        if not model.exists():
-            raise NccError.of("U001", f"model file not found: {model}")
-        if not model.is_file():
-            raise NccError.of("U001", f"model is not a file: {model}")
-        if not os.access(model, os.R_OK):
-            raise NccError.of("U001", f"model file is not readable: {model}")
+        require_file(model, "model")
         inputs = self.options.verify_inputs
         if inputs is not None and not (inputs.is_file() and os.access(inputs, os.R_OK)):
             raise NccError.of("U001", f"--verify-inputs file not found or not readable: {inputs}")
