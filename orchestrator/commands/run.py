@@ -135,7 +135,8 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
         raise NccError.of("U008", f"cannot read inputs {path} as an .npz file: {err}") from None
     args = {name: array for name, array in arrays.items() if re.fullmatch(r"arg\d+", name)}
     for name, array in sorted(args.items()):
-        if array.dtype.kind not in "biuf":  # complex, strings, dates, records: no input type holds them
+        raw_bf16 = array.dtype.kind == "V" and array.dtype.names is None and array.dtype.itemsize == 2
+        if array.dtype.kind not in "biuf" and not raw_bf16:  # complex, strings, dates, records
             raise NccError.of("U008", f"input {name} in {path} holds {array.dtype} values; ncc takes "
                                       "booleans, integers and floats")
     reference = {name: array for name, array in arrays.items() if re.fullmatch(r"out\d+", name)}
