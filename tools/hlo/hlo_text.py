@@ -59,7 +59,7 @@ _PUNCT = frozenset("{}()[],=:?")
 _STACK_FRAME_SECTIONS = frozenset({"FileNames", "FunctionNames", "FileLocations", "StackFrames"})
 # An array shape written with no spaces, `f32[512,1024]` or `f32[512,1024]{1,0}`, not followed by
 # more of a layout: the text the parser reads once and then takes from its cache (a module of
-# 12,500 instructions writes a handful of shapes 30,000 times).
+# 12,500 elementwise instructions writes one shape 12,500 times).
 _PLAIN_SHAPE_RE = re.compile(r"[a-z][a-z0-9]*\[[0-9,]*\](?:\{[0-9,]*\})?(?![{:A-Za-z0-9_.+\-])")
 _OPENERS = {"{": "}", "(": ")", "[": "]"}
 _CLOSERS = frozenset(_OPENERS.values())
