@@ -178,6 +178,8 @@ def test_bad_farm_command_lines_are_one_line_errors(tmp_path: Path) -> None:
     assert (
         too_big.returncode == 2 and "[U002]" in too_big.stderr and "no job could ever start" in too_big.stderr
     )
+    negative = ncc("farm", find_model("add_mul.hlo.pb"), "--farm-dir", tmp_path / "f", "--retries", "-1")
+    assert negative.returncode == 2 and "'-1' must not be negative" in negative.stderr
 
 
 def test_a_manifest_sets_flags_per_model_and_memory_is_reserved_per_job(tmp_path: Path) -> None:

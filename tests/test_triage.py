@@ -226,6 +226,18 @@ def test_a_work_dir_without_failure_says_so(tmp_path: Path) -> None:
     assert not (tmp_path / "b.tar.gz").exists()
 
 
+def test_the_bundles_replay_line_quotes_a_path_with_spaces(tmp_path: Path) -> None:
+    """The line printed after --bundle can be pasted into a shell whatever the bundle is called."""
+    model = tmp_path / "m.hlo"
+    model.write_text("HloModule m\nENTRY e {\n  x = f32[4] parameter(0)\n  ROOT f = f32[4] fft(x)\n}\n")
+    assert ncc("compile", model, "--output", tmp_path / "m.neff").returncode == 1
+    place = tmp_path / "a folder"
+    place.mkdir()
+    made = ncc("triage", tmp_path / "m.ncc-work", "--bundle", place / "my repro.tar.gz")
+    assert made.returncode == 0, made.stderr
+    assert "replay: tar xzf 'my repro.tar.gz' && sh " in made.stdout
+
+
 def test_bad_input_is_one_line_with_a_u_code(tmp_path: Path) -> None:
     missing = ncc("triage", tmp_path / "nope")
     assert missing.returncode == 2 and "nope" in assert_one_line_error(missing, "U001")

@@ -14,7 +14,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ncc.orchestrator.commands.compile import add_compile_flags, add_result_flags, positive_int
+from ncc.orchestrator.commands.compile import (
+    add_compile_flags,
+    add_result_flags,
+    non_negative_int,
+    positive_int,
+)
 from ncc.orchestrator.config import budget_tool_threads
 from ncc.orchestrator.diagnostics import ExitCode, NccError
 from ncc.orchestrator.options import CompileOptions
@@ -53,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--mem-per-job", type=positive_int, metavar="MB", help="memory each job reserves on its machine"
     )
     parser.add_argument(
-        "--retries", type=int, default=0, metavar="N", help="reruns of a failed job (default 0)"
+        "--retries", type=non_negative_int, default=0, metavar="N", help="reruns of a failed job (default 0)"
     )
     parser.add_argument("--report", type=Path, metavar="FILE.json", help="write every model's outcome here")
     add_compile_flags(parser)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -152,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
             print(render(result))
             print(
                 f"ncc triage: wrote {bundle.path} ({bundle.files} files, {bundle.bytes / 1e6:.2f} MB); "
-                f"replay: tar xzf {bundle.path.name} && sh {bundle.folder}/replay.sh"
+                f"replay: tar xzf {shlex.quote(bundle.path.name)} && "
+                f"sh {shlex.quote(f'{bundle.folder}/replay.sh')}"
             )
             return 0
     if args.json:
