@@ -38,6 +38,7 @@ of more than MAX_STATEMENTS statements is not searched (so a long fused chain co
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import chain
@@ -266,7 +267,6 @@ _EXPECTED: dict[str, np.ndarray] = {}  # each ACT function at SAMPLES, computed 
 # disagrees anywhere there is out without the whole comparison (most are: a long fused chain asks
 # about hundreds of cones, and there are two dozen functions).
 _PROBE = np.linspace(0, _FINITE.stop - 1, 257).astype(np.int64)
-_PROBED: list[np.ndarray] = []  # [functions, probes]: ACT_FUNCTIONS at SAMPLES[_PROBE], in order
 
 
 def _expected(func: str) -> np.ndarray:
@@ -276,13 +276,19 @@ def _expected(func: str) -> np.ndarray:
     return _EXPECTED[func]
 
 
+@functools.cache
+def _probed() -> tuple[list[str], np.ndarray]:
+    """ACT's function names, and [functions, probes]: each function at SAMPLES[_PROBE]."""
+    names = list(alu.ACT_FUNCTIONS)
+    return names, np.stack([_expected(func)[_PROBE] for func in names])
+
+
 def _matching_function(values: np.ndarray) -> str | None:
     """The ACT function that agrees with `values` at SAMPLES within TOLERANCE, if one does."""
-    if not _PROBED:
-        _PROBED.append(np.stack([_expected(func)[_PROBE] for func in alu.ACT_FUNCTIONS]))
+    names, probed = _probed()
     with np.errstate(all="ignore"):
-        for row in np.flatnonzero(_may_agree(values[_PROBE], _PROBED[0])):
-            func = list(alu.ACT_FUNCTIONS)[row]
+        for row in np.flatnonzero(_may_agree(values[_PROBE], probed)):
+            func = names[row]
             expected = _expected(func)
             if _agrees(values[_FINITE], expected[_FINITE]) \
                     and _agrees_beyond(values[_FINITE.stop:], expected[_FINITE.stop:]):

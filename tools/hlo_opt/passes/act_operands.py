@@ -27,8 +27,8 @@ it (BERT's layer: 49 of its 170 µs of softmax DVE work). Within one nest this p
     activation computes the relu itself (ACT's relu is that maximum), and the max goes.
 
 The first three give bit for bit the results of the statements they replace: x + (−m) is x − m rounded
-once, ACT's scale of 1 and bias of −0 change no value (a bias of +0, which an activation may
-also carry, makes −0 +0), and the sum adds the written values in the order tensor_reduce does. So
+once, ACT's scale of 1 and bias of −0 change no value (the fold writes that bias: one of +0, or
+none, would make −0 +0), and the sum adds the written values in the order tensor_reduce does. So
 the fold applies only where those hold: the subtract writes f32 from float operands, the
 activation has scale 1 and bias 0, the two run under the same predicates and nothing between them
 writes what the activation now reads (or, for the sum, touches the reduce's output).
@@ -139,6 +139,8 @@ class _NestFolder:
             self.dropped.add(j)
         del act.inputs[:]
         act.inputs.extend([data, bias])
+        del act.scalars[:]
+        act.scalars.extend(IDENTITY_SCALE_BIAS)  # data + column exactly, a −0 included (+0 or none: not)
         act.attributes[BROADCAST] = "1"
         self._link(k)
         return 1
