@@ -112,6 +112,7 @@ def test_unusable_work_dir_is_u003(tmp_path: Path, model: Path, workdir: str) ->
     [
         (["--optlevel", "7"], "--optlevel"),
         (["--optlevel", "two"], "--optlevel"),
+        (["-O4"], "-O"),
         (["--walrus-passes", "a,,b"], "--walrus-passes"),
         (["--walrus-passes", "pre sched"], "--walrus-passes"),
         (["--timeout", "-1"], "--timeout"),
@@ -127,6 +128,15 @@ def test_bad_flags_are_u002_and_create_nothing(
     line = assert_one_line_error(result, "U002")
     assert result.returncode == 2 and words in line
     assert list(tmp_path.iterdir()) == []
+
+
+def test_dash_o_is_the_optimization_level_as_other_compilers_spell_it(tmp_path: Path, model: Path) -> None:
+    short = ncc("compile", model, "--output", tmp_path / "short.neff", "-O0")
+    long = ncc("compile", model, "--output", tmp_path / "long.neff", "--optlevel", "0")
+    default = ncc("compile", model, "--output", tmp_path / "default.neff")
+    assert short.returncode == long.returncode == default.returncode == 0, short.stderr
+    assert (tmp_path / "short.neff").read_bytes() == (tmp_path / "long.neff").read_bytes()
+    assert (tmp_path / "short.neff").read_bytes() != (tmp_path / "default.neff").read_bytes()
 
 
 def test_missing_output_flag_is_u002(model: Path) -> None:

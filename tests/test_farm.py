@@ -130,6 +130,8 @@ def test_a_second_farm_with_the_same_cache_runs_no_tool(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert all(job["cached"] for m in _report(report).values() for job in m["jobs"])
     assert not _runs_per_job(tmp_path / "farm2")
+    rows = [line.split() for line in second.stdout.splitlines() if line.startswith(("add_mul", "matmul"))]
+    assert [row[3:5] for row in rows] == [["4/4", "0/4"]] * 2  # restored from the cache, not reused
     neffs = sorted((tmp_path / "farm1" / "neff").iterdir())
     assert [p.read_bytes() for p in neffs] == [
         p.read_bytes() for p in sorted((tmp_path / "farm2" / "neff").iterdir())
@@ -180,12 +182,18 @@ def test_bad_farm_command_lines_are_one_line_errors(tmp_path: Path) -> None:
     )
     negative = ncc("farm", find_model("add_mul.hlo.pb"), "--farm-dir", tmp_path / "f", "--retries", "-1")
     assert negative.returncode == 2 and "'-1' must not be negative" in negative.stderr
+    prose = tmp_path / "notes.txt"  # not a model, so read as a manifest: the message says so
+    prose.write_text("hello world\n")
+    not_a_manifest = ncc("farm", prose, "--farm-dir", tmp_path / "f")
+    assert not_a_manifest.returncode == 2 and "[U001]" in not_a_manifest.stderr
+    assert f"manifest {prose} line 1: model file not found" in not_a_manifest.stderr
+    assert not (tmp_path / "f").exists()  # a refused farm leaves no farm dir behind
 
 
 def test_a_manifest_sets_flags_per_model_and_memory_is_reserved_per_job(tmp_path: Path) -> None:
     model = find_model("add_mul.hlo.pb")
     manifest = tmp_path / "list.txt"
-    manifest.write_text(f"# two compiles of one model\n{model} --optlevel 0\n{model} --optlevel 2\n")
+    manifest.write_text(f"# two compiles of one model\n{model} -O0\n{model} --optlevel 2\n")
     report = tmp_path / "r.json"
     result = ncc("farm", manifest, "--farm-dir", tmp_path / "f", "--mem-per-job", "512", "--report", report)
     assert result.returncode == 0, result.stderr

@@ -154,6 +154,9 @@ def test_a_second_work_dir_restores_every_job_and_a_corrupt_entry_is_recomputed(
     third = ncc("compile", model, "-o", tmp_path / "c.neff", "--cache-dir", cache)
     assert third.returncode == 0, third.stderr
     assert _cached_jobs(tmp_path / "c.ncc-work") == [True, True, False, True]
+    # The summary counts the two jobs restored before the miss (by the driver, before the child
+    # started) as restored, not as reused from the work dir.
+    assert "1 of 4 jobs run, 3 restored from the cache, 0 reused" in third.stdout
     assert (tmp_path / "c.neff").read_bytes() == (tmp_path / "a.neff").read_bytes()
 
     stats = ncc("cache", "stats", "--cache-dir", cache, "--json")
@@ -172,4 +175,42 @@ def test_an_unusable_cache_dir_is_a_one_line_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 3
     assert_one_line_error(result, "U009")
-    assert not (tmp_path / "x.neff").exists()
+    assert not (tmp_path / "x.neff").exists() and not (tmp_path / "x.ncc-work").exists()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "staging").write_text("a file where the cache keeps its folder")
+    result = ncc("compile", find_model("add_mul.hlo"), "-o", tmp_path / "x.neff", "--cache-dir", tmp_path / "c")
+    assert_one_line_error(result, "U009")
+    assert f"File exists ({tmp_path / 'c' / 'staging'})" in result.stderr
+
+
+@pytest.fixture
+def read_only_view(tmp_path: Path):
+    """A read-only bind mount of tmp_path/cache (a shared cache mounted read-only on a worker):
+    needs mount privileges, as the root of a CI container has; skipped without them."""
+    source, view = tmp_path / "cache", tmp_path / "cache-ro"
+    source.mkdir()
+    view.mkdir()
+    if subprocess.run(["mount", "--bind", source, view], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here (needs mount privileges)")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", view], capture_output=True).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        yield source, view
+    finally:
+        subprocess.run(["umount", view], capture_output=True)
+
+
+def test_a_read_only_cache_serves_hits_and_warns_of_what_it_could_not_store(
+    tmp_path: Path, read_only_view: tuple[Path, Path]
+) -> None:
+    source, view = read_only_view
+    first = ncc("compile", find_model("gelu.hlo.pb"), "-o", tmp_path / "a.neff", "--cache-dir", source)
+    assert first.returncode == 0 and "warning" not in first.stderr, first.stderr
+    hit = ncc("compile", find_model("gelu.hlo.pb"), "-o", tmp_path / "b.neff", "--cache-dir", view)
+    assert hit.returncode == 0, hit.stderr
+    assert "0 of 4 jobs run, 4 restored from the cache" in hit.stdout and "warning" not in hit.stderr
+    miss = ncc("compile", find_model("add_mul.hlo"), "-o", tmp_path / "c.neff", "--cache-dir", view)
+    assert miss.returncode == 0 and (tmp_path / "c.neff").is_file(), miss.stderr
+    warning = f"ncc: warning: the stage cache {view} did not store 4 job outputs (HLOToTensorizer, Frontend"
+    assert warning in miss.stderr and "Read-only file system" in miss.stderr
+    assert len(miss.stderr.strip().splitlines()) == 1

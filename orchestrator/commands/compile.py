@@ -97,7 +97,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: <output stem>.ncc-work beside the output)",
     )
     parser.add_argument(
-        "--verify-inputs", type=Path, metavar="IN.npz",
+        "--verify-inputs",
+        type=Path,
+        metavar="IN.npz",
         help="--verify on these inputs (arg0..argN by parameter number, as `ncc run` takes them) instead "
         "of seeded N(0, 1) ones: for a module whose outputs seeded inputs make meaningless (a long "
         "recurrence that amplifies rounding, a domain that needs positive values); implies --verify",
@@ -109,6 +111,7 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
     """The flags that change what a compile produces (a farm's manifest lines may set them too)."""
     parser.add_argument(
         "--optlevel",
+        "-O",
         type=int,
         choices=OPTLEVELS,
         default=DEFAULT_OPTLEVEL,
@@ -124,18 +127,26 @@ def add_result_flags(parser: argparse.ArgumentParser) -> None:
         "--walrus-passes", type=_pass_list, default=(), metavar="a,b,...", help="the backend pass list to run"
     )
     parser.add_argument(
-        "--penguin-passes", type=_pass_list, default=(), metavar="a,b,...",
+        "--penguin-passes",
+        type=_pass_list,
+        default=(),
+        metavar="a,b,...",
         help="the Penguin optimizer's pass list (fusion, cse, act_functions, broadcast_operands, dce, "
         "retile, tile_order, epilogues, pipeline, invariant_loads, forward, direct_copies, act_operands), "
         "'none' for none; default: all, none at -O0",
     )
     parser.add_argument(
-        "--num-stages", type=_stage_count, default=0, metavar="N",
+        "--num-stages",
+        type=_stage_count,
+        default=0,
+        metavar="N",
         help="software-pipeline every eligible loop in N stages where the pipeline pass runs (loops "
         "annotated with ncc_num_stages keep theirs; a loop it would make wrong is left as it is)",
     )
     parser.add_argument(
-        "--loops", choices=LOOP_MODES, default=DEFAULT_LOOPS,
+        "--loops",
+        choices=LOOP_MODES,
+        default=DEFAULT_LOOPS,
         help="rolled: a loop nest whose iterations lower alike stays a loop in BIR and the NEFF (but in a "
         "nest of at most 128 instructions, 512 of transfers alone), so the compile costs what the program's "
         "text costs; unrolled: every loop is unrolled; auto: rolled for a "
@@ -219,4 +230,21 @@ def run(args: argparse.Namespace) -> int:
             f"({len(ran) - len(cached)} of {len(jobs)} jobs run{restored}, {len(jobs) - len(ran)} reused); "
             f"work dir {options.workdir}"
         )
+    if outcome.summary is not None:
+        not_stored = outcome.summary.get("cache_not_stored", [])
+        warn_not_stored([(str(job), str(why)) for job, why in not_stored], options.cache_dir)
     return outcome.exit_code
+
+
+def warn_not_stored(not_stored: list[tuple[str, str]], cache_dir: Path | None) -> None:
+    """One line on stderr when the stage cache could not take jobs' outputs (full, read-only):
+    the compile is complete, but the next one that could have reused them runs them again.
+    `not_stored`: (job, why) per job."""
+    if not_stored:
+        jobs = ", ".join(dict.fromkeys(job for job, _ in not_stored))
+        reasons = "; ".join(dict.fromkeys(why for _, why in not_stored))
+        print(
+            f"ncc: warning: the stage cache {cache_dir} did not store {len(not_stored)} job outputs "
+            f"({jobs}: {reasons}); nothing is lost but reuse: a later compile will run these jobs again",
+            file=sys.stderr,
+        )

@@ -19,6 +19,7 @@ from ncc.orchestrator.commands.compile import (
     add_result_flags,
     non_negative_int,
     positive_int,
+    warn_not_stored,
 )
 from ncc.orchestrator.config import budget_tool_threads
 from ncc.orchestrator.diagnostics import ExitCode, NccError
@@ -77,6 +78,8 @@ def _parse_manifest_flags(words: list[str] | tuple[str, ...]) -> dict[str, objec
     parser = _manifest_flag_parser()
     args = parser.parse_args(list(words))
     given = {word.split("=", 1)[0] for word in words if word.startswith("--")}
+    if any(word.startswith("-O") for word in words):  # -O2, -O 2
+        given.add("--optlevel")
     overrides: dict[str, object] = {}
     if "--optlevel" in given:
         overrides["optlevel"] = args.optlevel
@@ -97,11 +100,6 @@ def run(args: argparse.Namespace) -> int:
     from ncc.orchestrator.farm import farm
 
     farm_dir = Path(os.path.abspath(args.farm_dir))
-    try:
-        farm_dir.mkdir(parents=True, exist_ok=True)
-        (farm_dir / "neff").mkdir(exist_ok=True)
-    except OSError as err:
-        raise NccError.of("U003", f"cannot use farm directory {farm_dir}: {err.strerror or err}") from None
     if args.report is not None and not Path(os.path.abspath(args.report)).parent.is_dir():
         raise NccError.of("U004", f"the directory of the report does not exist: {args.report}")
     cache_dir = Path(os.path.abspath(args.cache_dir)) if args.cache_dir else None
@@ -141,6 +139,13 @@ def run(args: argparse.Namespace) -> int:
         )
     budget_tool_threads(args.workers)
     inputs = farm.collect_inputs(args.inputs)
+    for item in inputs:  # a manifest's bad flags are refused before the farm dir is made
+        _parse_manifest_flags(item.flags)
+    try:  # made only once the request is known good: a refused farm leaves nothing behind
+        farm_dir.mkdir(parents=True, exist_ok=True)
+        (farm_dir / "neff").mkdir(exist_ok=True)
+    except OSError as err:
+        raise NccError.of("U003", f"cannot use farm directory {farm_dir}: {err.strerror or err}") from None
     models = farm.plan(inputs, settings, _parse_manifest_flags)
 
     run_id = f"farm-{os.urandom(6).hex()}"
@@ -160,6 +165,10 @@ def run(args: argparse.Namespace) -> int:
         write_json_atomic(Path(os.path.abspath(args.report)), {"models": entries, "farm_dir": str(farm_dir)})
     if args.verbose >= 1:
         print_table(outcomes)
+    warn_not_stored(
+        [(job.name, job.cache_not_stored) for o in outcomes for job in o.jobs if job.cache_not_stored],
+        cache_dir,
+    )
     failed = [o for o in outcomes if o.diagnostic is not None]
     if not failed:
         return int(ExitCode.OK)
@@ -183,7 +192,9 @@ def _run_with_luigi(
 def print_table(outcomes: list[farm_types.ModelOutcome]) -> None:
     rows = []
     for outcome in outcomes:
-        cached = sum(1 for job in outcome.jobs if job.cached or not job.ran_here)
+        restored = sum(1 for job in outcome.jobs if job.cached and job.ran_here)
+        reused = sum(1 for job in outcome.jobs if not job.ran_here)
+        jobs = len(outcome.model.jobs)
         detail = outcome.diagnostic.line() if outcome.diagnostic else str(outcome.neff)
         for item in outcome.model.inputs:
             rows.append(
@@ -191,17 +202,19 @@ def print_table(outcomes: list[farm_types.ModelOutcome]) -> None:
                     item.path.name,
                     outcome.status,
                     f"{outcome.wall_s:.2f}",
-                    f"{cached}/{len(outcome.model.jobs)}",
+                    f"{restored}/{jobs}",
+                    f"{reused}/{jobs}",
                     detail,
                 )
             )
-    header = ("model", "status", "wall s", "cached", "NEFF or diagnostic")
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
+    # restored: from the stage cache by this farm; reused: found complete in the model's work dir
+    header = ("model", "status", "wall s", "restored", "reused", "NEFF or diagnostic")
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(5)]
     for row in [header, *rows]:
         print(
-            "  ".join(str(cell).ljust(width) for cell, width in zip(row[:4], widths, strict=True))
+            "  ".join(str(cell).ljust(width) for cell, width in zip(row[:5], widths, strict=True))
             + "  "
-            + row[4]
+            + row[5]
         )
     failed = sum(1 for o in outcomes for _ in o.model.inputs if o.status != "ok")
     total = sum(len(o.model.inputs) for o in outcomes)

@@ -71,8 +71,16 @@ def _manifest_lines(manifest: Path) -> list[FarmInput]:
             raise NccError.of("U002", f"manifest {manifest} line {number}: {err}") from None
         if not words:
             continue
-        path = Path(words[0]) if Path(words[0]).is_absolute() else manifest.parent / words[0]
-        found.append(FarmInput(Path(os.path.abspath(path)), tuple(words[1:])))
+        path = Path(
+            os.path.abspath(Path(words[0]) if Path(words[0]).is_absolute() else manifest.parent / words[0])
+        )
+        if not path.is_file():
+            raise NccError.of(
+                "U001",
+                f"manifest {manifest} line {number}: model file not found: {path} (an input that is not "
+                "a .hlo.pb or .hlo file is read as a manifest: a model path and its flags per line)",
+            )
+        found.append(FarmInput(path, tuple(words[1:])))
     return found
 
 
@@ -178,6 +186,7 @@ class JobOutcome:
     cached: bool
     ran_here: bool  # run (or restored) by this farm process, not found complete
     cache_lookup: str  # "hit", "miss", "corrupt" or "" (no cache)
+    cache_not_stored: str = ""  # why its outputs could not be stored in the stage cache, if so
 
 
 @dataclass
@@ -256,9 +265,10 @@ def restore_without_tools(models: Sequence[FarmModel], run_id: str, threads: int
     return [model for model in models if not model.restored]
 
 
-def _ran_by(workdir: WorkDir, run_id: str) -> set[str]:
+def _ended_by(workdir: WorkDir, run_id: str) -> dict[str, dict]:
+    """The job_end event of each job this farm process ran (or restored), by job name."""
     return {
-        str(event.get("job"))
+        str(event.get("job")): event
         for event in workdir.read_history()
         if event.get("event") == "job_end" and event.get("run_id") == run_id
     }
@@ -268,7 +278,7 @@ def model_outcome(model: FarmModel, run_id: str, corrupt_keys: set[str]) -> Mode
     """Read what happened to one model from its job records (`corrupt_keys`: cache entries found
     corrupt during the farm, whichever process found them)."""
     workdir = WorkDir(model.workdir)
-    ran = _ran_by(workdir, run_id)
+    ended = _ended_by(workdir, run_id)
     outcome = ModelOutcome(model, STATUS_OK)
     for index, name in enumerate(model.jobs):
         record = read_job_record(workdir.job_dir(index, name) / RECORD)
@@ -281,8 +291,9 @@ def model_outcome(model: FarmModel, run_id: str, corrupt_keys: set[str]) -> Mode
                 record.wall_s,
                 record.peak_rss_bytes / (1 << 20),
                 record.cached,
-                name in ran,
+                name in ended,
                 CORRUPT if record.cache_key in corrupt_keys else record.cache_lookup,
+                str(ended.get(name, {}).get("cache_not_stored", "")),
             )
         )
         if record.status != STATUS_OK:

@@ -51,12 +51,11 @@ def inject_driver_fault(kind: str) -> None:
         raise RuntimeError("fault injected into the ncc compile driver (NCC_FAULT_INJECT=driver:raise)")
 
 
-def run_compile(options: CompileOptions) -> tuple[int, dict[str, object]]:
+def run_compile(options: CompileOptions, run_id: str) -> tuple[int, dict[str, object]]:
     """Run one compile; the exit code and the JSON result for the parent. Never raises."""
     workdir = WorkDir(options.workdir)
     try:
         luigi_setup.configure_logging(options.verbose, workdir.driver_log)
-        run_id = os.urandom(6).hex()
         record_run_settings(options, run_id)  # limits and environment, for `ncc triage`
         inject_driver_fault(settings().driver_fault)
         luigi_setup.require_shared_memory()
@@ -93,12 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ncc-compile-child", description=__doc__)
     parser.add_argument("--options", required=True, help="CompileOptions as JSON")
     parser.add_argument("--result", required=True, type=Path, help="where to write the result JSON")
+    parser.add_argument("--run-id", default=None, help="the driver's id of this compile (default: a new one)")
     restore_interrupt_handler()
     args = parser.parse_args(argv)
     die_with_parent_from_env()  # never outlive the `ncc` that started us (it holds the lock with us)
     luigi_setup.isolate_config()
     options = CompileOptions.from_json(args.options)
-    exit_code, result = run_compile(options)
+    exit_code, result = run_compile(options, args.run_id or os.urandom(6).hex())
     write_json_atomic(args.result, {"exit_code": exit_code, **result})
     return exit_code
 

@@ -44,6 +44,7 @@ class CompileSummary:
     jobs: list[str]
     jobs_run: list[str] = field(default_factory=list)
     jobs_cached: list[str] = field(default_factory=list)  # of jobs_run: restored from the stage cache
+    cache_not_stored: list[tuple[str, str]] = field(default_factory=list)  # (job, why the cache refused it)
     stale_removed: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
@@ -284,6 +285,11 @@ class CompileCommand:
             jobs=jobs,
             jobs_run=ran,
             jobs_cached=[str(event["job"]) for event in ended if event.get("cached")],
+            cache_not_stored=[
+                (str(event["job"]), str(event["cache_not_stored"]))
+                for event in ended
+                if event.get("cache_not_stored")
+            ],
             stale_removed=removed,
             wall_s=time.monotonic() - started,
         )

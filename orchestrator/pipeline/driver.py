@@ -93,6 +93,9 @@ class CommandDriver:
     def __init__(self, options: CompileOptions) -> None:
         self.options = options
         self.workdir = WorkDir(options.workdir)
+        # One id for this `ncc compile`, shared by the restore attempt and the child: jobs the
+        # restore took from the stage cache before a miss count as restored in the summary.
+        self.run_id = os.urandom(6).hex()
 
     # -- checks in the user's process ---------------------------------------------------------
 
@@ -115,6 +118,7 @@ class CommandDriver:
             check_writable(output)
         except OutputError as err:
             raise NccError.of("U005", f"cannot write output {output}: {err}") from None
+        made_workdir = not self.workdir.root.exists()
         self.workdir.ensure_usable()
         if self.options.cache_dir is not None:
             from ncc.orchestrator.pipeline.stage_cache import CacheError, StageCache
@@ -122,6 +126,8 @@ class CommandDriver:
             try:
                 StageCache(self.options.cache_dir).ensure_usable()
             except CacheError as err:
+                if made_workdir:  # nothing left behind by a refused compile
+                    self.workdir.root.rmdir()
                 raise NccError.of("U009", str(err)) from None
 
     # -- the child ----------------------------------------------------------------------------
@@ -143,6 +149,8 @@ class CommandDriver:
                 self.options.to_json(),
                 "--result",
                 str(self.workdir.driver_result),
+                "--run-id",
+                self.run_id,
             ]
             import psutil  # here, not at the top: a compile finished without tools never needs it
 
@@ -176,8 +184,10 @@ class CommandDriver:
         (CompileCommand.restoreWithoutTools), or None when a tool must run: then the child does."""
         from ncc.orchestrator.pipeline.compile_command import CompileCommand
 
+        command = CompileCommand(self.options)
+        command.run_id = self.run_id
         try:
-            summary = CompileCommand(self.options).restoreWithoutTools()
+            summary = command.restoreWithoutTools()
         except OSError:
             return None
         return summary.to_json() if summary is not None else None

@@ -77,10 +77,12 @@ class ToolJob(JobSpec, luigi.Task):
     compile_flags = luigi.ListParameter(description="the compile's canonical flags (for the NEFF metadata)")
     optlevel = luigi.IntParameter(default=2, description="optimization level 0-3")
     walrus_passes = luigi.Parameter(default="", description="comma-separated backend pass list, '' = default")
-    penguin_passes = luigi.Parameter(default="",
-                                     description="comma-separated Penguin pass list, '' = default")
-    num_stages = luigi.IntParameter(default=0,
-                                    description="software-pipeline stages for every eligible loop, 0 = none")
+    penguin_passes = luigi.Parameter(
+        default="", description="comma-separated Penguin pass list, '' = default"
+    )
+    num_stages = luigi.IntParameter(
+        default=0, description="software-pipeline stages for every eligible loop, 0 = none"
+    )
     loops = luigi.Parameter(default=DEFAULT_LOOPS, description="rolled: loops stay loops in BIR, or unrolled")
     verify_inputs = luigi.Parameter(default="", description="--verify's .npz of inputs ('' = seeded ones)")
     # How it is run: never part of a job's identity.
@@ -101,6 +103,7 @@ class ToolJob(JobSpec, luigi.Task):
     model_priority = luigi.IntParameter(
         default=0, significant=False, description="larger runs first among ready jobs (farms: model size)"
     )
+    cache_store_error = ""  # why this run's outputs could not be stored in the stage cache, if so
 
     # -- Luigi contract -----------------------------------------------------------------------
 
@@ -127,7 +130,6 @@ class ToolJob(JobSpec, luigi.Task):
     def complete(self) -> bool:
         return self.recorded_complete() and all(upstream.complete() for upstream in self.requires())
 
-
     def run(self) -> None:
         forked = multiprocessing.parent_process()
         if forked is not None:  # a Luigi worker's task process: do not outlive the worker
@@ -145,7 +147,10 @@ class ToolJob(JobSpec, luigi.Task):
                 record = self._record_no_space()
             else:
                 record = self._record_driver_failure(traceback.format_exc())
-        self._history(workdir, "job_end", status=record.status, wall_s=record.wall_s, cached=record.cached)
+        not_stored = {"cache_not_stored": self.cache_store_error} if self.cache_store_error else {}
+        self._history(
+            workdir, "job_end", status=record.status, wall_s=record.wall_s, cached=record.cached, **not_stored
+        )
         if record.status != STATUS_OK:
             diagnostic = diagnostic_from_record(record, self.root)
             log.info("job %s failed: %s", self.name, diagnostic.line())
@@ -208,7 +213,7 @@ class ToolJob(JobSpec, luigi.Task):
             record.outputs.extend(digests.file_digest(path, self.root) for path in self.output_paths())
             record.status = STATUS_OK
             if cache is not None:
-                self._store_in_cache(cache, key)
+                self.cache_store_error = self._store_in_cache(cache, key)
         elif end.ok:
             record.status = STATUS_FAILED
             record.diagnostic.CopyFrom(

@@ -274,11 +274,15 @@ class JobSpec(abc.ABC):
         write_message_json(self.record_path, record, durable=False)
         return lookup, record
 
-    def _store_in_cache(self, cache: StageCache, key: str) -> None:
+    def _store_in_cache(self, cache: StageCache, key: str) -> str:
+        """Store this job's outputs; why they could not be stored, or "" (a full or read-only
+        cache costs reuse, never the compile: the summary warns instead)."""
         try:
             cache.store(key, self.name, self.tool, tool_version(self.tool), self.output_paths())
-        except OSError as err:  # a full or read-only cache costs reuse, never the compile
+        except OSError as err:
             log.warning("job %s: not stored in the stage cache %s: %s", self.name, cache.root, err)
+            return err.strerror or str(err)
+        return ""
 
     def restore_without_tool(self) -> diagnostic_pb2.JobRecord | None:
         """Outside Luigi: make this job complete from the stage cache if its entry is there, with

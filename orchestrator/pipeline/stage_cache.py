@@ -24,6 +24,7 @@ The least recently used order for `gc` is the mtime of entry.json, touched on ev
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -99,8 +100,10 @@ class StageCache:
         self.entries = root / "entries"
         self.staging = root / "staging"
 
-    def ensure_usable(self) -> None:
-        """Create the layout and prove it is writable, or raise CacheError."""
+    def ensure_usable(self) -> bool:
+        """Create the layout and prove it is writable: True; False for a cache that exists and can
+        be read but not written (a read-only mount of a shared cache: hits restore, stores fail
+        and are reported); else raise CacheError."""
         try:
             self.entries.mkdir(parents=True, exist_ok=True)
             self.staging.mkdir(parents=True, exist_ok=True)
@@ -108,7 +111,14 @@ class StageCache:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as err:
-            raise CacheError(f"cannot use cache directory {self.root}: {err.strerror or err}") from None
+            if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and self._readable():
+                return False
+            where = f" ({err.filename})" if err.filename and Path(err.filename) != self.root else ""
+            raise CacheError(f"cannot use cache directory {self.root}: {err.strerror or err}{where}") from None
+        return True
+
+    def _readable(self) -> bool:
+        return self.entries.is_dir() and os.access(self.entries, os.R_OK | os.X_OK)
 
     def entry_dir(self, key: str) -> Path:
         return self.entries / key[:2] / key
