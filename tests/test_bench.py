@@ -10,12 +10,14 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from orchestrator_support import ROOT, ncc
 
 sys.path.insert(0, str(ROOT / "bench"))
 import hlo_gen  # noqa: E402
 import run_bench  # noqa: E402
+import run_fusion  # noqa: E402
 import run_scale  # noqa: E402
 import run_sim  # noqa: E402
 import run_suite  # noqa: E402
@@ -223,3 +225,20 @@ def test_run_suite_names_the_diagnostic_that_stopped_a_compile() -> None:
     refused = "ncc: warning: x\nncc: error: [E305] job GoldenEvaluator: too large to verify"
     assert run_suite.diagnostic_code(refused) == "E305"
     assert run_suite.diagnostic_code("Traceback (most recent call last):") == "error"
+
+
+def test_the_order_bound_of_a_simulated_schedule_is_below_its_makespan(tmp_path: Path) -> None:
+    """bench/run_fusion.py's order bound (first transfer in + busiest engine + one transfer out)
+    is a lower bound of every order, the simulated one included; on the pipelining fixture the
+    list schedule is close to it."""
+    fixture = ROOT / "tests" / "data" / "pipelined_chain"
+    neff, inputs, trace, report = (tmp_path / n for n in ("m.neff", "in.npz", "t.json", "r.json"))
+    assert ncc("compile", fixture.with_suffix(".hlo.pb"), "-o", neff).returncode == 0
+    with np.load(fixture.with_suffix(".io.npz")) as data:
+        np.savez(inputs, arg0=data["arg0"])
+    output = tmp_path / "o.npz"
+    run = ncc("run", neff, "--inputs", inputs, "--output", output, "--trace", trace, "--report", report)
+    assert run.returncode == 0, run.stderr
+    simulated = json.loads(report.read_text())["simulated_ns"]
+    bound = run_fusion.order_bound_ns(trace)
+    assert 0.5 * simulated < bound <= simulated
