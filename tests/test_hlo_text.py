@@ -75,11 +75,11 @@ def test_text_matches_serialized_proto(models_dir: Path, model: str) -> None:
 
 def test_syntax_variants() -> None:
     text = """
-    HloModule m, entry_computation_layout={(f32[4,6]{1,0}, /*index=1*/s32[])->(f32[2,3]{1,0}, pred[2])},
+    HloModule m, entry_computation_layout={(f32[4,6]{1,0}, /*index=1*/s32[])->f32[2,3]{1,0}},
       is_scheduled=true
 
     // callers may come before callees: the parser orders callees first
-    ENTRY %main.9 (p0: f32[4,6], p1: s32[]) -> (f32[2,3], pred[2]) {
+    ENTRY %main.9 (p0: f32[4,6], p1: s32[]) -> f32[2,3] {
       %p0 = f32[4,6]{1,0:T(8,128)} parameter(0), sharding={replicated}
       %p1 = s32[] parameter(1)
       %s = f32[2,3]{1,0} slice(f32[4,6]{1,0} %p0), slice={[0:4:2], [1:4]},
@@ -293,6 +293,8 @@ E103_CASES = [
     ("ENTRY e {\n  a = f32[] parameter(0), padding=1_2_3_4\n}", 2),
     ("ENTRY e {\n  a = f32[] parameter(0), sharding={replicated]\n}", 2),
     ("ENTRY e {\n  " + "(" * 100 + "\n}", 2),
+    ("f {\n  p = f32[] parameter(0)\n}\nENTRY e {\n  x = f32[] parameter(0)\n"
+     "  y = f32[] fusion(x), kind=kWeird, calls=f\n}", 6),                  # not one of XLA's kinds
 ]
 
 
@@ -316,6 +318,7 @@ def test_syntax_errors(text: str, line: int) -> None:
     ("c {\n  a = f32[] parameter(0)\n  b = f32[] call(a), to_apply=c\n}\n"
      "ENTRY e {\n  x = f32[] parameter(0)\n}", "E204"),
     ("ENTRY e {\n  a = f32[] parameter(0), control-predecessors={zz}\n}", "E204"),
+    ("ENTRY e () -> f32[2] {\n  a = f32[] constant(1)\n}", "E203"),  # the signature's result is not the root's
 ])
 def test_semantic_errors_found_while_parsing(text: str, code: str) -> None:
     with pytest.raises(CompileError) as info:

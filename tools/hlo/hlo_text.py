@@ -20,11 +20,12 @@ import numpy as np
 from ncc.schemas import hlo_pb2
 from ncc.tools.common.dtypes import f32_to_bf16
 from ncc.tools.common.errors import CompileError
-from ncc.tools.hlo.hlo_types import TYPES_BY_NAME, T, parameters, root_of, type_name
+from ncc.tools.hlo.hlo_types import TYPES_BY_NAME, T, parameters, root_of, same_shape, shape_str, type_name
 from ncc.tools.hlo.shape_inference import infer_shape
 
 MAX_NESTING = 32  # tuple shapes / tuple literals nested deeper than this are refused
 _MAX_NUMBER_CHARS = 64
+_FUSION_KINDS = ("kLoop", "kInput", "kOutput", "kCustom")
 
 # Element types XLA knows but the subset schema has no enum value for (refused with E206).
 _UNREPRESENTABLE_TYPES = frozenset({
@@ -639,7 +640,11 @@ class _Parser:
         elif key == "backend_config" and self.peek().kind == "s":
             instr.backend_config = self.string().encode("utf-8")
         elif key == "kind":
+            tok = self.peek()
             instr.fusion_kind = self.word("a fusion kind")
+            if instr.fusion_kind not in _FUSION_KINDS:
+                kinds = ", ".join(_FUSION_KINDS)
+                raise self.error(f"unknown fusion kind {instr.fusion_kind} (XLA's: {kinds})", tok)
         elif key == "dynamic_slice_sizes":
             instr.dynamic_slice_sizes.extend(self.int_list())
         elif key == "slice_sizes":
@@ -814,10 +819,11 @@ class _Parser:
             is_entry = True
         name_tok = self.peek()
         comp = hlo_pb2.HloComputationProto(name=self.name("a computation name"))
+        declared = None
         if self.at("("):
             self.skip_balanced()
             self.expect("->", "after a computation's parameter list")
-            self.shape()
+            declared = self.shape()
         self.computation_attributes(comp)
         self.expect("{", f"to open computation '{comp.name}'")
         names: dict[str, int] = {}
@@ -840,6 +846,11 @@ class _Parser:
         if not instrs:
             raise self.error(f"computation '{comp.name}' has no instructions", name_tok)
         comp.root_id = instrs[-1].id if root_id is None else root_id
+        root = next(instr for instr in instrs if instr.id == comp.root_id)
+        if declared is not None and not same_shape(declared, root.shape):
+            raise CompileError("E203", f"computation '{comp.name}' declares that it returns "
+                                       f"{shape_str(declared)}, but its root '{root.name}' is "
+                                       f"{shape_str(root.shape)} (line {name_tok.line})", comp.name)
         for instr, pred, tok in control:
             if pred not in names:
                 raise CompileError("E204", f"instruction '{instr.name}' names control predecessor '{pred}', "
