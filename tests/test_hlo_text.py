@@ -318,7 +318,7 @@ def test_syntax_errors(text: str, line: int) -> None:
     ("c {\n  a = f32[] parameter(0)\n  b = f32[] call(a), to_apply=c\n}\n"
      "ENTRY e {\n  x = f32[] parameter(0)\n}", "E204"),
     ("ENTRY e {\n  a = f32[] parameter(0), control-predecessors={zz}\n}", "E204"),
-    ("ENTRY e () -> f32[2] {\n  a = f32[] constant(1)\n}", "E203"),  # the signature's result is not the root's
+    ("ENTRY e () -> f32[2] {\n  a = f32[] constant(1)\n}", "E203"),  # the result is not the root's
 ])
 def test_semantic_errors_found_while_parsing(text: str, code: str) -> None:
     with pytest.raises(CompileError) as info:

@@ -178,7 +178,8 @@ def test_an_unusable_cache_dir_is_a_one_line_error(tmp_path: Path) -> None:
     assert not (tmp_path / "x.neff").exists() and not (tmp_path / "x.ncc-work").exists()
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "staging").write_text("a file where the cache keeps its folder")
-    result = ncc("compile", find_model("add_mul.hlo"), "-o", tmp_path / "x.neff", "--cache-dir", tmp_path / "c")
+    cache = tmp_path / "c"
+    result = ncc("compile", find_model("add_mul.hlo"), "-o", tmp_path / "x.neff", "--cache-dir", cache)
     assert_one_line_error(result, "U009")
     assert f"File exists ({tmp_path / 'c' / 'staging'})" in result.stderr
 

@@ -223,6 +223,12 @@ def test_a_work_dir_without_failure_says_so(tmp_path: Path) -> None:
     assert report["failures"] == [] and report["buckets"] == [] and report["compiles"] == 1
     bundle = ncc("triage", workdir, "--bundle", tmp_path / "b.tar.gz")
     assert bundle.returncode == 2 and "has no failed job" in assert_one_line_error(bundle, "U015")
+    # A damaged record: neither "no failure" nor "did not finish", but the file at fault.
+    record = workdir / "02_Frontend" / "record.json"
+    record.write_text("garbage{")
+    damaged = ncc("triage", workdir)
+    assert damaged.returncode == 0 and f"the record of a job cannot be read ({record})" in damaged.stdout
+    assert triage_json(workdir)["damaged_records"] == [str(record)]
     assert not (tmp_path / "b.tar.gz").exists()
 
 

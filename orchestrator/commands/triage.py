@@ -108,6 +108,11 @@ def render(result: Triage) -> str:
     lines: list[str] = []
     failed = len(result.failures)
     if result.kind == "workdir":
+        if not failed and result.damaged:
+            return (
+                f"ncc triage: {result.path}: the record of a job cannot be read ({result.damaged[0]}), so "
+                "whether the compile finished is unknown; `ncc compile` on this work dir recomputes the job"
+            )
         if not failed:
             state = "did not finish, and left no failure" if result.unfinished else "has no failed job"
             return f"ncc triage: {result.path}: the compile {state}"
@@ -132,6 +137,8 @@ def render(result: Triage) -> str:
         ]
     for path in result.unfinished:
         lines.append(f"unfinished: {path}")
+    for path in result.damaged:
+        lines.append(f"unreadable job record: {path}")
     return "\n".join(lines)
 
 

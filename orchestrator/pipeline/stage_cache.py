@@ -114,7 +114,8 @@ class StageCache:
             if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS) and self._readable():
                 return False
             where = f" ({err.filename})" if err.filename and Path(err.filename) != self.root else ""
-            raise CacheError(f"cannot use cache directory {self.root}: {err.strerror or err}{where}") from None
+            reason = f"{err.strerror or err}{where}"
+            raise CacheError(f"cannot use cache directory {self.root}: {reason}") from None
         return True
 
     def _readable(self) -> bool:

@@ -151,6 +151,7 @@ class Triage:
     compiles: int
     failures: list[Failure]
     unfinished: list[Path]  # work dirs whose compile neither finished nor left a failure
+    damaged: list[Path] = field(default_factory=list)  # job records there that cannot be read
 
     @property
     def buckets(self) -> list[Bucket]:
@@ -170,6 +171,7 @@ class Triage:
             "compiles": self.compiles,
             "failed": len(self.failures),
             "unfinished": [str(path) for path in self.unfinished],
+            "damaged_records": [str(path) for path in self.damaged],
             "failures": [failure.to_json() for failure in self.failures],
             "buckets": [bucket.to_json() for bucket in self.buckets],
         }
@@ -214,7 +216,8 @@ def triage(path: Path) -> Triage:
         raise NccError.of("U014", f"not a directory, so neither a work directory nor a farm: {path}")
     if is_workdir(path):
         failure, unfinished = triage_workdir(path)
-        return Triage(path, "workdir", 1, [failure] if failure else [], [path] if unfinished else [])
+        damaged = damaged_records(path) if unfinished else []
+        return Triage(path, "workdir", 1, [failure] if failure else [], [path] if unfinished else [], damaged)
     workdirs = _workdirs_under(path / "work") or _workdirs_under(path)
     if not workdirs:
         raise NccError.of(
@@ -222,14 +225,15 @@ def triage(path: Path) -> Triage:
             f"{path} is neither an ncc work directory (no pipeline.json, no NN_Job/ folders) nor a farm "
             "directory (no work/ folder of them)",
         )
-    failures, unfinished = [], []
+    failures, unfinished, damaged = [], [], []
     for workdir in workdirs:
         failure, not_done = triage_workdir(workdir)
         if failure is not None:
             failures.append(failure)
         elif not_done:
             unfinished.append(workdir)
-    return Triage(path, "farm", len(workdirs), failures, unfinished)
+            damaged += damaged_records(workdir)
+    return Triage(path, "farm", len(workdirs), failures, unfinished, damaged)
 
 
 # -- one work dir ---------------------------------------------------------------------------------
@@ -245,6 +249,14 @@ def _jobs(workdir: WorkDir) -> list[str]:
         if (match := _JOB_DIR.match(entry.name)) and entry.is_dir()
     )
     return [name for _, name in found]
+
+
+def damaged_records(root: Path) -> list[Path]:
+    """The job records of the work dir `root` that exist but cannot be read (a disk error, a hand
+    edit): the compile may well have finished, and a resume recomputes those jobs."""
+    workdir = WorkDir(root)
+    paths = [workdir.job_dir(index, name) / RECORD for index, name in enumerate(_jobs(workdir))]
+    return [path for path in paths if path.is_file() and read_job_record(path) is None]
 
 
 def triage_workdir(root: Path) -> tuple[Failure | None, bool]:
