@@ -90,6 +90,15 @@ def test_output_that_is_the_model_is_refused_and_the_model_kept(tmp_path: Path, 
     assert result.returncode == 2 and copy.read_bytes() == model.read_bytes()
 
 
+def test_output_that_is_the_verify_inputs_is_refused_and_the_inputs_kept(tmp_path: Path, model: Path) -> None:
+    inputs = tmp_path / "in.npz"
+    inputs.write_bytes(model.with_name(model.name.split(".")[0] + ".io.npz").read_bytes())
+    before = inputs.read_bytes()
+    result = ncc("compile", model, "--output", inputs, "--verify-inputs", inputs)
+    assert "is the --verify-inputs file" in assert_one_line_error(result, "U002")
+    assert result.returncode == 2 and inputs.read_bytes() == before
+
+
 def test_unwritable_output_directory_is_u005(tmp_path: Path, model: Path) -> None:
     result = ncc("compile", model, "--output", "/proc/out.neff", "--workdir", tmp_path / "w")
     assert_one_line_error(result, "U005")

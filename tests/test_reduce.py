@@ -346,6 +346,28 @@ def test_bad_input_is_one_line_with_a_u_code_and_writes_nothing(tmp_path: Path) 
     assert_no_scratch(tmp_path)
 
 
+def test_an_output_that_would_overwrite_what_the_reduction_reads_is_refused(tmp_path: Path) -> None:
+    text, proto = tmp_path / "softmax.hlo", tmp_path / "softmax.hlo.pb"
+    text.write_bytes(find_model("softmax.hlo").read_bytes())
+    proto.write_bytes(find_model("softmax.hlo.pb").read_bytes())
+    script = keep_script(tmp_path)
+    before = {path: path.read_bytes() for path in (text, proto, script)}
+    cases = [
+        (text, text, "would overwrite the model"),
+        (text, proto, "would overwrite the model"),  # -o X.hlo.pb writes X.hlo too
+        (proto, text, "would overwrite the model's twin"),  # the .hlo.pb model's text beside it
+        (text, script, "would overwrite the --test script"),
+        (text, Path("/dev/null"), "not a regular file"),
+        (text, tmp_path, "not a regular file"),
+    ]
+    for model, output, words in cases:
+        result = ncc("reduce", model, "--test", script, "-o", output)
+        assert words in assert_one_line_error(result, "U002"), output
+    assert {path: path.read_bytes() for path in before} == before
+    assert not Path("/dev/null.pb").exists()
+    assert_no_scratch(tmp_path)
+
+
 def test_a_work_dir_without_the_failure_is_u016(tmp_path: Path) -> None:
     """A compile that failed in its first job (an unsupported op): nothing to keep for --job
     WalrusDriver, and a compile that succeeded has no failure at all."""

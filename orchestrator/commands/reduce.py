@@ -59,15 +59,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--job", metavar="NAME", help="with --workdir: the job that must fail (checked)")
     parser.add_argument(
-        "--output", "-o", type=Path, required=True, metavar="REDUCED.hlo",
+        "--output",
+        "-o",
+        type=Path,
+        required=True,
+        metavar="REDUCED.hlo",
         help="the reduced module as HLO text; REDUCED.hlo.pb gets it as a serialized HloModuleProto",
     )
     parser.add_argument(
-        "--jobs", "-j", type=positive_int, default=_cores(), metavar="N",
+        "--jobs",
+        "-j",
+        type=positive_int,
+        default=_cores(),
+        metavar="N",
         help="candidates tested at once (default: the cores ncc may use)",
     )
     parser.add_argument(
-        "--candidate-timeout", type=positive_float, metavar="S",
+        "--candidate-timeout",
+        type=positive_float,
+        metavar="S",
         help=f"stop a candidate's test after S seconds (default: 10x the original's, at least "
         f"{MIN_CANDIDATE_TIMEOUT_S:g})",
     )
@@ -82,8 +92,19 @@ def output_paths(output: Path) -> tuple[Path, Path]:
     return output, output.with_name(output.name + ".pb")
 
 
-def _check_outputs(paths: tuple[Path, ...]) -> None:
+def _check_outputs(paths: tuple[Path, ...], keep: dict[str, Path | None]) -> None:
+    """Refuse outputs that cannot be written, or that would overwrite a file `keep` names (the
+    model, the test script: what a reduction reads)."""
     for path in paths:
+        if path.exists() and not path.is_file():
+            raise NccError.of(
+                "U002",
+                f"-o names {path}, which is not a regular file (reduce writes the module as two "
+                "files, .hlo and .hlo.pb)",
+            )
+        for what, kept in keep.items():
+            if kept is not None and path.exists() and kept.is_file() and os.path.samefile(path, kept):
+                raise NccError.of("U002", f"-o would overwrite {what} {kept} with the reduced module")
         if not path.parent.is_dir():
             raise NccError.of("U004", f"the directory of the output does not exist: {path.parent}")
         try:
@@ -127,7 +148,9 @@ def run(args: argparse.Namespace) -> int:
     if args.job is not None and args.workdir is None:
         raise NccError.of("U002", "--job NAME goes with --workdir WORKDIR (the job that failed there)")
     text_out, proto_out = output_paths(args.output)
-    _check_outputs((text_out, proto_out))
+    twin = next(path for path in output_paths(model) if path != model)  # X.hlo <-> X.hlo.pb
+    keep = {"the model": model, "the model's twin": twin, "the --test script": args.test}
+    _check_outputs((text_out, proto_out), keep)
     module = _load(model)
     warnings: list[str] = []
     if args.test is not None:

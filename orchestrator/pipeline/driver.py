@@ -114,6 +114,10 @@ class CommandDriver:
             raise NccError.of("U002", f"--output names a directory, not a file: {output}")
         if output.exists() and os.path.samefile(output, model):
             raise NccError.of("U002", f"--output {output} is the model itself: the NEFF would overwrite it")
+        if output.exists() and inputs is not None and os.path.samefile(output, inputs):
+            raise NccError.of(
+                "U002", f"--output {output} is the --verify-inputs file: the NEFF would overwrite it"
+            )
         try:
             check_writable(output)
         except OutputError as err:
