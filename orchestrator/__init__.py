@@ -40,6 +40,26 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
     _os._exit(130)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, turned into what Ctrl-C raises so one cleanup path serves all three."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signame = _signal.Signals(signum).name
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise Stopped(signum)
+
+
+def stop_like_ctrl_c() -> None:
+    """From here on SIGTERM and SIGHUP stop this command as Ctrl-C does (its own cleanup: child
+    processes stopped, scratch removed, U007), instead of killing it mid-way with its children
+    left running. For commands that run their own child processes (reduce, bisect)."""
+    for signum in (_signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(signum, _raise_stopped)
+
+
 def restore_interrupt_handler() -> None:
     """The entry points call this once they can turn Ctrl-C into their own diagnostic."""
     if _signal.getsignal(_signal.SIGINT) is _interrupted_while_starting:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from ncc.orchestrator import restore_interrupt_handler
+from ncc.orchestrator import Stopped, restore_interrupt_handler
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError
 
 
@@ -182,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(args)
     except NccError as err:
         diagnostic = err.diagnostic
-    except KeyboardInterrupt:
-        diagnostic = NccDiagnostic("U007", "interrupted")
+    except KeyboardInterrupt as stop:
+        how = f"stopped by {stop.signame}" if isinstance(stop, Stopped) else "interrupted"
+        diagnostic = NccDiagnostic("U007", how)
     except BrokenPipeError:  # `ncc inspect x.neff | head`: the reader has what it wanted
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again

@@ -12,13 +12,18 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from orchestrator_support import assert_one_line_error, find_model, ncc
+from orchestrator_support import Result, assert_one_line_error, find_model, ncc
 from walrus_builders import Bir, chain_program
 
 from ncc.orchestrator.triage.bisect import locate
@@ -382,3 +387,28 @@ def test_a_compile_that_never_reached_the_backend_has_nothing_to_bisect(tmp_path
     assert result.returncode == 2
     assert "has not lowered its model" in assert_one_line_error(result, "U019")
     np.testing.assert_equal(list((tmp_path / "bad.ncc-work").glob("bisect")), [])
+
+
+def test_sigterm_stops_a_bisection_as_ctrl_c_does_and_leaves_no_process(
+    softmax_workdir: Path, tmp_path: Path
+) -> None:
+    workdir = tmp_path / "w"
+    shutil.copytree(softmax_workdir, workdir)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "ncc.orchestrator", "bisect", str(workdir), "--linear"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, FAULT_ENV: "walrus_driver:max_to_add@pass=pre_sched"},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not proc.stdout.readline().lstrip().startswith("state"):
+        pass
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    line = assert_one_line_error(Result(proc.returncode, stdout, stderr), "U007")
+    assert proc.returncode == 130 and "stopped by SIGTERM" in line
+    time.sleep(0.5)
+    leftover = subprocess.run(["pgrep", "-f", str(workdir)], capture_output=True, text=True).stdout.split()
+    assert not leftover, "a probe outlived ncc bisect"

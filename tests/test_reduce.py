@@ -209,7 +209,9 @@ def test_the_result_does_not_depend_on_how_many_candidates_run_at_once(tmp_path:
 
 
 @pytest.mark.slow
-def test_ctrl_c_writes_the_smallest_module_so_far_and_stops_every_test(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_ctrl_c_writes_the_smallest_module_so_far_and_stops_every_test(tmp_path: Path, stop: int) -> None:
+    """Ctrl-C, and SIGTERM or SIGHUP alike (a job scheduler's stop, a closed terminal)."""
     model = find_model("block.hlo")
     script = keep_script(tmp_path)
     out = tmp_path / "reduced.hlo"
@@ -227,11 +229,12 @@ def test_ctrl_c_writes_the_smallest_module_so_far_and_stops_every_test(tmp_path:
         lines.append(line)
         if line.startswith("step 2:"):
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     line = assert_one_line_error(Result(proc.returncode, stdout, stderr), "U007")
     assert "the smallest interesting module so far" in line
+    assert stop == signal.SIGINT or f"stopped by {signal.Signals(stop).name}" in line
     reduced = load_module(str(out))
     verify_module(reduced)
     assert instruction_count(reduced) < 111 and interesting(script, out)

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from ncc.orchestrator import stop_like_ctrl_c
 from ncc.orchestrator.diagnostics import ExitCode, NccError, one_line, printable
 from ncc.orchestrator.triage.bisect import Bisection, Probe, bisect, environment_warnings, replay_line
 
@@ -104,6 +105,7 @@ def render(result: Bisection) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    stop_like_ctrl_c()
     if args.timeout is not None and args.timeout <= 0:
         raise NccError.of("U002", f"ncc bisect: --timeout must be positive, got {args.timeout:g}")
 

@@ -22,6 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from ncc.orchestrator import Stopped, stop_like_ctrl_c
 from ncc.orchestrator.commands.compile import positive_float, positive_int
 from ncc.orchestrator.diagnostics import NccError, printable
 from ncc.orchestrator.outputs import OutputError, check_writable, write_output
@@ -143,6 +144,7 @@ def _scratch(directory: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    stop_like_ctrl_c()
     started = time.monotonic()
     model = Path(os.path.abspath(args.model))
     if args.job is not None and args.workdir is None:
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         say(f"ncc reduce: the original is interesting ({seconds:.1f} s); {args.jobs} candidates at a time")
         try:
             reduced = reducer.reduce()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as stop:
             reducer.close()
             size = instruction_count(reducer.best)
             if size < before[0]:
@@ -191,7 +193,8 @@ def run(args: argparse.Namespace) -> int:
                 kept = f"; the smallest interesting module so far ({size} instructions) is in {text_out}"
             else:
                 kept = ""
-            raise NccError.of("U007", f"reduction interrupted{kept}") from None
+            how = f"stopped by {stop.signame}" if isinstance(stop, Stopped) else "interrupted"
+            raise NccError.of("U007", f"reduction {how}{kept}") from None
         _write(reduced, text_out, proto_out)
     finally:
         reducer.close()
