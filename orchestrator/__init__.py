@@ -52,12 +52,12 @@ def _raise_stopped(signum: int, frame: object) -> None:
     raise Stopped(signum)
 
 
-def stop_like_ctrl_c() -> None:
+def stop_like_ctrl_c() -> dict:
     """From here on SIGTERM and SIGHUP stop this command as Ctrl-C does (its own cleanup: child
     processes stopped, scratch removed, U007), instead of killing it mid-way with its children
-    left running. For commands that run their own child processes (reduce, bisect)."""
-    for signum in (_signal.SIGTERM, _signal.SIGHUP):
-        _signal.signal(signum, _raise_stopped)
+    left running. For commands that run child processes (compile, reduce, bisect). Returns the
+    handlers it replaced, by signal, for a caller that puts them back."""
+    return {signum: _signal.signal(signum, _raise_stopped) for signum in (_signal.SIGTERM, _signal.SIGHUP)}
 
 
 def restore_interrupt_handler() -> None:

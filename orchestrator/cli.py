@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import os
 import sys
@@ -171,6 +172,12 @@ def _reexec_in_utf8_mode(args: list[str]) -> None:
     os.execv(sys.executable, [sys.executable, "-m", "ncc.orchestrator", *args])
 
 
+def _drop_stdout() -> None:
+    """Point standard output at /dev/null, so the interpreter's final flush does not fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ncc` console script; returns the exit code."""
     args = sys.argv[1:] if argv is None else argv
@@ -186,14 +193,16 @@ def main(argv: list[str] | None = None) -> int:
         how = f"stopped by {stop.signame}" if isinstance(stop, Stopped) else "interrupted"
         diagnostic = NccDiagnostic("U007", how)
     except BrokenPipeError:  # `ncc inspect x.neff | head`: the reader has what it wanted
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        _drop_stdout()
         return int(ExitCode.OK)
     except Exception as err:
-        command = args[0] if args else "ncc"
-        diagnostic = NccDiagnostic(
-            "F134", f"internal error in ncc {command} ({type(err).__name__}: {err})", log=_save_traceback()
-        )
+        if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT) and err.filename is None:
+            _drop_stdout()  # no file named: standard output itself (`ncc inspect x.neff > /dev/full`)
+            diagnostic = NccDiagnostic("U011", f"cannot write standard output: {err.strerror}")
+        else:
+            command = args[0] if args else "ncc"
+            message = f"internal error in ncc {command} ({type(err).__name__}: {err})"
+            diagnostic = NccDiagnostic("F134", message, log=_save_traceback())
     print(diagnostic.line(), file=sys.stderr)
     return int(diagnostic.exit_code)
 

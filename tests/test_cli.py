@@ -209,6 +209,19 @@ def test_run_with_unreadable_inputs_is_u008(tmp_path: Path, name: str, write, wh
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_inspect_into_a_full_device_is_u011_not_an_internal_error(tmp_path: Path, model: Path) -> None:
+    neff = tmp_path / "m.neff"
+    assert ncc("compile", model, "--output", neff).returncode == 0
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "ncc.orchestrator", "inspect", str(neff)],
+            stdout=full, stderr=subprocess.PIPE, text=True,
+        )
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == "ncc: error: [U011] cannot write standard output: No space left on device"
+
+
 def test_compile_run_inspect_add_mul(tmp_path: Path, model: Path) -> None:
     neff = tmp_path / "add_mul.neff"
     result = ncc("compile", model, "--output", neff)

@@ -22,6 +22,7 @@ import sys
 import zipfile
 from dataclasses import dataclass
 
+from ncc.orchestrator import Stopped, stop_like_ctrl_c
 from ncc.orchestrator.config import settings
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, require_file
 from ncc.orchestrator.options import CompileOptions
@@ -73,20 +74,6 @@ def _kill_adopted(before: set[int]) -> None:
         except psutil.TimeoutExpired:
             continue
 
-
-_STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-
-
-class _Stopped(Exception):
-    """SIGTERM or SIGHUP arrived while the compile child ran."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signame = signal.Signals(signum).name
-
-
-def _raise_stop(signum: int, frame: object) -> None:
-    raise _Stopped(signum)
 
 
 class CommandDriver:
@@ -215,18 +202,19 @@ class CommandDriver:
                 stderr=stderr,
                 pass_fds=(lock_fd,),
             )
-        previous = {sig: signal.signal(sig, _raise_stop) for sig in _STOP_SIGNALS}
+        previous = stop_like_ctrl_c()
         try:
             assert proc.stdout is not None
-            for line in proc.stdout:  # progress lines (--verbose >= 2)
-                sys.stderr.write(line.decode(errors="replace"))
-                sys.stderr.flush()
+            with proc.stdout:
+                for line in proc.stdout:  # progress lines (--verbose >= 2)
+                    sys.stderr.write(line.decode(errors="replace"))
+                    sys.stderr.flush()
             _, status, usage = os.wait4(proc.pid, 0)
             proc.returncode = os.waitstatus_to_exitcode(status)
             return ProcessEnd(returncode=proc.returncode, peak_rss_bytes=usage.ru_maxrss * 1024)
-        except (KeyboardInterrupt, _Stopped) as stop:
+        except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM/SIGHUP as Stopped
             self._stop(proc)
-            how = f"stopped by {stop.signame}" if isinstance(stop, _Stopped) else "interrupted"
+            how = f"stopped by {stop.signame}" if isinstance(stop, Stopped) else "interrupted"
             raise NccError.of(
                 "U007", f"compile {how}", workdir=self.workdir.root, log=self.workdir.driver_log
             ) from None
@@ -243,7 +231,7 @@ class CommandDriver:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        except (ProcessLookupError, KeyboardInterrupt, _Stopped):  # a second signal: no more grace
+        except (ProcessLookupError, KeyboardInterrupt):  # a second signal: no more grace
             proc.kill()
             proc.wait()
 
