@@ -20,6 +20,7 @@ and, at the top, what every part shares:
     diagnostics     every driver code and exit code (docs/diagnostics.md)
     config          the driver's settings from its environment, read once
     outputs         writing user-named outputs (devices and FIFOs written through, links followed)
+    inputs          reading the .npz of named inputs `ncc run` and `--verify-inputs` take
     digests         sha256 of files (memoized on identity and change time)
     versions        ncc and per-tool versions (source digests) for cache keys
 

@@ -192,7 +192,8 @@ def _bad_member(path: Path) -> None:
     ("in.npz", lambda p: np.savez(p, arg0=np.ones(3, np.complex64)), "complex64 values"),
     ("in.npz", lambda p: np.savez(p, arg0=np.array(["1.5"])), "<U3 values"),
     ("in.npz", _bad_member, "member 'arg0' is not a numpy array"),
-], ids=["not-a-zip", "npy", "complex", "strings", "bad-member"])
+    ("in.npz", lambda p: np.savez(p, arg0=np.array([{}], object)), "pickled Python objects, which ncc never"),
+], ids=["not-a-zip", "npy", "complex", "strings", "bad-member", "pickled"])
 def test_run_with_unreadable_inputs_is_u008(tmp_path: Path, name: str, write, why: str) -> None:
     """Inputs ncc run cannot take: one coded line saying why (a .npy crashed it, a complex input
     lost its imaginary part with numpy's warning, a garbage member was an input of shape [])."""
@@ -203,6 +204,27 @@ def test_run_with_unreadable_inputs_is_u008(tmp_path: Path, name: str, write, wh
     result = ncc("run", neff, "--inputs", bad, "--output", tmp_path / "o.npz")
     line = assert_one_line_error(result, "U008")
     assert result.returncode == 2 and why in line
+
+
+@pytest.mark.parametrize("array, why", [
+    (np.ones(4, np.complex64), "complex64 values"),
+    (np.array([{}], object), "pickled Python objects"),
+], ids=["complex", "pickled"])
+def test_compile_refuses_the_verify_inputs_run_refuses(tmp_path: Path, model: Path, array, why: str) -> None:
+    bad = tmp_path / "in.npz"
+    np.savez(bad, arg0=array)
+    result = ncc("compile", model, "--output", tmp_path / "o.neff", "--verify-inputs", bad)
+    assert why in assert_one_line_error(result, "U008")
+    assert not (tmp_path / "o.neff").exists() and not (tmp_path / "o.ncc-work").exists()
+
+
+def test_compile_warns_of_verify_inputs_it_ignores(tmp_path: Path, model: Path) -> None:
+    inputs = tmp_path / "in.npz"
+    with np.load(model.with_name("add_mul.io.npz")) as data:
+        np.savez(inputs, **data, bias=np.ones(2, np.float32))
+    result = ncc("compile", model, "--output", tmp_path / "o.neff", "--verify-inputs", inputs)
+    assert result.returncode == 0, result.stderr
+    assert f"ncc: warning: {inputs} holds arrays that are not argN or outN, ignored: bias" in result.stderr
 
 
 # -- end to end: compile, run, inspect ------------------------------------------------------------

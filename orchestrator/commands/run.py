@@ -28,16 +28,15 @@ import hashlib
 import io
 import json
 import os
-import re
 import sys
 import time
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ncc.orchestrator.config import THREAD_POOL_ENV
 from ncc.orchestrator.diagnostics import ExitCode, NccDiagnostic, NccError, require_file
+from ncc.orchestrator.inputs import load_inputs
 from ncc.orchestrator.outputs import OutputError, check_writable, is_stream, write_output
 from ncc.orchestrator.versions import ncc_version
 
@@ -112,35 +111,6 @@ def _write(flag: str, path: Path, data: bytes) -> None:
         write_output(path, data=data)
     except OutputError as err:
         raise NccError.of("U005", f"cannot write {flag} {path}: {err}") from None
-
-
-def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """(arrays argN, reference arrays outN, other names) of an .npz file; [U008] if it is unreadable.
-
-    Whether the inputs fit the NEFF is the simulator's call (E602 names a missing or mis-shaped
-    input); a module without parameters needs no argN at all.
-    """
-    import numpy as np
-
-    try:
-        loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ValueError("it holds one array (.npy), not named arrays arg0, arg1, ...")
-        with loaded as data:
-            arrays = {name: data[name] for name in data.files}
-        for name, array in arrays.items():
-            if not isinstance(array, np.ndarray):  # a member that is not an .npy array comes as bytes
-                raise ValueError(f"its member {name!r} is not a numpy array")
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
-        raise NccError.of("U008", f"cannot read inputs {path} as an .npz file: {err}") from None
-    args = {name: array for name, array in arrays.items() if re.fullmatch(r"arg\d+", name)}
-    for name, array in sorted(args.items()):
-        raw_bf16 = array.dtype.kind == "V" and array.dtype.names is None and array.dtype.itemsize == 2
-        if array.dtype.kind not in "biuf" and not raw_bf16:  # complex, strings, dates, records
-            raise NccError.of("U008", f"input {name} in {path} holds {array.dtype} values; ncc takes "
-                                      "booleans, integers and floats")
-    reference = {name: array for name, array in arrays.items() if re.fullmatch(r"out\d+", name)}
-    return args, reference, sorted(set(arrays) - set(args) - set(reference))
 
 
 def compare_with_reference(outputs: dict[str, Any], reference: dict[str, Any]) -> list[dict[str, Any]]:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from ncc.orchestrator import Stopped, stop_like_ctrl_c
 from ncc.orchestrator.config import settings
@@ -75,7 +76,6 @@ def _kill_adopted(before: set[int]) -> None:
             continue
 
 
-
 class CommandDriver:
     def __init__(self, options: CompileOptions) -> None:
         self.options = options
@@ -93,8 +93,8 @@ class CommandDriver:
         inputs = self.options.verify_inputs
         if inputs is not None and not (inputs.is_file() and os.access(inputs, os.R_OK)):
             raise NccError.of("U001", f"--verify-inputs file not found or not readable: {inputs}")
-        if inputs is not None and not zipfile.is_zipfile(inputs):
-            raise NccError.of("U008", f"cannot read --verify-inputs {inputs} as an .npz file")
+        if inputs is not None:
+            self._check_verify_inputs(inputs)
         if not output.parent.is_dir():
             raise NccError.of("U004", f"the directory of the output does not exist: {output.parent}")
         if output.is_dir():
@@ -120,6 +120,22 @@ class CommandDriver:
                 if made_workdir:  # nothing left behind by a refused compile
                     self.workdir.root.rmdir()
                 raise NccError.of("U009", str(err)) from None
+
+    @staticmethod
+    def _check_verify_inputs(inputs: Path) -> None:
+        """What `ncc run --inputs` refuses is refused here too (U008: not an .npz, pickled objects,
+        complex or string arrays), and names nothing takes are said to be ignored, as there."""
+        if not zipfile.is_zipfile(inputs):
+            raise NccError.of("U008", f"cannot read --verify-inputs {inputs} as an .npz file")
+        from ncc.orchestrator.inputs import load_inputs
+
+        _, _, others = load_inputs(inputs)
+        if others:
+            names = ", ".join(others)
+            print(
+                f"ncc: warning: {inputs} holds arrays that are not argN or outN, ignored: {names}",
+                file=sys.stderr,
+            )
 
     # -- the child ----------------------------------------------------------------------------
 
