@@ -290,6 +290,12 @@ def test_ncc_run_takes_max_steps(tmp_path):
     line = assert_one_line_error(ncc(*args, "--max-steps", "100"), "E605")
     assert "(at most 100)" in line and "--max-steps" in line
     assert ncc(*args, "--max-steps", str(SMALL.executed)).returncode == 0
+    # The bound is on the whole run: every inference counts, and a huge count is refused at once.
+    twice = ncc(*args, "--max-steps", str(SMALL.executed), "--inferences", "2")
+    assert f"2 inferences of {SMALL.executed:,} instructions" in assert_one_line_error(twice, "E605")
+    started = time.monotonic()
+    assert_one_line_error(ncc(*args, "--inferences", str(10**11)), "E605")
+    assert time.monotonic() - started < 30
 
 
 # ---- the pieces ------------------------------------------------------------------------------

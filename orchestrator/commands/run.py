@@ -13,8 +13,9 @@ after the outputs, the report and the trace were written so they can be inspecte
 writes the simulated schedule in Chrome Trace Event Format (open it in ui.perfetto.dev or
 chrome://tracing): a track per engine and per DMA queue, each instruction a slice, semaphore
 stalls as "wait" slices (ncc.tools.sim.trace); without it nothing is recorded. `--max-steps N`
-is the most instructions the NEFF may execute (its loops counted before anything runs, so a
-hostile trip count is [E605] at once; default ncc.tools.sim.limits.MAX_STEPS, 20 million).
+is the most instructions the run may execute, over all its inferences (loops counted before
+anything runs, so a hostile trip count or inference count is [E605] at once; default
+ncc.tools.sim.limits.MAX_STEPS, 20 million).
 
 Every file written (--output, --report, --trace) is checked before the simulation runs: its
 directory exists [U004], it is not a directory and not one of the files read or another output
@@ -62,7 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_positive,
         default=None,
         metavar="N",
-        help="refuse a NEFF that would execute more than N instructions [E605] (default 20,000,000)",
+        help="refuse a run that would execute more than N instructions, all inferences together [E605] "
+        "(default 20,000,000)",
     )
     parser.add_argument(
         "--trace",
@@ -228,9 +230,12 @@ def run(args: argparse.Namespace) -> int:
     if "makespan_over_lower_bound" in report:
         ratio, lower = report["makespan_over_lower_bound"], report["lower_bound_ns"]
         bound = f" = {ratio:.2f} x the lower bound {lower:.0f} ns"
+    each = f" (the first of {args.inferences} inferences)" if args.inferences > 1 else ""
+    over = f" over the {args.inferences}" if args.inferences > 1 else ""
+    simulated = f"{result.simulated_ns:.0f} ns ({result.simulated_ns / 1000:.3f} us){each}"
     print(
-        f"ncc: simulated time {result.simulated_ns:.0f} ns ({result.simulated_ns / 1000:.3f} us){bound}, "
-        f"{result.instruction_count} instructions; outputs {names} -> {args.output}"
+        f"ncc: simulated time {simulated}{bound}, "
+        f"{result.instruction_count} instructions{over}; outputs {names} -> {args.output}"
     )
     if args.trace:
         print(f"ncc: schedule trace -> {args.trace} (open it in ui.perfetto.dev or chrome://tracing)")

@@ -11,7 +11,7 @@ order: a deadlock is E612, a race E611 (naming the first and the count), an outp
 from `--expect` beyond |got - expected| <= atol + rtol·max|expected| is E610 (with the max error),
 semaphores left above 0 at the end of an inference (a NEFF that cannot run twice) E613.
 `--inferences N` runs the NEFF N times back to back with memory and semaphores carried over;
-`--max-steps N` refuses (E605) a NEFF that would execute more than N instructions.
+`--max-steps N` refuses (E605) a run that would execute more than N instructions over all its inferences.
 """
 
 from __future__ import annotations

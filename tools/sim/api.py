@@ -163,9 +163,14 @@ def _simulate(
     target = target or _load_target(target_name)
     hbm, streams = list(hbm), list(streams)
     layouts = loops.plan_streams(streams, "E603", max_steps, limit_code="E605")
-    if layouts is None and sum(len(stream.instructions) for stream in streams) > max_steps:
+    if layouts is None:
         executed = sum(len(stream.instructions) for stream in streams)
-        raise CompileError("E605", f"the streams execute {executed:,} instructions (at most {max_steps:,})")
+    else:
+        executed = sum(layout.executed for layout in layouts)
+    if executed * inferences > max_steps:  # the bound is on the whole run, every inference in it
+        times = f"{inferences:,} inferences of {executed:,} instructions: " if inferences > 1 else ""
+        total = f"{executed * inferences:,} instructions (at most {max_steps:,})"
+        raise CompileError("E605", f"the streams execute {times}{total}")
     limits.check_program(target, hbm, streams, num_semaphores, layouts=layouts)
     memory = DeviceMemory(target, hbm, buffers)
     _bind_inputs(memory, inputs)
