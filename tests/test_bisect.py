@@ -370,8 +370,9 @@ def test_bad_input_is_one_line_with_a_u_code(tmp_path: Path) -> None:
     for path in (tmp_path / "file", tmp_path):
         result = ncc("bisect", path)
         assert result.returncode == 2 and "not an ncc work directory" in assert_one_line_error(result, "U019")
-    bad = ncc("bisect", tmp_path, "--timeout", "0")
-    assert bad.returncode == 2 and "--timeout must be positive" in assert_one_line_error(bad, "U002")
+    for timeout in ("0", "nan"):
+        bad = ncc("bisect", tmp_path, "--timeout", timeout)
+        assert bad.returncode == 2 and "must be greater than 0" in assert_one_line_error(bad, "U002")
 
 
 def test_a_compile_that_never_reached_the_backend_has_nothing_to_bisect(tmp_path: Path) -> None:

@@ -227,6 +227,30 @@ def test_compile_warns_of_verify_inputs_it_ignores(tmp_path: Path, model: Path) 
     assert f"ncc: warning: {inputs} holds arrays that are not argN or outN, ignored: bias" in result.stderr
 
 
+def test_run_warns_of_integer_inputs_the_conversion_changes(tmp_path: Path) -> None:
+    """bit_hash takes a u32 array: fractions, NaN and values out of range were converted without
+    a word (XLA's rules: truncated, NaN to 0, wrapped); exact values say nothing."""
+    model = find_model("bit_hash.hlo")
+    neff = tmp_path / "m.neff"
+    assert ncc("compile", model, "--output", neff).returncode == 0
+    with np.load(model.with_name("bit_hash.io.npz")) as data:
+        given = {name: data[name] for name in data.files if name.startswith("arg")}
+    (unsigned,) = [name for name, array in given.items() if array.dtype == np.uint32]
+    shape = given[unsigned].shape
+    cases = [
+        (given[unsigned].astype(np.int64), ""),
+        (np.full(shape, 0.5, np.float32), "fractional values"),
+        (np.full(shape, np.nan, np.float32), "NaN or infinite values"),
+        (np.full(shape, -1, np.int64), "values out of u32's range"),
+    ]
+    for array, words in cases:
+        np.savez(tmp_path / "in.npz", **{**given, unsigned: array})
+        result = ncc("run", neff, "--inputs", tmp_path / "in.npz", "--output", tmp_path / "o.npz")
+        assert result.returncode == 0, result.stderr
+        assert (f"ncc: warning: input {unsigned} ({array.dtype}) has {words}" in result.stderr) == bool(words)
+        assert bool(words) == ("warning" in result.stderr), result.stderr
+
+
 # -- end to end: compile, run, inspect ------------------------------------------------------------
 
 

@@ -18,7 +18,8 @@ import sys
 from pathlib import Path
 
 from ncc.orchestrator import stop_like_ctrl_c
-from ncc.orchestrator.diagnostics import ExitCode, NccError, one_line, printable
+from ncc.orchestrator.commands.compile import positive_float
+from ncc.orchestrator.diagnostics import ExitCode, one_line, printable
 from ncc.orchestrator.triage.bisect import Bisection, Probe, bisect, environment_warnings, replay_line
 
 
@@ -30,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="check the states in order and stop at the first that differs (default: binary search)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    parser.add_argument("--timeout", type=float, metavar="S", help="kill any one tool run after S seconds")
+    parser.add_argument(
+        "--timeout", type=positive_float, metavar="S", help="kill any one tool run after S seconds"
+    )
 
 
 _SHORT = 150  # characters of a probe's message shown on its progress line
@@ -106,8 +109,6 @@ def render(result: Bisection) -> str:
 
 def run(args: argparse.Namespace) -> int:
     stop_like_ctrl_c()
-    if args.timeout is not None and args.timeout <= 0:
-        raise NccError.of("U002", f"ncc bisect: --timeout must be positive, got {args.timeout:g}")
 
     def progress(result: Bisection, probe: Probe) -> None:
         if len(result.probes) == 1:

@@ -168,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
     import numpy as np
 
     from ncc.schemas import bir_pb2
+    from ncc.tools.common import dtypes
     from ncc.tools.common.errors import CompileError
     from ncc.tools.packager.neff import read_neff
     from ncc.tools.sim.api import chrome_trace, simulate_neff
@@ -183,6 +184,16 @@ def run(args: argparse.Namespace) -> int:
         names = ", ".join(ignored)
         warning = f"ncc: warning: {args.inputs} holds arrays the NEFF does not take, ignored: {names}"
         print(warning, file=sys.stderr)
+    for tensor in neff.hbm:
+        given = inputs.get(f"arg{tensor.index}") if tensor.role == bir_pb2.INPUT else None
+        lossy = dtypes.lossy_integer_input(given, tensor.dtype) if given is not None else ""
+        if lossy:
+            print(
+                f"ncc: warning: input arg{tensor.index} ({given.dtype}) has {lossy} for the NEFF's "
+                f"{dtypes.name(tensor.dtype)} parameter: converted as XLA converts, it is not what was "
+                "given",
+                file=sys.stderr,
+            )
     started = time.monotonic()
     steps = {} if args.max_steps is None else {"max_steps": args.max_steps}
     try:

@@ -160,6 +160,25 @@ def user_array_to_storage(array: np.ndarray, dtype: int) -> np.ndarray:
     return from_compute(array, dtype) if dtype != common_pb2.PRED else (array != 0).astype(np.uint8)
 
 
+def lossy_integer_input(array: np.ndarray, dtype: int) -> str:
+    """Why an array given for an integer `dtype` does not survive the conversion (fractions, NaN
+    or infinities, values out of the type's range), or "": XLA's rules then truncate, saturate and
+    wrap, which is rarely what the caller meant. Floats to floats narrow as any compiler does."""
+    array = np.asarray(array)
+    if is_float(dtype) or dtype == common_pb2.PRED or array.dtype.kind not in "biuf" or array.size == 0:
+        return ""
+    info = np.iinfo(_STORAGE[dtype])
+    if array.dtype.kind == "f":
+        if not np.isfinite(array).all():
+            return "NaN or infinite values"
+        if (np.trunc(array) != array).any():
+            return "fractional values"
+    low, high = array.min(), array.max()
+    if low < info.min or high > info.max:
+        return f"values out of {name(dtype)}'s range [{info.min}, {info.max}] ({low} .. {high})"
+    return ""
+
+
 def storage_to_user_array(storage: np.ndarray, dtype: int) -> np.ndarray:
     """The array a user sees: bf16 widened to float32, PRED as bool, others as stored."""
     if dtype == common_pb2.BF16:
