@@ -91,8 +91,8 @@ class CommandDriver:
         model, output = self.options.model, self.options.output
         require_file(model, "model")
         inputs = self.options.verify_inputs
-        if inputs is not None and not (inputs.is_file() and os.access(inputs, os.R_OK)):
-            raise NccError.of("U001", f"--verify-inputs file not found or not readable: {inputs}")
+        if inputs is not None:
+            require_file(inputs, "--verify-inputs")
         if inputs is not None:
             self._check_verify_inputs(inputs)
         if not output.parent.is_dir():
