@@ -24,7 +24,7 @@ from orchestrator_support import assert_one_line_error, find_model, ncc
 from walrus_builders import chain_program
 
 from ncc.schemas import bir_pb2, common_pb2
-from ncc.tools.common.faults import Fault, OpPattern
+from ncc.tools.common.faults import FAULT_ENV, Fault, OpPattern, spec_problems
 from ncc.tools.common.passlog import last_pass_start, pass_start_line
 from ncc.tools.walrus_driver import op_patterns
 from ncc.tools.walrus_driver.pass_manager import DEFAULT_PASSES
@@ -271,6 +271,27 @@ def test_fault_items_parse_into_conditions() -> None:
     assert farm_item.texts == ("crashme",) and not farm_item.at_pass
     assert Fault.parse("walrus_driver:segv@op=divide(").malformed
     assert OpPattern.parse("divide") == OpPattern("divide") and OpPattern.parse("a(b)(c)") is None
+
+
+@pytest.mark.parametrize(("spec", "words"), [
+    ("garbage", "names no tool"),
+    ("WALRUS_DRIVER:segv", "names no tool"),
+    ("walrus_driver:SEGV", "no fault kind 'SEGV'"),
+    ("walrus_driver:max_to_add", "needs pass=NAME"),
+    ("walrus_driver:segv@pass=", "pass= names no pass"),
+    ("walrus_driver:segv@op=divide(", "op= is not an opcode"),
+    (f"{PLANTED},hlo2penguin:abort@crashme,driver:kill,walrus_driver:max_to_add@pass=pre_sched", ""),
+])
+def test_a_fault_that_would_never_fire_is_named_and_a_good_one_is_not(spec: str, words: str) -> None:
+    problems = spec_problems(spec)
+    assert (len(problems) == 1 and words in problems[0]) if words else problems == [], problems
+
+
+def test_compile_warns_of_a_mistyped_fault(tmp_path: Path) -> None:
+    model = find_model("add_mul.hlo")
+    result = ncc("compile", model, "-o", tmp_path / "m.neff", env={FAULT_ENV: "walrus:segv"})
+    assert result.returncode == 0
+    assert "ncc: warning: NCC_FAULT_INJECT item 'walrus:segv' names no tool ncc runs" in result.stderr
 
 
 def _access(memory: int, tensor: str) -> bir_pb2.AccessPattern:

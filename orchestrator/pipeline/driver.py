@@ -32,6 +32,7 @@ from ncc.orchestrator.pipeline import luigi_setup
 from ncc.orchestrator.pipeline.diskspace import looks_full, no_space_message
 from ncc.orchestrator.pipeline.process_end import ProcessEnd, classify_abnormal_end
 from ncc.orchestrator.pipeline.workdir import WorkDir
+from ncc.tools.common.faults import FAULT_ENV, spec_problems
 from ncc.tools.common.lifetime import PARENT_ENV
 
 DRIVER_JOB = "driver (the ncc compile child process)"
@@ -76,6 +77,13 @@ def _kill_adopted(before: set[int]) -> None:
             continue
 
 
+def _warn_of_faults_that_never_fire() -> None:
+    """NCC_FAULT_INJECT is for tests: an item mistyped would let a fault test pass for nothing."""
+    spec = os.environ.get(FAULT_ENV, "")
+    for problem in spec_problems(spec) if spec else ():
+        print(f"ncc: warning: {FAULT_ENV} item {problem}: it never fires as meant", file=sys.stderr)
+
+
 class CommandDriver:
     def __init__(self, options: CompileOptions) -> None:
         self.options = options
@@ -88,6 +96,7 @@ class CommandDriver:
 
     def validate(self) -> None:
         """Raise NccError for a request that cannot be compiled; create nothing on failure."""
+        _warn_of_faults_that_never_fire()
         model, output = self.options.model, self.options.output
         require_file(model, "model")
         inputs = self.options.verify_inputs

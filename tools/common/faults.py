@@ -107,6 +107,31 @@ class Fault:
         return cls(tool.strip(), kind.strip(), pass_name, pattern, tuple(texts), malformed)
 
 
+FAULT_TOOLS = ("hlo2penguin", "hlo_opt", "walrus_driver", "packager", "sim", "driver")
+
+
+def spec_problems(spec: str) -> list[str]:
+    """Why items of an NCC_FAULT_INJECT value would never fire as meant (an unknown tool or kind,
+    a miscompile without its pass, an empty pass= or a malformed op=): a mistyped fault must not
+    look like a passing test."""
+    problems = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        fault = Fault.parse(item)
+        conditions = item.split("@")[1:]
+        if fault.tool not in FAULT_TOOLS:
+            problems.append(f"{item!r} names no tool ncc runs (tools: {', '.join(FAULT_TOOLS)})")
+        elif fault.kind not in KINDS + MISCOMPILES:
+            kinds = ", ".join(KINDS + MISCOMPILES)
+            problems.append(f"{item!r}: no fault kind {fault.kind!r} (kinds: {kinds})")
+        elif "pass=" in conditions:
+            problems.append(f"{item!r}: pass= names no pass")
+        elif fault.malformed:
+            problems.append(f"{item!r}: its op= is not an opcode or consumer(producer)")
+        elif fault.miscompile and not fault.pass_name:
+            problems.append(f"{item!r}: a planted miscompile needs pass=NAME")
+    return problems
+
+
 def faults_for(tool: str) -> list[Fault]:
     """The faults NCC_FAULT_INJECT names for `tool` whose command-line TEXT conditions hold."""
     spec = os.environ.get(FAULT_ENV, "")
