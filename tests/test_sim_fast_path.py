@@ -224,6 +224,15 @@ def test_an_operand_too_big_for_the_host_is_named_as_its_first_instance(monkeypa
     assert "'act@0,0' input 0 spans" in _errors_as_expanded(neff, inputs, "E604")
 
 
+@pytest.mark.parametrize("value", ["1GB", "-1", "0", "1e9", "abc"])
+def test_a_malformed_host_budget_is_e604_not_ignored(monkeypatch, value):
+    monkeypatch.setenv("NCC_SIM_MAX_BYTES", value)
+    neff, inputs = _pipeline()
+    with pytest.raises(CompileError) as err:
+        simulate_neff(neff, inputs)
+    assert err.value.code == "E604" and repr(value) in err.value.message
+
+
 _HOSTILE = [0, 1, -1, 7, 256, -256, 4096, -4096, 60000, -60000, 1 << 40, -(1 << 40), 1 << 62, -(1 << 62)]
 
 

@@ -51,8 +51,11 @@ def host_budget_bytes() -> int:
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
         candidates.append(soft // 4)
-    if os.environ.get(BUDGET_ENV, "").isdigit():
-        candidates.append(int(os.environ[BUDGET_ENV]))
+    given = os.environ.get(BUDGET_ENV, "")
+    if given.strip().isdigit() and int(given) > 0:
+        candidates.append(int(given))
+    elif given:  # a typo must not silently leave the host's own limit in force
+        raise CompileError("E604", f"{BUDGET_ENV}={given!r} is not a positive whole number of bytes")
     return min(candidates) if candidates else 1 << 32
 
 
