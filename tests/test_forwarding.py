@@ -222,6 +222,40 @@ def test_a_masked_softmax_along_axis_0_computes_numbers_at_o2(tmp_path: Path) ->
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+# log(relu(x)) @ w (a JAX model nobody tuned for): a row of x with no positive value is -inf after
+# the log, by computation rather than by construction. Transposed on PE for the dot, that -inf
+# made every row of the output NaN, where XLA makes only that row non-finite.
+LOG_OF_RELU_DOT = """HloModule log_relu_dot
+ENTRY main {
+  x = f32[64,96] parameter(0)
+  w = f32[96,80] parameter(1)
+  zero = f32[] constant(0)
+  r = f32[64,96] maximum(x, f32[64,96] broadcast(zero), dimensions={})
+  l = f32[64,96] log(r)
+  ROOT d = f32[64,80] dot(l, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+def test_a_tile_that_a_log_can_make_infinite_is_not_transposed_on_pe(tmp_path: Path) -> None:
+    program, stats = _optimized(LOG_OF_RELU_DOT)
+    assert stats.transposes == 0 and stats.refused.get("non-finite", 0) >= 1
+    model, neff = tmp_path / "m.hlo", tmp_path / "m.neff"
+    model.write_text(LOG_OF_RELU_DOT)
+    assert run_ncc("compile", str(model), "--output", str(neff), timeout=300).returncode == 0
+    rng = np.random.default_rng(2)
+    x = np.abs(rng.standard_normal((64, 96), dtype=np.float32)) + 0.1
+    x[5] = -1.0  # log(relu(-1)) = -inf all along row 5
+    w = rng.standard_normal((96, 80), dtype=np.float32)
+    np.savez(tmp_path / "in.npz", arg0=x, arg1=w)
+    ran = run_ncc("run", str(neff), "--inputs", str(tmp_path / "in.npz"), "--output", str(tmp_path / "o.npz"))
+    assert ran.returncode == 0, ran.stderr
+    got = np.load(tmp_path / "o.npz")["out0"]
+    assert not np.isfinite(got[5]).any() and np.isfinite(np.delete(got, 5, axis=0)).all()
+    want = np.log(np.delete(x, 5, axis=0)).astype(np.float64) @ w
+    np.testing.assert_allclose(np.delete(got, 5, axis=0), want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_forwarded_code_verifies_from_the_cli_moves_fewer_bytes_and_computes_the_same_bits(tmp_path: Path):
     without = ",".join(p for p in DEFAULT_PASSES if p != "forward")

@@ -67,6 +67,16 @@ FLOAT_UNARY = Case(
                np.vectorize(math.erf)(x.astype(np.float64))),
 )
 
+# erf of a rank-0 value (jax.scipy.special.erf of a scalar) crashed the golden evaluator: numpy's
+# frompyfunc gives a Python float for a 0-d array
+SCALAR_ERF = Case(
+    "scalar_erf",
+    _module("scalar_erf", ["f32[]"], ["er = f32[] erf(p0)", "x = f32[] multiply(er, p0)"],
+            ["f32[] er", "f32[] x"]),
+    lambda rng: [np.float32(0.3)],
+    lambda x: (np.float32(math.erf(0.3)), np.float32(math.erf(0.3)) * x),
+)
+
 # -0 through ACT's functions: sqrt, tanh, sin and sign keep it, so 1/f(-0) is -inf, and rsqrt(-0) is
 # -inf (an activation's bias of +0 would have made every -0 +0; numpy's sign makes it +0, XLA's not)
 Z = "f32[3,5]"
@@ -1425,7 +1435,7 @@ ENTRY main {
         np.cumsum(small.astype(np.float64), axis=1) + (50 - np.arange(50))),
 )
 
-CASES = [FLOAT_UNARY, SIGNED_ZEROS, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT,
+CASES = [FLOAT_UNARY, SCALAR_ERF, SIGNED_ZEROS, FLOAT_BINARY, INTEGERS, PREDICATES, INTEGER_DOT, INT8_DOTS, MOVEMENT,
          CONTROL_FLOW, ARGMAX, TEXT_FORMS, WINDOWS, DEPTHWISE, MIXED_CONVOLUTIONS, INDEXED, RUNTIME_WINDOWS,
          SCATTERS, SEGMENT_SUMS, CONSTANT_INDICES, OPT_BARRIER, SORTING, NAN_ORDER, JAX_SORTS, TOURNAMENT,
          BITS, SELECT_AND_SCATTER, ELEMENTS, KEYED_ROWS, RANDOM, SATURATING_CONVERTS, SCANS]

@@ -181,7 +181,7 @@ def erf(x: np.ndarray) -> np.ndarray:
     jax.scipy.special.erf and PyTorch's default GELU emit): computed in float64 and rounded to
     float32, so within half an ulp of the true value (numpy has no erf of its own)."""
     values = np.asarray(x, dtype=np.float64)
-    return _ERF(values).astype(np.float32).reshape(values.shape)
+    return np.asarray(_ERF(values), dtype=np.float32).reshape(values.shape)  # a 0-d input gives a float
 
 
 _ERFC = np.frompyfunc(math.erfc, 1, 1)
@@ -194,5 +194,5 @@ def gelu(x: np.ndarray) -> np.ndarray:
     which act_functions recognizes by evaluating it (within 53 ulp of this above 1e-20)."""
     values = np.asarray(x, dtype=np.float64)
     with np.errstate(invalid="ignore"):  # -inf · erfc(inf) = -inf · 0: the limit is -0
-        result = 0.5 * values * _ERFC(-values * math.sqrt(0.5)).astype(np.float64)
+        result = 0.5 * values * np.asarray(_ERFC(-values * math.sqrt(0.5)), dtype=np.float64)
     return np.where(values == -np.inf, -0.0, result).astype(np.float32)
