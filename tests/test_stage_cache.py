@@ -215,3 +215,16 @@ def test_a_read_only_cache_serves_hits_and_warns_of_what_it_could_not_store(
     warning = f"ncc: warning: the stage cache {view} did not store 4 job outputs (HLOToTensorizer, Frontend"
     assert warning in miss.stderr and "Read-only file system" in miss.stderr
     assert len(miss.stderr.strip().splitlines()) == 1
+
+
+def test_a_farm_over_a_read_only_cache_warns_once_of_what_it_could_not_store(
+    tmp_path: Path, read_only_view: tuple[Path, Path]
+) -> None:
+    source, view = read_only_view
+    stored = ncc("compile", find_model("add_mul.hlo"), "-o", tmp_path / "a.neff", "--cache-dir", source)
+    assert stored.returncode == 0, stored.stderr  # a cache that exists (an empty read-only one is U009)
+    farm = ncc("farm", find_model("gelu.hlo.pb"), "--farm-dir", tmp_path / "f", "--cache-dir", view)
+    assert farm.returncode == 0, farm.stderr
+    warnings = [line for line in farm.stderr.splitlines() if line.startswith("ncc: warning:")]
+    assert len(warnings) == 1 and "did not store 4 job outputs" in warnings[0], farm.stderr
+    assert "Read-only file system" in warnings[0]
