@@ -237,6 +237,41 @@ ENTRY main {
 """
 
 
+# Row sums of squares, their square root, and a division by it: a row of zeros makes 0/0 = NaN,
+# and a dot then needs the quotient transposed. An exp of unshifted values overflows past 88.7.
+ROW_NORM_DOT = """HloModule row_norm_dot
+add {
+  a = f32[] parameter(0)
+  b = f32[] parameter(1)
+  ROOT s = f32[] add(a, b)
+}
+ENTRY main {
+  x = f32[64,96] parameter(0)
+  w = f32[96,80] parameter(1)
+  zero = f32[] constant(0)
+  ss = f32[64] reduce(f32[64,96] multiply(x, x), zero), dimensions={1}, to_apply=add
+  n = f32[64,96] broadcast(f32[64] sqrt(ss)), dimensions={0}
+  q = f32[64,96] FUNC
+  ROOT d = f32[64,80] dot(q, w), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+"""
+
+
+@pytest.mark.parametrize(("func", "refused"), [
+    ("divide(x, n)", True),  # 0/0 in a row of zeros
+    ("exponential(x)", True),  # exp(89) = inf
+    ("multiply(x, n)", False),  # finite operands, finite product (below 3.4e38)
+    ("divide(x, f32[64,96] add(n, f32[64,96] broadcast(f32[] constant(1e-6)), dimensions={}))", False),
+])
+def test_only_a_function_that_finite_operands_can_make_infinite_keeps_its_tile_off_pe(
+    func: str, refused: bool
+) -> None:
+    """sqrt(sum of squares) >= 0, + eps > 0, so dividing by it is finite; by it alone, not."""
+    _, stats = _optimized(ROW_NORM_DOT.replace("FUNC", func))
+    assert ("non-finite" in stats.refused) == refused, stats
+    assert (stats.transposes == 0) == refused, stats
+
+
 def test_a_tile_that_a_log_can_make_infinite_is_not_transposed_on_pe(tmp_path: Path) -> None:
     program, stats = _optimized(LOG_OF_RELU_DOT)
     assert stats.transposes == 0 and stats.refused.get("non-finite", 0) >= 1

@@ -8,21 +8,21 @@ computes numbers, so `forward` leaves such tensors, and everything computed from
 round trip, which moves bytes exactly.
 
 A tensor is flagged when a statement that writes it has a non-finite scalar (a fill, a
-tensor_scalar), computes a function with a singular point at ordinary values (log and log1p of 0
-or less, power, remainder by 0: `log(relu(x))` is -inf wherever x <= 0), or reads a flagged tensor
-or a constant holding a non-finite value; HBM views share their base tensor's flag.
+tensor_scalar), is *singular* — computes exp, expm1, log, log1p, sqrt, rsqrt, a division by a
+tensor, power or remainder where finite operands can make it ±inf or NaN (`_Signs`: not a
+softmax's exp(x - max(x)), which is at most 1, nor its division by the row sum, at least 1, nor a
+norm's sqrt or rsqrt of var + eps) — or reads a flagged tensor or a constant holding a non-finite
+value; HBM views share their base tensor's flag. `log(relu(x)) @ w` with an all-negative row, or
+a division by a row norm that can be 0, would otherwise turn every row of the dot into NaN.
 
-Not flagged, so still transposed on PE (docs/ir.md): kernel inputs that hold inf or NaN, values
-that overflow (a product or sum past 3.4e38, exp past 88.7), and divide, sqrt, rsqrt and exp. Those
-four sit in every softmax and norm, where their operands keep them finite (exp(x - max) <= 1, a
-sum of them >= 1, var + eps > 0); flagging them without proving that made the bundled attention
-1.65x and block 2.0x slower (session 27), so a division by zero that reaches a PE transpose
-still spreads NaN along its column.
+Not flagged, so still transposed on PE (docs/ir.md): kernel inputs that hold inf or NaN, and
+sums and products that overflow past 3.4e38.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -34,11 +34,6 @@ from ncc.tools.common.dtypes import is_float, storage_dtype, to_compute
 SEEDED = "nonfinite"
 
 
-# Functions that make ±inf or NaN out of finite operands at ordinary points: log(0), x/0, rsqrt(0),
-# sqrt(-1), exp(89), pow(0, -1), fmod(x, 0). Sums and products overflow only past 3.4e38.
-SINGULAR_FUNCS = frozenset({"log", "log1p", "power", "remainder"})
-
-
 def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
     """The names of the tensors (HBM views by their base) that may hold ±inf or NaN by construction."""
     tensors = {t.name: t for t in program.tensors}
@@ -48,6 +43,7 @@ def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
             name = tensors[name].view_of
         return name
 
+    signs = _Signs(program, base)
     flagged = {t.name for t in program.tensors if t.role == penguin_pb2.CONSTANT and _holds_nonfinite(t)}
     flagged |= set(filter(None, program.attributes.get(SEEDED, "").split(",")))
     changed = True
@@ -56,7 +52,7 @@ def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
         for nest in program.nests:
             for st in nest.statements:
                 if not (any(not math.isfinite(x) for x in st.scalars)
-                        or st.func in SINGULAR_FUNCS
+                        or signs.singular(st)
                         or any(base(a.tensor) in flagged for a in st.inputs)):
                     continue
                 for access in st.outputs:
@@ -65,6 +61,109 @@ def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
                         flagged.add(name)
                         changed = True
     return flagged
+
+
+NONPOS, NONNEG, POS = "<= 0", ">= 0", "> 0"  # POS: bounded away from 0 (a sum holding a 1, x + eps)
+
+
+class _Signs:
+    """What each tensor's values are known to be, for finite inputs, from the statements that write
+    it: enough to see that a softmax's exp(x - max(x)) is at most 1, its row sum at least 1, and a
+    norm's var + eps positive, so that exp, divide, sqrt, rsqrt and log there make nothing
+    non-finite. Every other exp, expm1, divide by a tensor, sqrt, rsqrt, log, log1p, power and
+    remainder is *singular*: finite operands can make it ±inf or NaN (exp(89), x/0, log(0))."""
+
+    def __init__(self, program: penguin_pb2.Program, base: Callable[[str], str]) -> None:
+        self.base = base
+        self.sign: dict[str, str | None] = {}
+        self.row_max_of: dict[str, str] = {}  # a tensor_reduce maximum's output -> its input
+        self.shifted: set[str] = set()  # x - max(x): <= 0, and 0 at each row's max
+        self.peaked: set[str] = set()  # exp(x - max(x)): in [0, 1], and 1 at each row's max
+        for nest in program.nests:
+            for st in nest.statements:
+                if len(st.outputs) == 1:
+                    self._learn(st, base(st.outputs[0].tensor))
+
+    def _of(self, st: penguin_pb2.Statement, k: int) -> str | None:
+        return self.sign.get(self.base(st.inputs[k].tensor)) if k < len(st.inputs) else None
+
+    def _learn(self, st: penguin_pb2.Statement, out: str) -> None:
+        ins = [self.base(a.tensor) for a in st.inputs]
+        fact, shifted, peaked = None, False, False
+        if st.op in ("dma", "tensor_copy") and len(ins) == 1:
+            fact, shifted, peaked = self.sign.get(ins[0]), ins[0] in self.shifted, ins[0] in self.peaked
+        elif st.op == "tensor_reduce" and st.func == "maximum" and len(ins) == 1:
+            self.row_max_of[out] = ins[0]
+            fact = self.sign.get(ins[0])
+        elif st.op == "tensor_reduce" and st.func == "add" and len(ins) == 1:
+            fact = POS if ins[0] in self.peaked or self.sign.get(ins[0]) == POS else (
+                NONNEG if self.sign.get(ins[0]) == NONNEG else None)
+        elif st.op == "tensor_tensor" and st.func == "subtract" and len(ins) == 2:
+            shifted = self.row_max_of.get(ins[1]) == ins[0]
+            fact = NONPOS if shifted else None
+        elif st.op == "tensor_tensor" and st.func == "multiply" and len(ins) == 2:
+            signs = {self._of(st, 0), self._of(st, 1)}
+            fact = NONNEG if ins[0] == ins[1] else (POS if signs == {POS} else (
+                NONNEG if signs <= {POS, NONNEG} else None))
+        elif st.op == "tensor_scalar" and len(ins) == 1 and st.scalars and "reverse" not in st.attributes:
+            fact = _scaled(self.sign.get(ins[0]), st.func, st.scalars[0])
+        elif st.op == "activation" and len(ins) == 1:
+            argument = self._argument(st)
+            if st.func in ("exp", "square", "abs", "relu", "sqrt"):
+                fact = POS if st.func == "sqrt" and argument == POS else NONNEG
+                peaked = st.func == "exp" and ins[0] in self.shifted and list(st.scalars[1:2]) in ([], [0.0])
+            elif st.func == "rsqrt" and argument == POS:
+                fact = POS
+        previous = self.sign.get(out, fact) if out in self.sign else fact
+        self.sign[out] = fact if previous == fact else None  # every writer must agree
+        for known, holds in ((self.shifted, shifted), (self.peaked, peaked)):
+            if holds and (out not in self.sign or previous == fact):
+                known.add(out)
+            else:
+                known.discard(out)
+
+    def _argument(self, st: penguin_pb2.Statement) -> str | None:
+        """The sign of ACT's func argument, in0 · scale + bias (one input: no operand bias)."""
+        scale = st.scalars[0] if st.scalars else 1.0
+        bias = st.scalars[1] if len(st.scalars) > 1 else 0.0
+        x = self._of(st, 0)
+        if scale == 0:
+            return POS if bias > 0 else (NONNEG if bias == 0 else NONPOS)
+        if scale < 0:
+            x = {NONPOS: NONNEG, NONNEG: NONPOS, POS: None}.get(x) if x else None
+        if x in (NONNEG, POS) and bias > 0:
+            return POS
+        if x in (NONNEG, POS) and bias == 0:
+            return x if scale > 0 else NONPOS
+        if x == NONPOS and bias <= 0:
+            return NONPOS
+        return None
+
+    def singular(self, st: penguin_pb2.Statement) -> bool:
+        """Whether finite operands can make this statement's result ±inf or NaN."""
+        if st.func in ("power", "remainder"):
+            return True
+        if st.op == "activation":
+            argument = self._argument(st) if len(st.inputs) == 1 else None
+            safe = {"exp": (NONPOS,), "expm1": (NONPOS,), "log": (POS,), "log1p": (NONNEG, POS),
+                    "sqrt": (NONNEG, POS), "rsqrt": (POS,)}.get(st.func)
+            return safe is not None and argument not in safe
+        if st.func == "divide" and st.op == "tensor_tensor":
+            return self._of(st, 1) != POS
+        if st.func == "divide" and st.op == "tensor_scalar":
+            return "reverse" in st.attributes and self._of(st, 0) != POS or not all(st.scalars[:1])
+        return False
+
+
+def _scaled(sign: str | None, func: str, scalar: float) -> str | None:
+    """The sign of x <func> scalar for x of `sign`."""
+    if func == "add" and sign in (NONNEG, POS) and scalar > 0:
+        return POS
+    if func == "add" and scalar == 0 or func in ("multiply", "divide") and scalar > 0:
+        return sign
+    if func == "maximum" and scalar >= 0:
+        return POS if scalar > 0 else NONNEG
+    return None
 
 
 def _holds_nonfinite(tensor: penguin_pb2.TensorDecl) -> bool:
