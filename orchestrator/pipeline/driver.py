@@ -102,7 +102,6 @@ class CommandDriver:
         inputs = self.options.verify_inputs
         if inputs is not None:
             require_file(inputs, "--verify-inputs")
-        if inputs is not None:
             self._check_verify_inputs(inputs)
         if not output.parent.is_dir():
             raise NccError.of("U004", f"the directory of the output does not exist: {output.parent}")
