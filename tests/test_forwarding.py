@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from conftest import run_ncc
 
-from ncc.schemas import bir_pb2, penguin_pb2
+from ncc.schemas import bir_pb2, common_pb2, penguin_pb2
 from ncc.tools.common.hbm_traffic import hbm_bytes
 from ncc.tools.hlo.hlo_text import parse_hlo_text
 from ncc.tools.hlo2penguin.lower import lower_module
+from ncc.tools.hlo_opt.nonfinite import nonfinite_tensors
 from ncc.tools.hlo_opt.optimizer import DEFAULT_PASSES, optimize
 from ncc.tools.hlo_opt.passes.forwarding import forward_tiles
 
@@ -270,6 +271,31 @@ def test_only_a_function_that_finite_operands_can_make_infinite_keeps_its_tile_o
     _, stats = _optimized(ROW_NORM_DOT.replace("FUNC", func))
     assert ("non-finite" in stats.refused) == refused, stats
     assert (stats.transposes == 0) == refused, stats
+
+
+def _softmax_with_exp_scaled_by(scale: float) -> penguin_pb2.Program:
+    """max(x), x - max(x), then ACT's exp((x - max(x)) * scale): one nest, statements only."""
+    program = penguin_pb2.Program()
+    for name in ("x", "m", "s", "e"):
+        program.tensors.add(name=name, dtype=common_pb2.F32)
+    nest = program.nests.add(name="softmax")
+
+    def statement(op: str, func: str, inputs: list[str], output: str, scalars=()) -> None:
+        st = nest.statements.add(op=op, func=func, scalars=list(scalars))
+        st.inputs.extend(penguin_pb2.Access(tensor=name) for name in inputs)
+        st.outputs.add(tensor=output)
+
+    statement("tensor_reduce", "maximum", ["x"], "m")
+    statement("tensor_tensor", "subtract", ["x", "m"], "s")
+    statement("activation", "exp", ["s"], "e", (scale, -0.0))
+    return program
+
+
+@pytest.mark.parametrize(("scale", "singular"), [(1.0, False), (0.5, False), (0.0, False), (-1.0, True)])
+def test_exp_of_x_minus_its_max_is_safe_only_while_the_argument_stays_at_most_0(scale, singular) -> None:
+    """exp((x - max) * s) <= 1 for s >= 0; for s < 0 the argument is >= 0 and exp may overflow."""
+    program = _softmax_with_exp_scaled_by(scale)
+    assert ("e" in nonfinite_tensors(program)) == singular
 
 
 def test_a_tile_that_a_log_can_make_infinite_is_not_transposed_on_pe(tmp_path: Path) -> None:

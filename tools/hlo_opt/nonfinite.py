@@ -64,6 +64,7 @@ def nonfinite_tensors(program: penguin_pb2.Program) -> set[str]:
 
 
 NONPOS, NONNEG, POS = "<= 0", ">= 0", "> 0"  # POS: bounded away from 0 (a sum holding a 1, x + eps)
+ZERO = "0"  # ACT's x · 0
 
 
 class _Signs:
@@ -114,10 +115,10 @@ class _Signs:
                 peaked = st.func == "exp" and ins[0] in self.shifted and list(st.scalars[1:2]) in ([], [0.0])
             elif st.func == "rsqrt" and argument == POS:
                 fact = POS
-        previous = self.sign.get(out, fact) if out in self.sign else fact
-        self.sign[out] = fact if previous == fact else None  # every writer must agree
+        agreed = out not in self.sign or self.sign[out] == fact  # every writer must agree
+        self.sign[out] = fact if agreed else None
         for known, holds in ((self.shifted, shifted), (self.peaked, peaked)):
-            if holds and (out not in self.sign or previous == fact):
+            if holds and agreed:
                 known.add(out)
             else:
                 known.discard(out)
@@ -128,14 +129,16 @@ class _Signs:
         bias = st.scalars[1] if len(st.scalars) > 1 else 0.0
         x = self._of(st, 0)
         if scale == 0:
-            return POS if bias > 0 else (NONNEG if bias == 0 else NONPOS)
-        if scale < 0:
-            x = {NONPOS: NONNEG, NONNEG: NONPOS, POS: None}.get(x) if x else None
-        if x in (NONNEG, POS) and bias > 0:
+            term = ZERO
+        elif scale > 0:
+            term = x
+        else:  # the product's sign is the opposite of x's
+            term = {NONPOS: NONNEG, NONNEG: NONPOS, POS: NONPOS}.get(x) if x else None
+        if term in (ZERO, NONNEG, POS) and bias > 0:
             return POS
-        if x in (NONNEG, POS) and bias == 0:
-            return x if scale > 0 else NONPOS
-        if x == NONPOS and bias <= 0:
+        if term in (NONNEG, POS) and bias == 0:
+            return term
+        if term in (ZERO, NONPOS) and bias <= 0:
             return NONPOS
         return None
 
@@ -151,7 +154,8 @@ class _Signs:
         if st.func == "divide" and st.op == "tensor_tensor":
             return self._of(st, 1) != POS
         if st.func == "divide" and st.op == "tensor_scalar":
-            return "reverse" in st.attributes and self._of(st, 0) != POS or not all(st.scalars[:1])
+            by_tensor = "reverse" in st.attributes  # scalar / x
+            return (by_tensor and self._of(st, 0) != POS) or not all(st.scalars[:1])
         return False
 
 
