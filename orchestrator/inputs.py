@@ -21,9 +21,12 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     import numpy as np
 
     try:
+        if not zipfile.is_zipfile(path):  # an .npz is a zip of .npy members
+            with open(path, "rb") as handle:
+                npy = handle.read(6) == b"\x93NUMPY"
+            raise ValueError("it holds one array (.npy), not named arrays arg0, arg1, ..." if npy
+                             else "it is not a zip archive of arrays")
         loaded = np.load(path, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise ValueError("it holds one array (.npy), not named arrays arg0, arg1, ...")
         with loaded as data:
             arrays = {name: data[name] for name in data.files}
         for name, array in arrays.items():
@@ -31,6 +34,7 @@ def load_inputs(path: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
                 raise ValueError(f"its member {name!r} is not a numpy array")
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as err:
         reason = "it holds pickled Python objects, which ncc never loads" if "pickle" in str(err) else err
+        # (numpy's own words invite allow_pickle=True; an object array is the only pickle inside a zip)
         raise NccError.of("U008", f"cannot read inputs {path} as an .npz file: {reason}") from None
     args = {name: array for name, array in arrays.items() if re.fullmatch(r"arg\d+", name)}
     for name, array in sorted(args.items()):

@@ -187,7 +187,7 @@ def _bad_member(path: Path) -> None:
 
 
 @pytest.mark.parametrize("name, write, why", [
-    ("in.npz", lambda p: p.write_text("not a zip"), "as an .npz file"),
+    ("in.npz", lambda p: p.write_text("not a zip"), "as an .npz file: it is not a zip archive of arrays"),
     ("in.npy", lambda p: np.save(p, np.zeros(3, np.float32)), "one array (.npy)"),
     ("in.npz", lambda p: np.savez(p, arg0=np.ones(3, np.complex64)), "complex64 values"),
     ("in.npz", lambda p: np.savez(p, arg0=np.array(["1.5"])), "<U3 values"),

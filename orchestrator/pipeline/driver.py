@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,8 +132,6 @@ class CommandDriver:
     def _check_verify_inputs(inputs: Path) -> None:
         """What `ncc run --inputs` refuses is refused here too (U008: not an .npz, pickled objects,
         complex or string arrays), and names nothing takes are said to be ignored, as there."""
-        if not zipfile.is_zipfile(inputs):
-            raise NccError.of("U008", f"cannot read --verify-inputs {inputs} as an .npz file")
         from ncc.orchestrator.inputs import load_inputs
 
         _, _, others = load_inputs(inputs)
